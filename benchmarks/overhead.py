@@ -1,0 +1,112 @@
+"""Per-op overhead of tidyjax vs raw JAX, and the cost of a tidy scope.
+
+Run:  python benchmarks/overhead.py            (about a minute on 2 CPU cores)
+
+Every ratio compares two things measured side by side in the same run: the samples of each pair
+are taken in alternation, and the ratio is of their medians, so machine noise hits both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+import tidyjax as tj
+
+
+def _per_call(fn: Callable[[], object], number: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number
+
+
+def side_by_side(
+    a: Callable[[], object], b: Callable[[], object], number: int, rounds: int
+) -> tuple[float, float]:
+    """Median seconds per call of ``a`` and ``b``, sampled in alternation."""
+    for _ in range(3):  # warm up: compile, allocate
+        a()
+        b()
+    sa, sb = [], []
+    for _ in range(rounds):
+        sa.append(_per_call(a, number))
+        sb.append(_per_call(b, number))
+    return statistics.median(sa), statistics.median(sb)
+
+
+def op_overhead(number: int, rounds: int) -> None:
+    print("== Tensor op vs the same raw jax op (eager, CPU, float32[256]) ==")
+    print(f"{'op':24s} {'jax µs':>9s} {'tidyjax µs':>11s} {'ratio':>7s}")
+    x = jnp.linspace(0.0, 1.0, 256)
+    y = jnp.linspace(1.0, 2.0, 256)
+    t, u = tj.tensor(x), tj.tensor(y)
+    cases = {
+        "a + b": (lambda: x + y, lambda: t + u),
+        "a * 2.0": (lambda: x * 2.0, lambda: t * 2.0),
+        "exp(a)": (lambda: jnp.exp(x), lambda: t.exp()),
+        "a.sum()": (lambda: x.sum(), lambda: t.sum()),
+        "a[3:10]": (lambda: x[3:10], lambda: t[3:10]),
+    }
+    for name, (raw, tracked) in cases.items():
+        gc.collect()
+        r, w = side_by_side(raw, tracked, number, rounds)
+        print(f"{name:24s} {r * 1e6:9.2f} {w * 1e6:11.2f} {w / r:7.3f}")
+
+    # The same ops inside a tidy scope that frees its 100 results at exit: the whole cost.
+    def raw_block() -> None:
+        for _ in range(100):
+            x + y
+
+    def tidy_block() -> None:
+        with tj.tidy():
+            for _ in range(100):
+                t + u
+
+    r, w = side_by_side(raw_block, tidy_block, max(1, number // 100), rounds)
+    print(f"{'100 × (a + b) in tidy':24s} {r * 1e6:9.2f} {w * 1e6:11.2f} {w / r:7.3f}")
+    tj.dispose([t, u])
+
+
+def scope_cost(rounds: int) -> None:
+    print()
+    print("== tidy enter + exit cost vs tensors created in the scope, and vs tensors alive ==")
+    print("   (scope body creates n tensors by clone(); cost excludes nothing)")
+    x = tj.tensor(jnp.ones(4))
+    print(f"{'in scope':>9s} {'alive outside':>14s} {'µs / scope':>11s} {'µs / tensor':>12s}")
+    for alive in (0, 10_000):
+        outside = [x.clone() for _ in range(alive)]
+        for n in (0, 10, 100, 1000):
+
+            def body(n: int = n) -> None:
+                with tj.tidy():
+                    for _ in range(n):
+                        x.clone()
+
+            number = max(1, 2000 // max(n, 1))
+            samples = [_per_call(body, number) for _ in range(rounds)]
+            cost = statistics.median(samples)
+            per = f"{cost / n * 1e6:12.3f}" if n else f"{'-':>12s}"
+            print(f"{n:9d} {alive:14d} {cost * 1e6:11.2f} {per}")
+        tj.dispose(outside)
+    x.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--number", type=int, default=2000, help="calls per sample")
+    parser.add_argument("--rounds", type=int, default=15, help="samples per side")
+    args = parser.parse_args()
+    print(f"jax {jax.__version__} on {jax.default_backend()}, tidyjax {tj.__version__}")
+    op_overhead(args.number, args.rounds)
+    scope_cost(args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""tidyjax: TensorFlow.js-style deterministic memory management for JAX.
+
+Wrap values in :class:`Tensor`, run code under :data:`tidy`, and every intermediate device
+buffer is freed the moment the scope ends, whatever Python still references.
+"""
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+from ._errors import DisposedError as DisposedError
+from ._errors import LeakError as LeakError
+from ._errors import ScopeError as ScopeError
+from ._errors import TidyjaxError as TidyjaxError
+from ._errors import TidyjaxTypeError as TidyjaxTypeError
+from ._errors import TidyjaxValueError as TidyjaxValueError
+from ._memory import MemoryInfo as MemoryInfo
+from ._memory import memory as memory
+from ._scope import Scope as Scope
+from ._scope import dispose as dispose
+from ._scope import keep as keep
+from ._scope import tidy as tidy
+from ._tensor import Tensor as Tensor
+from ._tensor import adopt as adopt
+from ._tensor import tensor as tensor
+from ._variable import Variable as Variable
+from ._variable import dispose_variables as dispose_variables
+
+try:
+    __version__ = _version("tidyjax")
+except _PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0+unknown"

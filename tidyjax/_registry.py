@@ -1,0 +1,236 @@
+"""The process-wide registry of device buffers held by tidyjax Tensors.
+
+One :class:`Buffer` record exists per distinct device buffer, keyed by the buffer's address (not
+by the Python object: many JAX operations hand back the same buffer under a new or the same
+object). A record lists weak references to the Tensors holding it, so it never keeps a Tensor
+alive. A buffer is deleted only when an explicit dispose (or a scope exit) releases the last
+live Tensor holding it. A Tensor that Python collects without a dispose simply stops counting:
+whatever else references its ``jax.Array`` keeps it, and JAX frees it with the last reference.
+
+Concurrency: adding a record for a new buffer is one atomic ``dict.setdefault`` (the per-op
+path takes no lock); sharing an existing record, releasing and sweeping happen under ``_lock``.
+Records whose holders all died are removed by an amortized sweep and by every ``snapshot``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+if TYPE_CHECKING:
+    from ._tensor import Tensor
+
+__all__ = ["UNTRACKED", "Buffer"]
+
+_lock = threading.Lock()
+# Bound methods: `with _lock` costs over twice as much on the per-op path.
+_acquire = _lock.acquire
+_release_lock = _lock.release
+_alloc = object.__new__
+DELETED_OUTSIDE = "its buffer was deleted outside tidyjax (jax.Array.delete() or donation)"
+_buffers: dict[Any, Buffer] = {}
+_sweep_at = 4096
+RELEASED = "its buffer was released"
+
+
+class Buffer:
+    """One device buffer (possibly sharded) and weak references to the Tensors holding it."""
+
+    __slots__ = ("dead", "holders", "key", "nbytes", "owned")
+
+    def __init__(self, key: Any, holder: weakref.ref[Tensor], owned: bool = True) -> None:
+        self.key = key
+        self.holders = [holder]
+        self.owned = owned  # False: a caller's own array seen through an op; never deleted by us
+        self.dead: str | None = None  # why every Tensor on this buffer is now unusable
+        self.nbytes = -1  # computed lazily; the per-op path never pays for it
+
+    def live(self) -> list[Tensor]:
+        """The Tensors still holding this buffer (alive and not disposed)."""
+        out = []
+        for ref in self.holders:
+            t = ref()
+            if t is not None and t._rec is self:
+                out.append(t)
+        return out
+
+    def array(self) -> jax.Array | None:
+        """A jax.Array on this buffer, from any holder (disposed holders included)."""
+        for ref in self.holders:
+            t = ref()
+            if t is not None:
+                return t._array
+        return None
+
+    def size(self, arr: jax.Array | None = None) -> int:
+        """Logical bytes of the buffer (cached)."""
+        n = self.nbytes
+        if n < 0:
+            arr = arr if arr is not None else self.array()
+            n = self.nbytes = int(arr.nbytes) if arr is not None else 0
+        return n
+
+
+# Stands in for a record on Tensors that wrap tracers or other non-concrete values: never
+# counted, never deleted.
+UNTRACKED = Buffer.__new__(Buffer)
+UNTRACKED.key = None
+UNTRACKED.holders = []
+UNTRACKED.owned = False
+UNTRACKED.dead = None
+UNTRACKED.nbytes = 0
+
+
+def buffer_key(arr: jax.Array) -> Any:
+    """Identify the device buffer(s) behind ``arr``: an address, or a tuple of shard addresses."""
+    try:
+        p = arr.unsafe_buffer_pointer()
+    except Exception:  # sharded arrays have no single pointer
+        return tuple(s.unsafe_buffer_pointer() for s in arr._arrays)
+    # A zero-byte buffer may have no unique address; the object's id is unique while a Tensor
+    # (which holds it strongly) is alive, and a record is only consulted through live Tensors.
+    return p if p else ("object", id(arr))
+
+
+def register(arr: jax.Array, holder: weakref.ref[Tensor], owned: bool = True) -> Buffer:
+    """Record that the Tensor behind ``holder`` holds ``arr``'s buffer; return the record."""
+    try:
+        key = arr.unsafe_buffer_pointer() or ("object", id(arr))
+    except Exception:
+        key = buffer_key(arr)
+    got = _buffers.get(key)
+    if got is None:
+        rec = _new_buffer(key, holder, owned)
+        got = _buffers.setdefault(key, rec)
+        if got is rec:
+            if len(_buffers) > _sweep_at:
+                _sweep()
+            return rec
+    # The address is known. Most often the record is stale: its Tensors were collected, JAX
+    # freed the buffer and reused the address for this one. Sometimes it is a real alias.
+    _acquire()
+    try:
+        current = _buffers.get(key)
+        if current is not None and current.dead is None:
+            others = current.live()
+            if others:
+                if not others[0]._array.is_deleted():
+                    if len(current.holders) > 8:  # forget collected or disposed holders
+                        current.holders = [r for r in current.holders if _holds(r, current)]
+                    current.holders.append(holder)
+                    # Once a caller's own array is involved, tidyjax never deletes the buffer.
+                    if not owned:
+                        current.owned = False
+                    return current
+                # Deleted outside tidyjax (jax.Array.delete(), raw donation); address reused.
+                current.dead = DELETED_OUTSIDE
+        rec = _new_buffer(key, holder, owned)
+        _buffers[key] = rec
+        return rec
+    finally:
+        _release_lock()
+
+
+def _new_buffer(key: Any, holder: weakref.ref[Tensor], owned: bool) -> Buffer:
+    rec = _alloc(Buffer)
+    rec.key = key
+    rec.holders = [holder]
+    rec.dead = None
+    rec.owned = owned
+    rec.nbytes = -1
+    return rec
+
+
+def release(arr: jax.Array, rec: Buffer) -> bool:
+    """A holder of ``arr`` (already marked disposed) lets go of ``rec``.
+
+    Deletes the buffer if no live Tensor holds it any more; returns True if it did.
+    """
+    with _lock:
+        last = _unlink_locked(rec)
+    if last and rec.owned:
+        rec.size(arr)  # remember the size for reports before the buffer goes
+        arr.delete()
+        return True
+    return False
+
+
+def release_many(items: list[tuple[jax.Array, Buffer]]) -> list[Buffer]:
+    """``release`` several holders under one lock; returns the records whose buffers went."""
+    with _lock:
+        doomed = [(arr, rec) for arr, rec in items if _unlink_locked(rec)]
+    freed = []
+    for arr, rec in doomed:
+        if rec.owned:
+            rec.size(arr)
+            arr.delete()
+            freed.append(rec)
+    return freed
+
+
+def _holds(ref: weakref.ref[Tensor], rec: Buffer) -> bool:
+    t = ref()
+    return t is not None and t._rec is rec
+
+
+def _unlink_locked(rec: Buffer) -> bool:
+    """Whether this release left no live Tensor on ``rec``; if so the record is retired."""
+    if rec.dead is not None:
+        return False
+    for ref in rec.holders:
+        if _holds(ref, rec):
+            return False
+    rec.dead = RELEASED  # exactly one release deletes the buffer
+    if _buffers.get(rec.key) is rec:
+        del _buffers[rec.key]
+    return True
+
+
+def kill(rec: Buffer, why: str) -> None:
+    """Mark every Tensor on ``rec`` unusable (its buffer was consumed, e.g. donated)."""
+    with _lock:
+        if rec.dead is not None:
+            return
+        rec.dead = why
+        if _buffers.get(rec.key) is rec:
+            del _buffers[rec.key]
+
+
+def _sweep() -> None:
+    """Drop records no live Tensor holds; amortized O(1) per registration."""
+    global _sweep_at
+    with _lock:
+        live = _prune_locked()
+        _sweep_at = max(4096, 2 * live)
+
+
+def _prune_locked() -> int:
+    for key, rec in list(_buffers.items()):
+        if not rec.live() and _buffers.get(key) is rec:
+            del _buffers[key]
+    return len(_buffers)
+
+
+def snapshot() -> list[tuple[Buffer, list[Tensor]]]:
+    """Each live record with the live Tensors holding it."""
+    with _lock:
+        out = []
+        for key, rec in list(_buffers.items()):
+            holders = rec.live()
+            if holders:
+                out.append((rec, holders))
+            elif _buffers.get(key) is rec:
+                del _buffers[key]
+        return out
+
+
+def lookup(arr: jax.Array) -> Buffer | None:
+    """The record of ``arr``'s buffer, if live Tensors hold it."""
+    try:
+        rec = _buffers.get(buffer_key(arr))
+    except Exception:
+        return None
+    return rec if rec is not None and rec.live() else None

@@ -1,0 +1,401 @@
+"""Scopes: ``tidy`` in all its forms, ``keep`` and ``dispose``.
+
+A :class:`Scope` tracks, by weak reference, every Tensor created while it is the innermost open
+scope of the running thread or task. When it exits — normally or by an exception — each of those
+Tensors that is still alive and not disposed is either handed to the parent scope (it was returned
+or passed to ``scope.keep``), skipped (it was ``keep``-ed), or disposed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+import jax
+
+from . import _registry
+from ._context import CURRENT
+from ._errors import ScopeError, TidyjaxTypeError
+from ._tensor import Tensor, is_tensor
+
+__all__ = ["KEPT", "Scope", "dispose", "keep", "tidy"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Kept:
+    """The ``_scope`` of a kept Tensor: no scope frees it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "KEPT"
+
+
+KEPT = _Kept()
+
+_NEW, _OPEN, _CLOSED = 0, 1, 2
+_AWAITABLE_IN_SYNC = (
+    "{what} returned {kind}: a synchronous tidy scope would end before it runs and could free "
+    "tensors it still needs. Use `async with tidy():` inside the coroutine, or decorate the "
+    "`async def` itself with @tidy."
+)
+
+
+class Scope:
+    """One ``tidy`` scope: a context manager (sync and async) and a decorator.
+
+    Made by :data:`tidy`; see its docstring for every form. After the scope exits, its report
+    attributes tell what it did: ``num_freed``, ``bytes_freed``, ``num_handed_out``.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_bare",
+        "_compact_at",
+        "_freed",
+        "_handed",
+        "_state",
+        "_token",
+        "_tracked",
+        "name",
+        "num_freed",
+        "num_handed_out",
+        "parent",
+        "path",
+    )
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+        self.path = name or "<tidy>"
+        self.parent: Scope | None = None
+        self._tracked: list[weakref.ref[Tensor]] = []
+        self._compact_at = 1024
+        self._state = _NEW
+        self._token: Any = None
+        self._handed: list[Any] = []
+        self._freed: list[_registry.Buffer] = []
+        self._bare = False
+        self.num_freed = 0
+        self.num_handed_out = 0
+
+    def __repr__(self) -> str:
+        state = ("new", "open", "exited")[self._state]
+        extra = ""
+        if self._state == _CLOSED:
+            extra = f", freed {self.num_freed} tensors ({self.bytes_freed} bytes)"
+            extra += f", handed out {self.num_handed_out}"
+        return f"<tidyjax.Scope {self.path!r} {state}{extra}>"
+
+    @property
+    def bytes_freed(self) -> int:
+        """Bytes of the device buffers this scope's exit deleted (shared buffers not included)."""
+        return sum(rec.size() for rec in self._freed)
+
+    # -- entering and leaving ---------------------------------------------------------------
+
+    def _open(self) -> Scope:
+        if self._state != _NEW:
+            raise ScopeError(
+                f"scope {self.path!r} was already entered; a scope object is used once. "
+                "Call tidy() again for a new scope."
+            )
+        parent = CURRENT.get()
+        self.parent = parent
+        if parent is not None:
+            self.path = f"{parent.path}/{self.name or '<tidy>'}"
+        self._token = CURRENT.set(self)
+        self._state = _OPEN
+        return self
+
+    def _close(self, result: Any = None) -> None:
+        if self._state != _OPEN:
+            what = "has not been entered" if self._state == _NEW else "has already exited"
+            raise ScopeError(f"cannot exit scope {self.path!r}: it {what}.")
+        current = CURRENT.get()
+        if current is not self:
+            inner = "no scope" if current is None else f"scope {current.path!r}"
+            raise ScopeError(
+                f"cannot exit scope {self.path!r}: {inner} is the innermost open scope here. "
+                "Scopes must exit in reverse order of entry, in the thread or task that entered "
+                "them."
+            )
+        try:
+            CURRENT.reset(self._token)
+        except ValueError as e:
+            raise ScopeError(
+                f"cannot exit scope {self.path!r} from another thread, task or context than the "
+                "one that entered it."
+            ) from e
+        self._state = _CLOSED
+        self._token = None
+        self._free(result)
+
+    def _free(self, result: Any) -> None:
+        escaping = _tensor_ids(result)
+        for values in self._handed:
+            escaping |= _tensor_ids(values)
+        self._handed = []
+        parent = self.parent
+        why = f"it was freed when scope {self.path!r} exited"
+        release: list[tuple[Any, _registry.Buffer]] = []
+        freed = handed = 0
+        untracked = _registry.UNTRACKED
+        for ref in self._tracked:
+            t = ref()
+            if t is None or t._scope is not self or t._rec is None:
+                continue
+            if id(t) in escaping:
+                t._scope = parent
+                if parent is not None:
+                    parent._tracked.append(ref)
+                handed += 1
+                continue
+            rec = t._rec
+            t._rec = None
+            t._why = rec.dead if rec.dead is not None else why
+            freed += 1
+            if rec is not untracked:
+                release.append((t._array, rec))
+        self._tracked = []
+        self.num_freed = freed
+        self.num_handed_out = handed
+        self._freed = _registry.release_many(release)
+
+    def _compact(self) -> None:
+        tracked = self._tracked
+        tracked[:] = [r for r in tracked if r() is not None]
+        self._compact_at = max(1024, 2 * len(tracked))
+
+    def keep(self, *values: Any) -> Any:
+        """Hand ``values`` out of this scope exactly as returning them would; returns them.
+
+        Example::
+
+            with tidy() as scope:
+                loss = scope.keep(compute_loss())
+        """
+        if self._state != _OPEN:
+            raise ScopeError(
+                f"scope.keep() on scope {self.path!r}, which is not open; "
+                "call it inside the with-block."
+            )
+        self._handed.append(values)
+        return values[0] if len(values) == 1 else values
+
+    def __enter__(self) -> Scope:
+        return self._open()
+
+    def __exit__(self, *exc: object) -> None:
+        self._close(None)
+
+    async def __aenter__(self) -> Scope:
+        return self._open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._close(None)
+
+    # -- decorating -------------------------------------------------------------------------
+
+    def __call__(self, fn: F) -> F:
+        """Decorate ``fn`` so each call runs in a fresh scope named like this one."""
+        if self._state != _NEW:
+            raise ScopeError(f"scope {self.path!r} is already in use; decorate with tidy(name).")
+        return _decorate(fn, self.name)
+
+
+def _tensor_ids(tree: Any) -> set[int]:
+    if tree is None:
+        return set()
+    if isinstance(tree, Tensor):
+        return {id(tree)}
+    return {id(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor) if is_tensor(x)}
+
+
+def _check_function(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise TidyjaxTypeError(f"{what} needs a function, got {type(fn).__name__} {fn!r:.60}.")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TidyjaxTypeError(
+            f"{what} cannot wrap generator function {getattr(fn, '__qualname__', fn)!r}: its body "
+            "runs after the scope has ended. Put `with tidy():` inside the generator (around each "
+            "step's work) instead."
+        )
+
+
+def _decorate(fn: F, name: str | None) -> F:
+    _check_function(fn, "@tidy")
+    scope_name = name or getattr(fn, "__name__", None)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            scope = Scope(scope_name)._open()
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException:
+                scope._close(None)
+                raise
+            scope._close(result)
+            return result
+
+        return run_async  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _run(Scope(scope_name), fn, args, kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def _run(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    scope._open()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        scope._close(None)
+        raise
+    if inspect.isawaitable(result) or inspect.isgenerator(result):
+        scope._close(None)
+        kind = "a generator" if inspect.isgenerator(result) else "an awaitable"
+        if inspect.iscoroutine(result) or inspect.isgenerator(result):
+            result.close()  # never run; avoids "never awaited"
+        raise TidyjaxTypeError(
+            _AWAITABLE_IN_SYNC.format(what=f"function {getattr(fn, '__qualname__', fn)!r}", kind=kind)
+        )
+    scope._close(result)
+    return result
+
+
+class _Tidy:
+    """Run code in a scope that frees every Tensor it created, except what leaves it.
+
+    Every form::
+
+        with tidy():                  # anonymous scope
+            ...
+        with tidy("step") as scope:   # named; scope.keep(t) hands t out; scope.num_freed after
+            ...
+        async with tidy():            # in async code
+            ...
+
+        @tidy                         # each call in a fresh scope named after the function
+        def step(x): ...
+
+        @tidy("step")                 # named; works on `async def` too
+        async def step(x): ...
+
+        y = tidy.run(fn, *args, **kwargs)          # TensorFlow.js's tf.tidy(fn)
+        y = tidy.run("name", fn, *args, **kwargs)
+
+    Tensors returned (any pytree) move to the enclosing scope; :func:`keep`-ed ones and
+    Variables are never freed by a scope; Tensors created in outer scopes are never touched.
+
+    Raises:
+        TidyjaxTypeError: a bad argument, a generator function, or a synchronous scope whose
+            function returned an awaitable.
+        ScopeError: a scope exited twice, out of order, or from another task.
+    """
+
+    @overload
+    def __call__(self, arg: None = None, /) -> Scope: ...
+    @overload
+    def __call__(self, arg: str, /) -> Scope: ...
+    @overload
+    def __call__(self, arg: F, /) -> F: ...
+
+    def __call__(self, arg: Any = None, /) -> Any:
+        if arg is None:
+            return Scope(None)
+        if isinstance(arg, str):
+            return Scope(arg)
+        if callable(arg):
+            return _decorate(arg, None)
+        raise TidyjaxTypeError(
+            f"tidy() takes a scope name (str) or a function to decorate, got "
+            f"{type(arg).__name__} {arg!r:.60}. Use `with tidy('name'):` or `@tidy`."
+        )
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` in a new scope now and return its result.
+
+        ``tidy.run(fn, *args)`` or ``tidy.run("name", fn, *args)``.
+        """
+        if not args:
+            raise TidyjaxTypeError("tidy.run() needs a function: tidy.run(fn) or tidy.run(name, fn).")
+        name = None
+        if isinstance(args[0], str):
+            name, args = args[0], args[1:]
+            if not args:
+                raise TidyjaxTypeError(
+                    f"tidy.run({name!r}) got a name but no function: tidy.run({name!r}, fn)."
+                )
+        fn, args = args[0], args[1:]
+        if not callable(fn):
+            raise TidyjaxTypeError(
+                "tidy.run() takes (fn, *args) or (name, fn, *args); "
+                f"got {type(fn).__name__} {fn!r:.60} where the function should be."
+            )
+        _check_function(fn, "tidy.run()")
+        if inspect.iscoroutinefunction(fn):
+            raise TidyjaxTypeError(
+                _AWAITABLE_IN_SYNC.format(what=f"async function {fn.__qualname__!r}", kind="a coroutine")
+            )
+        return _run(Scope(name or getattr(fn, "__name__", None)), fn, args, kwargs)
+
+    # `with tidy:` / `async with tidy:` without the call also work.
+    def __enter__(self) -> Scope:
+        scope = Scope(None)
+        scope._bare = True
+        return scope._open()
+
+    def __exit__(self, *exc: object) -> None:
+        scope = CURRENT.get()
+        if scope is None or not scope._bare:
+            raise ScopeError("`with tidy:` exited, but the innermost open scope is not its own.")
+        scope._close(None)
+
+    async def __aenter__(self) -> Scope:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
+
+    def __repr__(self) -> str:
+        return "tidyjax.tidy"
+
+
+tidy = _Tidy()
+
+
+def keep(x: Any) -> Any:
+    """Protect every Tensor in the pytree ``x`` from all scopes; returns ``x``.
+
+    Only an explicit :func:`dispose` frees a kept Tensor. Keeping a disposed Tensor does nothing.
+    """
+    for t in _leaves(x):
+        if t._rec is not None and type(t) is Tensor:  # Variables are never scope-freed anyway
+            t._scope = KEPT
+    return x
+
+
+def dispose(x: Any) -> None:
+    """Dispose every Tensor and Variable in the pytree ``x``; other leaves are ignored.
+
+    Example::
+
+        tidyjax.dispose([a, b, {"c": c}])
+    """
+    for t in _leaves(x):
+        t.dispose()
+
+
+def _leaves(x: Any) -> list[Tensor]:
+    if isinstance(x, Tensor):
+        return [x]
+    return [v for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor) if isinstance(v, Tensor)]
+

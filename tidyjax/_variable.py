@@ -1,0 +1,135 @@
+"""``Variable``: a mutable, named Tensor that no scope ever frees."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import jax
+from jax._src.array import ArrayImpl
+
+from . import _registry
+from ._errors import TidyjaxTypeError, TidyjaxValueError
+from ._tensor import _TENSOR_TYPES, Tensor, _copy_in, _dispose, _ids
+
+__all__ = ["Variable", "dispose_variables"]
+
+_variables: dict[int, weakref.ref[Variable]] = {}
+_variables_lock = threading.Lock()
+_prune_at = [1024]  # collected Variables' entries are pruned when the dict doubles
+
+
+class Variable(Tensor):
+    """A Tensor whose value can be replaced with :meth:`assign`; never freed by a scope.
+
+    Built from a Tensor, it shares that Tensor's buffer (two tensors, one data buffer); from any
+    other data (including a raw ``jax.Array``) it holds a copy. Use it in ops like a Tensor; the
+    results are plain Tensors. Free it with :meth:`dispose` or :func:`dispose_variables`.
+
+    Example::
+
+        w = tidyjax.Variable(tidyjax.tensor([1.0, 2.0]), name="w")
+        with tidy():
+            w.assign(w - 0.1 * grad)   # the old buffer is freed, the new one survives the scope
+    """
+
+    __slots__ = ("name", "trainable")
+
+    def __new__(
+        cls, value: Any, *, trainable: bool = True, name: str | None = None
+    ) -> Variable:
+        if name is not None and not isinstance(name, str):
+            raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")
+        arr = _value_of(value, "Variable()")
+        v = object.__new__(cls)
+        v._array = arr
+        v._id = next(_ids)
+        v._rec = _registry.register(arr, weakref.ref(v))
+        v._scope = None
+        v.trainable = bool(trainable)
+        v.name = name
+        with _variables_lock:
+            if len(_variables) > _prune_at[0]:
+                for key in [k for k, r in _variables.items() if r() is None]:
+                    del _variables[key]
+                _prune_at[0] = max(1024, 2 * len(_variables))
+            _variables[v._id] = weakref.ref(v)
+        return v
+
+    def assign(self, value: Any) -> Variable:
+        """Replace the value; shape and dtype must match. Returns the Variable.
+
+        The old buffer is freed unless another live Tensor still uses it. A Tensor value is shared,
+        not copied, so it may be a temporary of the current scope.
+
+        Raises:
+            TidyjaxValueError: the shape differs.
+            TidyjaxTypeError: the dtype differs.
+            DisposedError: this Variable or ``value`` is disposed.
+        """
+        old = self._value()
+        new = _value_of(value, f"{self._label()}.assign()")
+        if tuple(new.shape) != tuple(old.shape):
+            raise TidyjaxValueError(
+                f"{self._label()}.assign() got shape {tuple(new.shape)}, but the variable has "
+                f"shape {tuple(old.shape)}; a Variable's shape is fixed. Reshape the value or "
+                "make a new Variable."
+            )
+        if new.dtype != old.dtype:
+            raise TidyjaxTypeError(
+                f"{self._label()}.assign() got dtype {new.dtype}, but the variable has dtype "
+                f"{old.dtype}; cast with value.astype({str(old.dtype)!r})."
+            )
+        old_rec = self._rec
+        rec = _registry.register(new, weakref.ref(self))
+        self._array, self._rec = new, rec
+        if old_rec is not None and old_rec is not rec:
+            _registry.release(old, old_rec)  # freed unless another live Tensor holds it
+        return self
+
+    def dispose(self) -> None:
+        """Free the variable now (its buffer too, unless a live Tensor shares it). Idempotent."""
+        _dispose(self, f"{self._label()} was disposed")
+        with _variables_lock:
+            _variables.pop(self._id, None)
+
+    def _label(self) -> str:
+        return f"Variable {self.name!r}" if self.name else f"Variable (id {self._id})"
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        if self.name and not self.is_disposed:
+            return base.replace("Variable(", f"Variable(name={self.name!r}, ", 1)
+        return base
+
+
+Variable.__module__ = "tidyjax"
+_TENSOR_TYPES.add(Variable)
+
+
+def _value_of(value: Any, what: str) -> jax.Array:
+    """A jax.Array for a new variable value: a Tensor's own buffer, otherwise a copy."""
+    if isinstance(value, Tensor):
+        arr = value._value()
+        if type(arr) is not ArrayImpl:
+            raise TidyjaxTypeError(
+                f"{what} got a traced Tensor (inside jit/grad/vmap); assign concrete values "
+                "outside the transformed function."
+            )
+        return arr
+    return _copy_in(value, None, None)
+
+
+def dispose_variables() -> int:
+    """Dispose every live Variable; returns how many were disposed."""
+    with _variables_lock:
+        refs = list(_variables.values())
+        _variables.clear()
+    n = 0
+    for ref in refs:
+        v = ref()
+        if v is not None and not v.is_disposed:
+            _dispose(v, "it was disposed by dispose_variables()")
+            n += 1
+    return n
