@@ -70,18 +70,21 @@ def op_overhead(number: int, rounds: int) -> None:
                 t + u
 
     r, w = side_by_side(raw_block, tidy_block, max(1, number // 100), rounds)
-    print(f"{'100 × (a + b) in tidy':24s} {r * 1e6:9.2f} {w * 1e6:11.2f} {w / r:7.3f}")
+    print(f"{'100 x (a + b) in tidy':24s} {r * 1e6:9.2f} {w * 1e6:11.2f} {w / r:7.3f}")
     tj.dispose([t, u])
 
 
 def scope_cost(rounds: int) -> None:
     print()
     print("== tidy enter + exit cost vs tensors created in the scope, and vs tensors alive ==")
-    print("   (scope body creates n tensors by clone(); cost excludes nothing)")
+    print("   (the body makes n clones of one tensor; outside, distinct tensors or clones of it)")
     x = tj.tensor(jnp.ones(4))
-    print(f"{'in scope':>9s} {'alive outside':>14s} {'µs / scope':>11s} {'µs / tensor':>12s}")
-    for alive in (0, 10_000):
-        outside = [x.clone() for _ in range(alive)]
+    print(f"{'in scope':>9s} {'alive outside':>22s} {'µs / scope':>11s} {'µs / tensor':>12s}")
+    for alive, kind in ((0, "-"), (10_000, "distinct"), (10_000, "clones of it")):
+        if kind == "distinct":
+            outside = [x + float(i) for i in range(alive)]
+        else:
+            outside = [x.clone() for _ in range(alive)]
         for n in (0, 10, 100, 1000):
 
             def body(n: int = n) -> None:
@@ -93,7 +96,7 @@ def scope_cost(rounds: int) -> None:
             samples = [_per_call(body, number) for _ in range(rounds)]
             cost = statistics.median(samples)
             per = f"{cost / n * 1e6:12.3f}" if n else f"{'-':>12s}"
-            print(f"{n:9d} {alive:14d} {cost * 1e6:11.2f} {per}")
+            print(f"{n:9d} {alive:9d} {kind:>12s} {cost * 1e6:11.2f} {per}")
         tj.dispose(outside)
     x.dispose()
 

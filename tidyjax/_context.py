@@ -9,11 +9,11 @@ semantics) and its own ``async with tidy()`` never affects another task.
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._scope import Scope
 
-CURRENT: contextvars.ContextVar[Optional[Scope]] = contextvars.ContextVar(
+CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
     "tidyjax_scope", default=None
 )

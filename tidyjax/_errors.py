@@ -41,6 +41,13 @@ class LeakError(TidyjaxError, AssertionError):
     """Tensors created inside a leak check were still alive when it ended."""
 
 
-for _cls in (DisposedError, ScopeError, TidyjaxError, TidyjaxTypeError, TidyjaxValueError, LeakError):
+for _cls in (
+    DisposedError,
+    ScopeError,
+    TidyjaxError,
+    TidyjaxTypeError,
+    TidyjaxValueError,
+    LeakError,
+):
     _cls.__module__ = "tidyjax"
 del _cls

@@ -87,8 +87,10 @@ class MemoryInfo:
             f"{self.num_tensors} tensors, {self.num_data_buffers} buffers, "
             f"{_fmt_bytes(self.num_bytes)}"
         ]
-        lines += [f"  {d}: {_fmt_bytes(b)}" for d, b in sorted(
-            self.bytes_per_device.items(), key=lambda kv: str(kv[0]))]
+        lines += [
+            f"  {d}: {_fmt_bytes(b)}"
+            for d, b in sorted(self.bytes_per_device.items(), key=lambda kv: str(kv[0]))
+        ]
         if self.unreliable:
             lines += [f"  unreliable: {r}" for r in self.reasons]
         return "\n".join(lines)

@@ -39,7 +39,7 @@ RELEASED = "its buffer was released"
 class Buffer:
     """One device buffer (possibly sharded) and weak references to the Tensors holding it."""
 
-    __slots__ = ("dead", "holders", "key", "nbytes", "owned")
+    __slots__ = ("compact_at", "dead", "holders", "key", "nbytes", "owned")
 
     def __init__(self, key: Any, holder: weakref.ref[Tensor], owned: bool = True) -> None:
         self.key = key
@@ -47,6 +47,7 @@ class Buffer:
         self.owned = owned  # False: a caller's own array seen through an op; never deleted by us
         self.dead: str | None = None  # why every Tensor on this buffer is now unusable
         self.nbytes = -1  # computed lazily; the per-op path never pays for it
+        self.compact_at = 8  # prune dead holder references when the list doubles
 
     def live(self) -> list[Tensor]:
         """The Tensors still holding this buffer (alive and not disposed)."""
@@ -56,6 +57,14 @@ class Buffer:
             if t is not None and t._rec is self:
                 out.append(t)
         return out
+
+    def first_live(self) -> Tensor | None:
+        """Any Tensor still holding this buffer, or None; stops at the first one."""
+        for ref in self.holders:
+            t = ref()
+            if t is not None and t._rec is self:
+                return t
+        return None
 
     def array(self) -> jax.Array | None:
         """A jax.Array on this buffer, from any holder (disposed holders included)."""
@@ -82,6 +91,7 @@ UNTRACKED.holders = []
 UNTRACKED.owned = False
 UNTRACKED.dead = None
 UNTRACKED.nbytes = 0
+UNTRACKED.compact_at = 0
 
 
 def buffer_key(arr: jax.Array) -> Any:
@@ -95,41 +105,46 @@ def buffer_key(arr: jax.Array) -> Any:
     return p if p else ("object", id(arr))
 
 
-def register(arr: jax.Array, holder: weakref.ref[Tensor], owned: bool = True) -> Buffer:
-    """Record that the Tensor behind ``holder`` holds ``arr``'s buffer; return the record."""
+def register(t: Tensor, arr: jax.Array, holder: weakref.ref[Tensor], owned: bool = True) -> None:
+    """Record that ``t`` (whose weak reference is ``holder``) holds ``arr``'s buffer.
+
+    Sets ``t._rec`` before the record becomes visible to other threads, so a half-built Tensor
+    already counts as a live holder.
+    """
     try:
         key = arr.unsafe_buffer_pointer() or ("object", id(arr))
     except Exception:
         key = buffer_key(arr)
     got = _buffers.get(key)
     if got is None:
-        rec = _new_buffer(key, holder, owned)
+        rec = t._rec = _new_buffer(key, holder, owned)
         got = _buffers.setdefault(key, rec)
         if got is rec:
             if len(_buffers) > _sweep_at:
                 _sweep()
-            return rec
+            return
     # The address is known. Most often the record is stale: its Tensors were collected, JAX
     # freed the buffer and reused the address for this one. Sometimes it is a real alias.
     _acquire()
     try:
         current = _buffers.get(key)
         if current is not None and current.dead is None:
-            others = current.live()
-            if others:
-                if not others[0]._array.is_deleted():
-                    if len(current.holders) > 8:  # forget collected or disposed holders
+            other = current.first_live()
+            if other is not None:
+                if not other._array.is_deleted():
+                    if len(current.holders) >= current.compact_at:  # amortized O(1)
                         current.holders = [r for r in current.holders if _holds(r, current)]
+                        current.compact_at = max(8, 2 * len(current.holders))
+                    t._rec = current
                     current.holders.append(holder)
                     # Once a caller's own array is involved, tidyjax never deletes the buffer.
                     if not owned:
                         current.owned = False
-                    return current
+                    return
                 # Deleted outside tidyjax (jax.Array.delete(), raw donation); address reused.
                 current.dead = DELETED_OUTSIDE
-        rec = _new_buffer(key, holder, owned)
+        rec = t._rec = _new_buffer(key, holder, owned)
         _buffers[key] = rec
-        return rec
     finally:
         _release_lock()
 
@@ -141,6 +156,7 @@ def _new_buffer(key: Any, holder: weakref.ref[Tensor], owned: bool) -> Buffer:
     rec.dead = None
     rec.owned = owned
     rec.nbytes = -1
+    rec.compact_at = 8
     return rec
 
 
@@ -209,7 +225,7 @@ def _sweep() -> None:
 
 def _prune_locked() -> int:
     for key, rec in list(_buffers.items()):
-        if not rec.live() and _buffers.get(key) is rec:
+        if rec.first_live() is None and _buffers.get(key) is rec:
             del _buffers[key]
     return len(_buffers)
 
@@ -233,4 +249,4 @@ def lookup(arr: jax.Array) -> Buffer | None:
         rec = _buffers.get(buffer_key(arr))
     except Exception:
         return None
-    return rec if rec is not None and rec.live() else None
+    return rec if rec is not None and rec.first_live() is not None else None

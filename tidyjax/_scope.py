@@ -265,7 +265,9 @@ def _run(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         if inspect.iscoroutine(result) or inspect.isgenerator(result):
             result.close()  # never run; avoids "never awaited"
         raise TidyjaxTypeError(
-            _AWAITABLE_IN_SYNC.format(what=f"function {getattr(fn, '__qualname__', fn)!r}", kind=kind)
+            _AWAITABLE_IN_SYNC.format(
+                what=f"function {getattr(fn, '__qualname__', fn)!r}", kind=kind
+            )
         )
     scope._close(result)
     return result
@@ -326,7 +328,9 @@ class _Tidy:
         ``tidy.run(fn, *args)`` or ``tidy.run("name", fn, *args)``.
         """
         if not args:
-            raise TidyjaxTypeError("tidy.run() needs a function: tidy.run(fn) or tidy.run(name, fn).")
+            raise TidyjaxTypeError(
+                "tidy.run() needs a function: tidy.run(fn) or tidy.run(name, fn)."
+            )
         name = None
         if isinstance(args[0], str):
             name, args = args[0], args[1:]
@@ -343,7 +347,9 @@ class _Tidy:
         _check_function(fn, "tidy.run()")
         if inspect.iscoroutinefunction(fn):
             raise TidyjaxTypeError(
-                _AWAITABLE_IN_SYNC.format(what=f"async function {fn.__qualname__!r}", kind="a coroutine")
+                _AWAITABLE_IN_SYNC.format(
+                    what=f"async function {fn.__qualname__!r}", kind="a coroutine"
+                )
             )
         return _run(Scope(name or getattr(fn, "__name__", None)), fn, args, kwargs)
 
@@ -398,4 +404,3 @@ def _leaves(x: Any) -> list[Tensor]:
     if isinstance(x, Tensor):
         return [x]
     return [v for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor) if isinstance(v, Tensor)]
-

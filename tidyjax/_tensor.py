@@ -76,7 +76,7 @@ class Tensor:
 
     @property
     def array(self) -> jax.Array:
-        """The ``jax.Array`` this Tensor owns. Do not ``delete()`` it yourself; dispose the Tensor."""
+        """The ``jax.Array`` this Tensor owns; dispose the Tensor rather than deleting it."""
         return self._value()
 
     @property
@@ -276,9 +276,9 @@ def wrap(arr: Any, borrowed: Any = None) -> Tensor:
     if type(arr) is ArrayImpl:
         ref = _weak(t)
         if borrowed is not None:
-            t._rec = _register(arr, ref, _registry.buffer_key(arr) not in borrowed)
+            _register(t, arr, ref, _registry.buffer_key(arr) not in borrowed)
         else:
-            t._rec = _register(arr, ref)
+            _register(t, arr, ref)
         scope = CURRENT.get()
         t._scope = scope
         if scope is not None:
@@ -522,11 +522,47 @@ for _name, _op in {
     setattr(Tensor, f"__{_name}__", _unary(_op))
 
 #: jax.Array methods exposed on Tensor, each returning tracked Tensors.
-ARRAY_METHODS = (
-    "all any argmax argmin argpartition argsort astype choose clip compress conj conjugate copy "
-    "cumprod cumsum diagonal dot flatten max mean min nonzero prod ptp ravel repeat reshape round "
-    "searchsorted sort squeeze std sum swapaxes take trace transpose var view"
-).split()
+ARRAY_METHODS = [
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "argpartition",
+    "argsort",
+    "astype",
+    "choose",
+    "clip",
+    "compress",
+    "conj",
+    "conjugate",
+    "copy",
+    "cumprod",
+    "cumsum",
+    "diagonal",
+    "dot",
+    "flatten",
+    "max",
+    "mean",
+    "min",
+    "nonzero",
+    "prod",
+    "ptp",
+    "ravel",
+    "repeat",
+    "reshape",
+    "round",
+    "searchsorted",
+    "sort",
+    "squeeze",
+    "std",
+    "sum",
+    "swapaxes",
+    "take",
+    "trace",
+    "transpose",
+    "var",
+    "view",
+]
 #: TF.js-style method names, mapped to the jax.numpy / jax.nn function they call.
 FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
     "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,

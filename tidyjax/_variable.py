@@ -36,16 +36,14 @@ class Variable(Tensor):
 
     __slots__ = ("name", "trainable")
 
-    def __new__(
-        cls, value: Any, *, trainable: bool = True, name: str | None = None
-    ) -> Variable:
+    def __new__(cls, value: Any, *, trainable: bool = True, name: str | None = None) -> Variable:
         if name is not None and not isinstance(name, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")
         arr = _value_of(value, "Variable()")
         v = object.__new__(cls)
         v._array = arr
         v._id = next(_ids)
-        v._rec = _registry.register(arr, weakref.ref(v))
+        _registry.register(v, arr, weakref.ref(v))
         v._scope = None
         v.trainable = bool(trainable)
         v.name = name
@@ -82,9 +80,9 @@ class Variable(Tensor):
                 f"{old.dtype}; cast with value.astype({str(old.dtype)!r})."
             )
         old_rec = self._rec
-        rec = _registry.register(new, weakref.ref(self))
-        self._array, self._rec = new, rec
-        if old_rec is not None and old_rec is not rec:
+        self._array = new
+        _registry.register(self, new, weakref.ref(self))
+        if old_rec is not None and old_rec is not self._rec:
             _registry.release(old, old_rec)  # freed unless another live Tensor holds it
         return self
 

@@ -1,0 +1,360 @@
+"""tidy in every form, keep, dispose, pytree results, errors, threads and asyncio tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from typing import NamedTuple
+
+import jax
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax import DisposedError, ScopeError, Tensor, TidyjaxTypeError, keep, tidy
+
+from .conftest import counts
+
+
+def test_nothing_is_freed_outside_every_scope():
+    a = tj.tensor([1.0])
+    b = a + 1
+    assert counts()[0] == 2
+    assert not a.is_disposed and not b.is_disposed
+    tj.dispose([a, b])
+
+
+def test_with_block_frees_everything_created_inside():
+    with tidy() as scope:
+        x = tj.tensor([1.0, 2.0])
+        y = x * 2
+        z = y + x
+    assert all(t.is_disposed for t in (x, y, z))
+    assert (scope.num_freed, scope.bytes_freed, scope.num_handed_out) == (3, 24, 0)
+    assert counts() == (0, 0, 0)
+    assert "exited" in repr(scope) and "freed 3 tensors" in repr(scope)
+
+
+def test_scope_keep_hands_values_out_like_a_return():
+    with tidy("outer"):
+        with tidy("inner") as inner:
+            a = tj.tensor([1.0])
+            kept = inner.keep(a * 3)
+            pair = inner.keep(a + 1, a + 2)
+        assert a.is_disposed and not kept.is_disposed and len(pair) == 2
+        assert inner.num_handed_out == 3
+    # handed out one level only: the outer scope then frees them
+    assert kept.is_disposed and all(p.is_disposed for p in pair)
+
+
+def test_scope_keep_outside_the_block_is_an_error():
+    with tidy() as scope:
+        pass
+    with pytest.raises(ScopeError, match="not open"):
+        scope.keep(1)
+
+
+def test_outer_tensors_used_inside_are_never_touched():
+    a = tj.tensor([1.0, 2.0])
+    with tidy():
+        b = a + 1
+        with tidy():
+            c = a * b
+    assert not a.is_disposed and b.is_disposed and c.is_disposed
+    np.testing.assert_array_equal(a.numpy(), [1.0, 2.0])
+    a.dispose()
+
+
+def test_exception_inside_a_scope_frees_and_propagates():
+    with pytest.raises(ZeroDivisionError), tidy():
+        t = tj.tensor([1.0])
+        1 / 0
+    assert t.is_disposed and counts() == (0, 0, 0)
+
+    @tidy
+    def boom():
+        boom.made = tj.tensor([2.0])
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        boom()
+    assert boom.made.is_disposed and counts() == (0, 0, 0)
+
+
+class Pair(NamedTuple):
+    left: object
+    right: object
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Params:
+    w: object
+    b: object
+
+
+def test_deep_pytree_results_move_to_the_enclosing_scope_one_level_per_return():
+    @tidy("make")
+    def make():
+        x = tj.tensor([1.0, 2.0])
+        tmp = x * 10
+        make.tmp = tmp
+        return {
+            "list": [x + 1, (x + 2, [x + 3])],
+            "pair": Pair(x + 4, "label"),
+            "params": Params(w=x + 5, b=None),
+            "n": 7,
+        }
+
+    with tidy("outer") as outer:
+        out = make()
+        assert make.tmp.is_disposed
+        leaves = [out["list"][0], out["list"][1][0], out["list"][1][1][0], out["pair"].left,
+                  out["params"].w]  # fmt: skip
+        assert all(isinstance(t, Tensor) and not t.is_disposed for t in leaves)
+        assert out["n"] == 7 and out["pair"].right == "label" and out["params"].b is None
+        assert counts()[0] == 5
+    assert all(t.is_disposed for t in leaves)  # the outer scope did not return them
+    assert outer.num_freed == 5
+
+
+def test_returned_tensor_leaves_the_outermost_scope_untracked():
+    r = tidy.run(lambda: tj.tensor([1.0]) + 1)
+    with tidy():
+        pass
+    assert not r.is_disposed
+    r.dispose()
+
+
+def test_keep_protects_from_every_scope_until_disposed():
+    with tidy(), tidy():
+        k = keep(tj.tensor([1.0]))
+        tree = keep({"a": tj.tensor([2.0]), "n": 3})
+    assert not k.is_disposed and not tree["a"].is_disposed
+    assert counts()[0] == 2
+    tj.dispose([k, tree])
+    assert counts() == (0, 0, 0)
+
+
+def test_disposed_then_returned_stays_disposed_and_double_dispose_is_a_noop():
+    def body():
+        t = tj.tensor([1.0])
+        t.dispose()
+        t.dispose()
+        return t
+
+    t = tidy.run(body)
+    assert t.is_disposed
+    with pytest.raises(DisposedError):
+        t.numpy()
+    tj.dispose(t)
+
+
+def test_dispose_ignores_non_tensor_leaves():
+    a, b = tj.tensor([1.0]), tj.tensor([2.0])
+    tj.dispose({"a": a, "rest": [b, 3, "x", None]})
+    assert a.is_disposed and b.is_disposed
+
+
+def test_decorator_forms_and_run_forms():
+    @tidy
+    def plain(x):
+        plain.tmp = x * 2
+        return plain.tmp + 1
+
+    @tidy("named")
+    def named(x):
+        return x - 1
+
+    @tidy()
+    def called(x):
+        return x + 0
+
+    x = tj.tensor([1.0])
+    outs = [plain(x), named(x), called(x), tidy.run(lambda v: v * 5, x),
+            tidy.run("n", lambda v, k: v * k, x, k=3)]  # fmt: skip
+    assert plain.tmp.is_disposed and plain.__name__ == "plain"
+    np.testing.assert_array_equal([o.item() for o in outs], [3.0, 0.0, 1.0, 5.0, 3.0])
+    tj.dispose([x, outs])
+
+
+def test_bare_with_tidy_works_too():
+    with tidy as scope:
+        t = tj.tensor([1.0])
+    assert t.is_disposed and scope.num_freed == 1
+
+
+def test_scope_paths_nest():
+    paths = []
+    with tidy("train"):
+        with tidy("step") as s:
+            paths.append(s.path)
+        with tidy() as anon:
+            paths.append(anon.path)
+    assert paths == ["train/step", "train/<tidy>"]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: tidy.run("name"), "name but no function"),
+        (lambda: tidy.run(4, print), "where the function should be"),
+        (lambda: tidy.run("n", "x"), "where the function should be"),
+        (lambda: tidy.run(), "needs a function"),
+        (lambda: tidy(42), "scope name"),
+        (lambda: tidy(3.5), "scope name"),
+    ],
+)
+def test_bad_arguments_raise_type_errors(call, match):
+    with pytest.raises(TypeError, match=match) as err:
+        call()
+    assert isinstance(err.value, TidyjaxTypeError)
+
+
+def test_generator_functions_are_rejected():
+    def gen():
+        yield tj.tensor([1.0])
+
+    async def agen():
+        yield 1
+
+    with pytest.raises(TidyjaxTypeError, match="generator"):
+        tidy(gen)
+    with pytest.raises(TidyjaxTypeError, match="generator"):
+        tidy("g")(agen)
+    with pytest.raises(TidyjaxTypeError, match="generator"):
+        tidy.run(gen)
+
+
+def test_sync_scope_whose_function_returns_an_awaitable_raises():
+    async def work():
+        return tj.tensor([1.0])
+
+    with pytest.raises(TidyjaxTypeError, match="async with tidy"):
+        tidy.run(work)
+    with pytest.raises(TidyjaxTypeError, match="async with tidy"):
+        tidy.run(lambda: work())  # a plain function that returns a coroutine
+    assert counts() == (0, 0, 0)
+
+
+def test_exiting_twice_out_of_order_or_reentering_raises_scope_error():
+    s = tidy("once")
+    with s:
+        pass
+    with pytest.raises(ScopeError, match="already exited"):
+        s.__exit__(None, None, None)
+    with pytest.raises(ScopeError, match="already entered"):
+        s.__enter__()
+    with pytest.raises(ScopeError, match="has not been entered"):
+        tidy("never").__exit__(None, None, None)
+
+    outer, inner = tidy("outer"), tidy("inner")
+    outer.__enter__()
+    inner.__enter__()
+    t = tj.tensor([1.0])
+    with pytest.raises(ScopeError, match="reverse order"):
+        outer.__exit__(None, None, None)
+    assert not t.is_disposed  # nothing was freed by the refused exit
+    inner.__exit__(None, None, None)
+    outer.__exit__(None, None, None)
+    assert t.is_disposed
+
+
+def test_decorating_with_a_used_scope_raises():
+    s = tidy("x")
+    with s, pytest.raises(ScopeError, match="already in use"):
+        s(lambda: None)
+
+
+def test_variables_built_from_scoped_tensors_survive_the_scope():
+    with tidy():
+        t = tj.tensor([1.0, 2.0])
+        v = tj.Variable(t)
+        w = tj.Variable(t * 2, name="w")
+    assert t.is_disposed
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(w.numpy(), [2.0, 4.0])
+    assert counts()[:2] == (2, 2)
+    tj.dispose_variables()
+    assert counts() == (0, 0, 0)
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+def test_threads_have_their_own_scope_stacks():
+    errors, barrier = [], threading.Barrier(4)
+
+    def worker(i):
+        try:
+            with tidy(f"w{i}"):
+                mine = tj.tensor([float(i)] * 8)
+                barrier.wait()  # all four scopes are open at once
+                for _ in range(50):
+                    mine = mine + 1
+                barrier.wait()
+                out = tj.keep(mine * 1)
+            np.testing.assert_array_equal(out.numpy(), [i + 50.0] * 8)
+            out.dispose()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    with tidy("main"):
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert errors == []
+    assert counts() == (0, 0, 0)
+
+
+def test_asyncio_tasks_never_free_each_others_tensors():
+    async def task(i, started):
+        async with tidy(f"task{i}") as scope:
+            x = tj.tensor([float(i)])
+            started.set()
+            await asyncio.sleep(0.01 * (3 - i))  # exit in the opposite order of entry
+            y = scope.keep(x + 100)
+            await asyncio.sleep(0)
+            assert not x.is_disposed  # another task's exit did not free it
+        assert x.is_disposed
+        return y
+
+    async def main():
+        events = [asyncio.Event() for _ in range(3)]
+        tasks = [asyncio.create_task(task(i, events[i])) for i in range(3)]
+        return await asyncio.gather(*tasks)
+
+    outs = asyncio.run(main())
+    assert [float(o[0]) for o in outs] == [100.0, 101.0, 102.0]
+    tj.dispose(outs)
+
+
+def test_tidy_on_async_def_frees_after_the_awaits():
+    @tidy("fetch")
+    async def fetch(x):
+        a = x * 2
+        await asyncio.sleep(0)
+        b = a + 1  # created after an await: still freed (TF.js leaks these)
+        fetch.made = (a, b)
+        return b * 10
+
+    x = tj.tensor([1.0])
+    out = asyncio.run(fetch(x))
+    assert all(t.is_disposed for t in fetch.made)
+    np.testing.assert_array_equal(out.numpy(), [30.0])
+    tj.dispose([x, out])
+
+
+def test_async_scope_error_inside_frees():
+    async def main():
+        with pytest.raises(KeyError):
+            async with tidy():
+                main.t = tj.tensor([1.0])
+                await asyncio.sleep(0)
+                raise KeyError("x")
+
+    asyncio.run(main())
+    assert main.t.is_disposed

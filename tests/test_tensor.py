@@ -1,0 +1,288 @@
+"""Tensor: construction, operators, methods, disposal, errors, and buffer aliasing."""
+
+from __future__ import annotations
+
+import copy
+import operator
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax import DisposedError, Tensor, TidyjaxTypeError, tidy
+
+from .conftest import counts
+
+
+def test_tensor_copies_so_the_users_array_survives_dispose():
+    mine = jnp.arange(4.0)
+    t = tj.tensor(mine)
+    t.dispose()
+    assert not mine.is_deleted()
+    np.testing.assert_array_equal(mine, [0, 1, 2, 3])
+
+
+def test_constructor_forms_and_dtype():
+    a = tj.tensor([1, 2], dtype=jnp.float32)
+    b = Tensor(np.array([1.5, 2.5]))
+    c = tj.tensor(3)
+    d = tj.tensor(a)  # a Tensor is copied, not shared
+    assert a.dtype == jnp.float32 and a.shape == (2,) and a.ndim == 1 and a.size == 2
+    assert a.nbytes == 8
+    assert isinstance(b, Tensor) and c.shape == ()
+    assert counts()[:2] == (4, 4)
+    tj.dispose([a, b, c, d])
+
+
+def test_tensor_on_a_device():
+    dev = jax.devices()[0]
+    t = tj.tensor([1.0], device=dev)
+    assert t.devices() == {dev}
+    t.dispose()
+
+
+@pytest.mark.parametrize("bad", ["text", b"bytes", print])
+def test_tensor_rejects_non_array_data(bad):
+    with pytest.raises(TidyjaxTypeError, match="array-like"):
+        tj.tensor(bad)
+    assert counts() == (0, 0, 0)
+
+
+def test_adopt_takes_ownership_without_copy():
+    arr = jnp.arange(3.0)
+    t = tj.adopt(arr)
+    assert t.array is arr
+    t.dispose()
+    assert arr.is_deleted()
+
+
+def test_adopt_rejects_bad_input():
+    with pytest.raises(TidyjaxTypeError, match=r"jax\.Array"):
+        tj.adopt([1, 2])
+    t = tj.tensor([1.0])
+    with pytest.raises(TidyjaxTypeError, match="clone"):
+        tj.adopt(t)
+    gone = jnp.ones(2)
+    gone.delete()
+    with pytest.raises(tj.TidyjaxValueError, match="deleted"):
+        tj.adopt(gone)
+    t.dispose()
+
+
+BINARY = [
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+    operator.mod, operator.pow, operator.lt, operator.le, operator.gt, operator.ge,
+    operator.eq, operator.ne,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("op", BINARY, ids=lambda f: f.__name__)
+def test_binary_operators_match_jax_and_return_tracked_tensors(op):
+    x, y = jnp.array([1.0, 2.0, 3.0]), jnp.array([2.0, 2.0, 5.0])
+    a, b = tj.tensor(x), tj.tensor(y)
+    pairs = [
+        (op(a, b), op(x, y)),
+        (op(a, 2.0), op(x, 2.0)),
+        (op(2.0, a), op(2.0, x)),
+        (op(a, y), op(x, y)),
+    ]
+    for got, want in pairs:
+        assert isinstance(got, Tensor)
+        np.testing.assert_allclose(got.numpy(), np.asarray(want))
+    assert counts()[0] == 6
+    tj.dispose([a, b, pairs])
+    assert counts()[0] == 0
+
+
+def test_numpy_on_the_left_defers_to_tensor():
+    t = tj.tensor([1.0, 2.0])
+    out = np.array([1.0, 1.0]) + t
+    assert isinstance(out, Tensor)
+    np.testing.assert_array_equal(out.numpy(), [2.0, 3.0])
+
+
+def test_matmul_unary_bitwise_and_indexing():
+    m = tj.tensor([[1.0, 2.0], [3.0, 4.0]])
+    i = tj.tensor([1, 2, 3])
+    np.testing.assert_array_equal((m @ m).numpy(), np.array([[7, 10], [15, 22]]))
+    np.testing.assert_array_equal((-m).numpy(), -np.array([[1, 2], [3, 4]]))
+    np.testing.assert_array_equal(abs(-m).numpy(), [[1, 2], [3, 4]])
+    np.testing.assert_array_equal((~i).numpy(), ~np.array([1, 2, 3]))
+    np.testing.assert_array_equal((i & 1).numpy(), [1, 0, 1])
+    np.testing.assert_array_equal(m[0].numpy(), [1, 2])
+    np.testing.assert_array_equal(m[:, tj.tensor([1, 0])].numpy(), [[2, 1], [4, 3]])
+    np.testing.assert_array_equal(m.T.numpy(), [[1, 3], [2, 4]])
+    rows = list(m)
+    assert len(rows) == len(m) == 2 and all(isinstance(r, Tensor) for r in rows)
+    assert m.at[0, 0].set(9.0).numpy()[0, 0] == 9.0
+    with pytest.raises(TidyjaxTypeError, match=r"\.at\[index\]\.set"):
+        m[0] = 1.0
+
+
+def test_methods_match_jax():
+    x = jnp.array([[1.0, 4.0], [9.0, 16.0]])
+    t = tj.tensor(x)
+    cases = {
+        "add": (t.add(1.0), x + 1), "sub": (t.sub(t), x - x), "mul": (t.mul(2.0), x * 2),
+        "div": (t.div(2.0), x / 2), "matmul": (t.matmul(t), x @ x),
+        "square": (t.square(), x**2), "sum": (t.sum(), x.sum()),
+        "sum_axis": (t.sum(axis=0), x.sum(axis=0)), "mean": (t.mean(), x.mean()),
+        "max": (t.max(), x.max()), "min": (t.min(), x.min()),
+        "reshape": (t.reshape(4), x.reshape(4)), "astype": (t.astype(jnp.int32), x.astype(int)),
+        "transpose": (t.transpose(), x.T), "exp": (t.exp(), jnp.exp(x)),
+        "log": (t.log(), jnp.log(x)), "sqrt": (t.sqrt(), jnp.sqrt(x)), "abs": (t.abs(), abs(x)),
+    }  # fmt: skip
+    for name, (got, want) in cases.items():
+        assert isinstance(got, Tensor), name
+        np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-6, err_msg=name)
+    assert t.item(0) == 1.0 and t.tolist() == [[1.0, 4.0], [9.0, 16.0]]
+    assert float(t.sum()) == 30.0 and int(t[0, 1]) == 4 and bool(t[0, 0])
+    assert np.asarray(t).shape == (2, 2)
+
+
+def test_every_result_is_tracked_in_the_current_scope():
+    t = tj.tensor([1.0, 2.0])
+    with tidy() as scope:
+        results = [t + 1, t.sum(), t.exp(), t[0], t.reshape(2, 1), t.argmax()]
+    assert all(r.is_disposed for r in results)
+    assert scope.num_freed == len(results)
+    assert not t.is_disposed
+
+
+def test_dispose_deletes_the_buffer_and_is_idempotent():
+    t = tj.tensor([1.0, 2.0, 3.0])
+    arr = t.array
+    t.dispose()
+    t.dispose()
+    assert t.is_disposed and arr.is_deleted()
+    assert counts() == (0, 0, 0)
+
+
+def test_use_after_dispose_raises_disposed_error_naming_the_tensor():
+    t = tj.tensor(np.zeros((3, 4), np.float32))
+    t.dispose()
+    for use in (lambda: t + 1, lambda: t.sum(), lambda: t.numpy(), lambda: t.shape,
+                lambda: t.array, lambda: t[0], lambda: float(t), lambda: 1 + t):  # fmt: skip
+        with pytest.raises(DisposedError) as err:
+            use()
+        msg = str(err.value)
+        assert "float32[3,4]" in msg and "disposed explicitly" in msg and "keep" in msg
+    assert isinstance(err.value, RuntimeError)
+
+
+def test_disposed_argument_raises_even_when_its_buffer_is_shared():
+    # TF.js silently uses a disposed argument whose buffer is shared; tidyjax does not.
+    a = tj.tensor([1.0, 2.0])
+    b = a.clone()
+    b.dispose()
+    with pytest.raises(DisposedError):
+        a + b
+    np.testing.assert_array_equal((a + 1).numpy(), [2.0, 3.0])
+    a.dispose()
+
+
+def test_disposed_error_names_the_scope_that_freed_it():
+    with tidy("train_step"):
+        t = tj.tensor([1.0])
+    with pytest.raises(DisposedError, match=r"scope 'train_step' exited.*scope\.keep"):
+        t.numpy()
+
+
+def test_repr_and_str_of_live_and_disposed_tensors():
+    t = tj.tensor([1.0, 2.0])
+    assert repr(t) == "Tensor([1., 2.], dtype=float32)"
+    assert str(t) == "[1. 2.]"
+    t.dispose()
+    assert "disposed" in repr(t) and "float32[2]" in repr(t)
+    assert "disposed" in str(t)
+    assert f"{tj.tensor(1.5):.2f}" == "1.50"
+
+
+def test_tensors_are_unhashable_like_jax_arrays():
+    with pytest.raises(TypeError):
+        hash(tj.tensor([1.0]))
+
+
+def test_copy_deepcopy_and_pickle_count_as_new_tensors():
+    t = tj.tensor([1.0, 2.0])
+    shallow = copy.copy(t)
+    deep = copy.deepcopy(t)
+    loaded = pickle.loads(pickle.dumps(t))
+    assert counts()[:2] == (4, 3)  # shallow shares t's buffer
+    t.dispose()
+    np.testing.assert_array_equal(shallow.numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(deep.numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(loaded.numpy(), [1.0, 2.0])
+    tj.dispose([shallow, deep, loaded])
+
+
+# -- aliasing: many jax operations hand back the same buffer ----------------------------------
+
+ALIASING = {
+    "clone": lambda t: t.clone(),
+    "astype same dtype": lambda t: t.astype(t.dtype),
+    "x[...]": lambda t: t[...],
+    "x[:]": lambda t: t[:],
+    "to(same device)": lambda t: t.to(jax.devices()[0]),
+    "adopt(jnp.asarray)": lambda t: tj.adopt(jnp.asarray(t.array)),
+    "adopt(device_put same device)": lambda t: tj.adopt(jax.device_put(t.array, jax.devices()[0])),
+}
+
+
+@pytest.mark.parametrize("make_alias", ALIASING.values(), ids=ALIASING.keys())
+def test_disposing_one_alias_keeps_the_other_readable(make_alias):
+    a = tj.tensor([1.0, 2.0, 3.0])
+    b = make_alias(a)
+    assert counts() == (2, 1, 12)  # two tensors, one buffer, its bytes counted once
+    a.dispose()
+    assert not b.array.is_deleted()
+    np.testing.assert_array_equal(b.numpy(), [1.0, 2.0, 3.0])
+    assert counts() == (1, 1, 12)
+    b.dispose()
+    assert counts() == (0, 0, 0)
+
+
+def test_scope_freeing_an_alias_of_an_outer_tensor_keeps_the_buffer():
+    a = tj.tensor([1.0, 2.0])
+    with tidy():
+        b = a[...]
+        c = a.clone()
+    assert b.is_disposed and c.is_disposed
+    assert not a.array.is_deleted()
+    np.testing.assert_array_equal(a.numpy(), [1.0, 2.0])
+    a.dispose()
+
+
+def test_collected_tensor_stops_counting_without_deleting_a_referenced_array():
+    t = tj.tensor([1.0, 2.0])
+    arr = t.array
+    del t
+    assert counts() == (0, 0, 0)
+    assert not arr.is_deleted()  # the user's reference keeps it, as in plain JAX
+    info = tj.memory()
+    assert info.unreliable and info.untracked_arrays >= 1
+
+
+def test_buffer_deleted_outside_tidyjax_is_reported_not_reused():
+    t = tj.tensor([1.0, 2.0])
+    t.array.delete()
+    info = tj.memory()
+    assert info.unreliable and any("outside tidyjax" in r for r in info.reasons)
+    u = tj.tensor([3.0, 4.0])  # may land at the same address: must get a record of its own
+    np.testing.assert_array_equal(u.numpy(), [3.0, 4.0])
+    tj.dispose([t, u])
+    assert counts() == (0, 0, 0)
+
+
+def test_many_buffers_trigger_the_sweep_without_losing_live_ones():
+    keep_alive = [tj.tensor([float(i)]) for i in range(3000)]
+    for i in range(3000):  # dropped at once: stale records for the sweep to remove
+        tj.tensor([float(i)])
+    more = [tj.tensor([float(i)]) for i in range(3000)]  # crosses the sweep threshold
+    assert counts()[:2] == (6000, 6000)
+    assert keep_alive[1234].item() == 1234.0 and more[2999].item() == 2999.0
+    tj.dispose([keep_alive, more])
+    assert counts() == (0, 0, 0)

@@ -1,0 +1,92 @@
+"""Variables: never scope-freed, shared buffers on creation, checked assign."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax import DisposedError, TidyjaxTypeError, TidyjaxValueError, Variable, tidy
+
+from .conftest import counts
+
+
+def test_variable_from_tensor_shares_its_buffer():
+    t = tj.tensor([1.0, 2.0])
+    v = Variable(t, name="v")
+    assert counts() == (2, 1, 8)  # two tensors, one data buffer
+    t.dispose()
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    v.dispose()
+    assert counts() == (0, 0, 0)
+
+
+def test_variable_from_raw_array_copies():
+    raw = jnp.ones(3)
+    v = Variable(raw, trainable=False)
+    assert v.array is not raw and not v.trainable and v.name is None
+    v.dispose()
+    assert not raw.is_deleted()
+
+
+def test_variable_created_in_a_scope_is_never_freed_by_it():
+    with tidy():
+        v = Variable([1.0, 2.0])
+        tj.keep
+    assert not v.is_disposed
+    v.dispose()
+
+
+def test_assign_frees_the_old_buffer_unless_shared():
+    v = Variable([1.0, 2.0])
+    old = v.array
+    with tidy():
+        v.assign(v * 3)  # the new value is a scope temporary: the variable keeps its buffer
+    assert old.is_deleted()
+    np.testing.assert_array_equal(v.numpy(), [3.0, 6.0])
+    assert counts() == (1, 1, 8)
+
+    keep_me = v.clone()
+    v.assign([5.0, 6.0])
+    np.testing.assert_array_equal(keep_me.numpy(), [3.0, 6.0])  # shared: not freed
+    np.testing.assert_array_equal(v.numpy(), [5.0, 6.0])
+    tj.dispose([keep_me, v])
+
+
+def test_assign_checks_shape_and_dtype_and_leaves_state_unchanged():
+    v = Variable(jnp.zeros((2, 3)), name="w")
+    before = counts()
+    with pytest.raises(TidyjaxValueError, match=r"shape \(3, 2\).*\(2, 3\)"):
+        v.assign(jnp.zeros((3, 2)))
+    with pytest.raises(TidyjaxTypeError, match=r"int32.*float32"):
+        v.assign(jnp.zeros((2, 3), jnp.int32))
+    assert counts() == before
+    np.testing.assert_array_equal(v.numpy(), np.zeros((2, 3)))
+    assert "Variable(name='w'" in repr(v)
+    v.dispose()
+
+
+def test_variable_in_ops_returns_plain_tensors():
+    v = Variable([1.0, 2.0])
+    out = v * 2 + v
+    assert type(out) is tj.Tensor
+    np.testing.assert_array_equal(out.numpy(), [3.0, 6.0])
+    tj.dispose([v, out])
+
+
+def test_dispose_variables_disposes_all_and_marks_them():
+    vs = [Variable([float(i)]) for i in range(3)]
+    t = tj.tensor([9.0])
+    assert tj.dispose_variables() == 3
+    assert all(v.is_disposed for v in vs)  # TF.js leaves isDisposed false; we don't
+    with pytest.raises(DisposedError, match="dispose_variables"):
+        vs[0].numpy()
+    assert not t.is_disposed
+    assert tj.dispose_variables() == 0
+    t.dispose()
+
+
+def test_variable_name_must_be_a_string():
+    with pytest.raises(TidyjaxTypeError, match="name"):
+        Variable([1.0], name=3)
