@@ -169,7 +169,7 @@ def test_use_after_dispose_raises_disposed_error_naming_the_tensor():
         with pytest.raises(DisposedError) as err:
             use()
         msg = str(err.value)
-        assert "float32[3,4]" in msg and "disposed explicitly" in msg and "keep" in msg
+        assert "float32[3,4]" in msg and "disposed explicitly" in msg and "clone()" in msg
     assert isinstance(err.value, RuntimeError)
 
 

@@ -13,6 +13,10 @@ from ._errors import ScopeError as ScopeError
 from ._errors import TidyjaxError as TidyjaxError
 from ._errors import TidyjaxTypeError as TidyjaxTypeError
 from ._errors import TidyjaxValueError as TidyjaxValueError
+from ._lift import grad as grad
+from ._lift import jit as jit
+from ._lift import value_and_grad as value_and_grad
+from ._lift import vmap as vmap
 from ._memory import MemoryInfo as MemoryInfo
 from ._memory import memory as memory
 from ._scope import Scope as Scope
@@ -21,6 +25,7 @@ from ._scope import keep as keep
 from ._scope import tidy as tidy
 from ._tensor import Tensor as Tensor
 from ._tensor import adopt as adopt
+from ._tensor import lift as lift
 from ._tensor import tensor as tensor
 from ._variable import Variable as Variable
 from ._variable import dispose_variables as dispose_variables

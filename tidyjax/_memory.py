@@ -163,7 +163,8 @@ def memory(*, scan_untracked: bool = True) -> MemoryInfo:
 def device_bytes(arr: jax.Array) -> dict[Any, int]:
     """Bytes ``arr`` holds on each device: its shard there; a replica counts on every device."""
     try:
-        shards = arr._arrays  # single-device arrays, one per shard; creates no live arrays
+        # Single-device arrays, one per shard; reading them creates no live arrays.
+        shards = getattr(arr, "_base_array", arr)._arrays
     except AttributeError:  # pragma: no cover - a jax without _arrays
         return {d: int(arr.nbytes) for d in arr.devices()}
     out: dict[Any, int] = {}

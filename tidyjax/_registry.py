@@ -99,7 +99,8 @@ def buffer_key(arr: jax.Array) -> Any:
     try:
         p = arr.unsafe_buffer_pointer()
     except Exception:  # sharded arrays have no single pointer
-        return tuple(s.unsafe_buffer_pointer() for s in arr._arrays)
+        base = getattr(arr, "_base_array", arr)  # a typed PRNG key array's storage
+        return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
     # A zero-byte buffer may have no unique address; the object's id is unique while a Tensor
     # (which holds it strongly) is alive, and a record is only consulted through live Tensors.
     return p if p else ("object", id(arr))

@@ -7,6 +7,8 @@ scope. No global scan, no lock unless the buffer is shared.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import operator
 import weakref
@@ -17,6 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src.array import ArrayImpl
+
+try:  # typed PRNG key arrays (jax.random.key) are concrete arrays of their own class
+    from jax._src.random.prng import PRNGKeyArray as _PRNGKeyArray
+except ImportError:  # pragma: no cover - other jax layouts
+    _PRNGKeyArray = ArrayImpl
 
 from . import _registry
 from ._context import CURRENT
@@ -31,10 +38,12 @@ _weak = weakref.ref
 _register = _registry.register
 _UNTRACKED = _registry.UNTRACKED
 
-#: Why a Tensor is unusable, keyed by the state that made it so.
+#: How to fix a use after dispose, by what disposed it.
 _KEEP_HINT = (
-    "Return it from the scope, or call scope.keep(t) / tidyjax.keep(t) before the scope exits."
+    "To use it after the scope, return it from the scope, or call scope.keep(t) / "
+    "tidyjax.keep(t) before the scope exits."
 )
+_DONATE_HINT = "Use the function's output instead, or do not donate this argument (donate_argnums)."
 
 
 class Tensor:
@@ -256,7 +265,8 @@ Tensor.__module__ = "tidyjax"
 _TENSOR_TYPES: set[type] = {Tensor}
 # Types that never hold a Tensor: unwrapping passes them through without a tree walk.
 _PLAIN = frozenset(
-    {ArrayImpl, int, float, bool, complex, str, type(None), np.ndarray, slice, type(Ellipsis)}
+    {ArrayImpl, _PRNGKeyArray, int, float, bool, complex, str, type(None), np.ndarray, slice}
+    | {type(Ellipsis)}
 )
 
 
@@ -273,9 +283,9 @@ def wrap(arr: Any, borrowed: Any = None) -> Tensor:
     t = _new(Tensor)
     t._array = arr
     t._id = next(_ids)
-    if type(arr) is ArrayImpl:
+    if type(arr) is ArrayImpl or type(arr) is _PRNGKeyArray:
         ref = _weak(t)
-        if borrowed is not None:
+        if borrowed:
             _register(t, arr, ref, _registry.buffer_key(arr) not in borrowed)
         else:
             _register(t, arr, ref)
@@ -318,18 +328,20 @@ def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return args
 
 
+#: The concrete array classes a Tensor tracks; anything else it holds (a tracer) is untracked.
+CONCRETE = frozenset({ArrayImpl, _PRNGKeyArray})
+
+
 def _wrap_leaf(x: Any) -> Any:
-    if type(x) is ArrayImpl or isinstance(x, _Tracer):
+    if type(x) in CONCRETE or isinstance(x, _Tracer):
         return wrap(x)
     return x
 
 
 def _wrap_leaf_borrowed(borrowed: Any) -> Callable[[Any], Any]:
     def leaf(x: Any) -> Any:
-        if type(x) is ArrayImpl:
+        if type(x) in CONCRETE or isinstance(x, _Tracer):
             return wrap(x, borrowed)
-        if isinstance(x, _Tracer):
-            return wrap(x)
         return x
 
     return leaf
@@ -338,7 +350,7 @@ def _wrap_leaf_borrowed(borrowed: Any) -> Callable[[Any], Any]:
 def wrap_tree(out: Any, borrowed: Any = None) -> Any:
     """Wrap every jax array in the pytree ``out`` as a tracked Tensor; other leaves pass through."""
     tout = type(out)
-    if tout is ArrayImpl:
+    if tout is ArrayImpl or tout is _PRNGKeyArray:
         return wrap(out, borrowed)
     if tout in _PLAIN or tout in _TENSOR_TYPES:
         return out
@@ -346,6 +358,67 @@ def wrap_tree(out: Any, borrowed: Any = None) -> Any:
         return wrap(out)
     leaf = _wrap_leaf if borrowed is None else _wrap_leaf_borrowed(borrowed)
     return jax.tree_util.tree_map(leaf, out, is_leaf=is_tensor)
+
+
+def _unwrap_collect(x: Any, raw: list[Any]) -> Any:
+    """``unwrap``, also collecting the caller's own concrete arrays into ``raw``."""
+    tx = type(x)
+    if tx in _TENSOR_TYPES:
+        return x._value()
+    if tx in CONCRETE:
+        raw.append(x)
+        return x
+    if tx in _PLAIN:
+        return x
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return v._value()
+        if type(v) in CONCRETE:
+            raw.append(v)
+        return v
+
+    return jax.tree_util.tree_map(leaf, x, is_leaf=is_tensor)
+
+
+def _borrowed_keys(raw: list[Any]) -> set[Any]:
+    keys = set()
+    for arr in raw:
+        with contextlib.suppress(Exception):  # a deleted array cannot come back out of the call
+            keys.add(_registry.buffer_key(arr))
+    return keys
+
+
+def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Make ``fn`` take and return Tensors: the one wrapping mechanism of tidyjax.
+
+    The lifted function replaces every Tensor or Variable found anywhere in its arguments (any
+    pytree) by its ``jax.Array``, calls ``fn``, and wraps every ``jax.Array`` in the result as a
+    new Tensor tracked by the current scope. Other results pass through. A result that *is* one of
+    the caller's own raw ``jax.Array`` arguments is tracked but never deleted by tidyjax.
+
+    Example::
+
+        softplus = tidyjax.lift(jax.nn.softplus)
+        y = softplus(tidyjax.tensor([0.0, 1.0]))   # a Tensor
+
+    Raises:
+        TidyjaxTypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TidyjaxTypeError(f"lift() takes a callable, got {type(fn).__name__} {fn!r:.60}.")
+
+    def lifted(*args: Any, **kwargs: Any) -> Any:
+        raw: list[Any] = []
+        args = tuple([_unwrap_collect(a, raw) for a in args])
+        if kwargs:
+            kwargs = {k: _unwrap_collect(v, raw) for k, v in kwargs.items()}
+        out = fn(*args, **kwargs)
+        return wrap_tree(out, _borrowed_keys(raw) if raw else None)
+
+    with contextlib.suppress(AttributeError, TypeError):  # callables without metadata
+        lifted = functools.wraps(fn)(lifted)
+    return lifted
 
 
 # -- disposal ----------------------------------------------------------------------------------
@@ -380,10 +453,14 @@ def _reason(t: Tensor) -> str:
 
 def _disposed_error(t: Tensor) -> DisposedError:
     what = type(t).__name__
-    return DisposedError(
-        f"{what} {_describe(t)} (id {t._id}) is disposed: {_reason(t)}. "
-        f"Its device buffer may already be freed. {_KEEP_HINT}"
-    )
+    reason = _reason(t)
+    if "donated" in reason:
+        hint = _DONATE_HINT
+    elif "scope" in reason:
+        hint = _KEEP_HINT
+    else:
+        hint = "Dispose a Tensor only after its last use, or use a clone() that you dispose."
+    return DisposedError(f"{what} {_describe(t)} (id {t._id}) is disposed: {reason}. {hint}")
 
 
 # -- construction ------------------------------------------------------------------------------
@@ -489,14 +566,7 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
 
 
 def _method(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-        x = self._value()
-        if args:
-            args = unwrap_args(args)
-        if kwargs:
-            kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-        return wrap_tree(fn(x, *args, **kwargs))
-
+    method = lift(fn)
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Like ``{getattr(fn, '__module__', 'jax')}.{name}``; returns tracked Tensors."
     return method

@@ -59,14 +59,17 @@ class Variable(Tensor):
         """Replace the value; shape and dtype must match. Returns the Variable.
 
         The old buffer is freed unless another live Tensor still uses it. A Tensor value is shared,
-        not copied, so it may be a temporary of the current scope.
+        not copied, so it may be a temporary of the current scope. A Variable whose buffer was
+        donated to a jitted function may be assigned its new value.
 
         Raises:
             TidyjaxValueError: the shape differs.
             TidyjaxTypeError: the dtype differs.
             DisposedError: this Variable or ``value`` is disposed.
         """
-        old = self._value()
+        if self._rec is None:  # disposed; a donated variable (rec.dead) may take a new value
+            self._value()
+        old = self._array
         new = _value_of(value, f"{self._label()}.assign()")
         if tuple(new.shape) != tuple(old.shape):
             raise TidyjaxValueError(

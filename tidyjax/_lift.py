@@ -1,0 +1,232 @@
+"""JAX interop on top of ``lift``: pytree registration, lifted namespaces, transformations.
+
+* ``Tensor`` and ``Variable`` are pytree nodes with one child, their array. JAX flattens them to
+  arrays (so ``jax.jit``, ``grad``, ``vmap``, ``tree_map``, optax accept them) and rebuilds them
+  through ``wrap``: a concrete array becomes a Tensor tracked by the current scope (a buffer that a
+  live Tensor already holds is shared, ref-counted); a tracer becomes an untracked Tensor.
+* ``tidyjax.numpy``/``lax``/``nn``/``random`` are generated from the JAX modules on first use of
+  each name: every callable is lifted, every other attribute (dtypes, constants) passes through.
+* ``jit``/``grad``/``value_and_grad``/``vmap`` wrap the JAX transformation so it takes Tensors and
+  returns tracked Tensors; ``jit`` also marks donated Tensors disposed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from . import _registry
+from ._errors import TidyjaxTypeError
+from ._tensor import Tensor, is_tensor, lift, unwrap, wrap, wrap_tree
+from ._variable import Variable
+
+__all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
+
+
+# -- pytrees ---------------------------------------------------------------------------------
+
+
+def _flatten(t: Tensor) -> tuple[tuple[Any], None]:
+    return (t._value(),), None
+
+
+def _unflatten(_aux: None, children: Sequence[Any]) -> Tensor:
+    return wrap(children[0])
+
+
+jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
+# A Variable flattens like a Tensor; rebuilding one (tree_map, optax updates, grads) gives a plain
+# Tensor: a new variable is never made behind the user's back.
+jax.tree_util.register_pytree_node(Variable, _flatten, _unflatten)
+
+
+# -- namespaces ------------------------------------------------------------------------------
+
+
+class _LiftedUfunc:
+    """A lifted ``jnp.ufunc``: callable, and its ``reduce``/``outer``/… are lifted too."""
+
+    def __init__(self, ufunc: Any) -> None:
+        self._ufunc = ufunc
+        self._call = lift(ufunc)
+        self.__name__ = getattr(ufunc, "__name__", "ufunc")
+        self.__doc__ = getattr(ufunc, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ufunc, name)
+        return lift(attr) if callable(attr) else attr
+
+    def __repr__(self) -> str:
+        return f"<lifted {self._ufunc!r}>"
+
+
+def _lift_attr(obj: Any) -> Any:
+    if isinstance(obj, (type, types.ModuleType)) or not callable(obj):
+        return obj  # dtypes (jnp.float32), classes, constants, modules pass through
+    if isinstance(obj, jnp.ufunc):
+        return _LiftedUfunc(obj)
+    return lift(obj)
+
+
+def lifted_namespace(
+    source: types.ModuleType, module_name: str, submodules: Sequence[str] = ()
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for a module mirroring ``source`` with lifted callables.
+
+    Each name is looked up in ``source`` on first use, lifted, and cached in the module.
+    """
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - a module's __getattr__ (PEP 562)
+        if name in submodules:
+            return importlib.import_module(f"{module_name}.{name}")
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            obj = getattr(source, name)
+        except AttributeError:
+            raise AttributeError(
+                f"module {module_name!r} has no attribute {name!r}: "
+                f"{source.__name__} has none either"
+            ) from None
+        value = _lift_attr(obj)
+        setattr(sys.modules[module_name], name, value)
+        return value
+
+    def __dir__() -> list[str]:  # noqa: N807 - a module's __dir__ (PEP 562)
+        return sorted({n for n in dir(source) if not n.startswith("_")} | set(submodules))
+
+    return __getattr__, __dir__
+
+
+# -- transformations -------------------------------------------------------------------------
+
+
+def _unwrapping(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Inside a transformation, return plain jax values: JAX needs arrays (grad needs a scalar)."""
+
+    @functools.wraps(fn)
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        return unwrap(fn(*args, **kwargs))
+
+    return inner
+
+
+def _check(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise TidyjaxTypeError(f"tidyjax.{what}() takes a function, got {type(fn).__name__}.")
+
+
+def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
+    """``jax.jit`` that takes Tensors and returns tracked Tensors.
+
+    Inside, ``fn`` sees what it was passed, with tracers in place of arrays (a Tensor argument is a
+    Tensor wrapping a tracer; use ``t.array`` for ``jax.lax``). Its outputs come back as Tensors in
+    the caller's scope. Donated arguments (``donate_argnums``/``donate_argnames``) whose buffers
+    XLA consumed are marked disposed — and so is every other Tensor sharing those buffers; using
+    one raises ``DisposedError`` naming the function. A donation XLA could not use leaves the
+    argument alive (JAX warns).
+
+    Works as ``@tidyjax.jit``, ``@tidyjax.jit(static_argnums=…)`` or ``tidyjax.jit(fn, …)``.
+    """
+    if fn is None:
+        return functools.partial(jit, **jit_kwargs)
+    _check(fn, "jit")
+    jitted = jax.jit(_unwrapping(fn), **jit_kwargs)
+    donate_nums = _as_tuple(jit_kwargs.get("donate_argnums"))
+    donate_names = _as_tuple(jit_kwargs.get("donate_argnames"))
+    if not (donate_nums or donate_names):
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return wrap_tree(jitted(*args, **kwargs))
+
+        call.lower = jitted.lower  # type: ignore[attr-defined]
+        return call
+
+    name = getattr(fn, "__qualname__", repr(fn))
+    signature = _signature(fn)
+    positions = {p: i for i, p in enumerate(signature.parameters)} if signature else {}
+
+    @functools.wraps(fn)
+    def call_donating(*args: Any, **kwargs: Any) -> Any:
+        donated = [args[i] for i in donate_nums if -len(args) <= i < len(args)]
+        donated += [kwargs[n] for n in donate_names if n in kwargs]
+        for n in donate_names:  # a donated name passed positionally
+            i = positions.get(n, len(args))
+            if n not in kwargs and i < len(args):
+                donated.append(args[i])
+        out = jitted(*args, **kwargs)
+        _mark_donated(donated, name)
+        return wrap_tree(out)
+
+    call_donating.lower = jitted.lower  # type: ignore[attr-defined]
+    return call_donating
+
+
+def _as_tuple(v: Any) -> tuple[Any, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, (int, str)):
+        return (v,)
+    return tuple(v)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _mark_donated(donated: list[Any], name: str) -> None:
+    why = f"its buffer was donated to jit-compiled function {name!r}"
+    for tree in donated:
+        for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor):
+            if isinstance(leaf, Tensor):
+                rec = leaf._rec
+                if rec is not None and rec is not _registry.UNTRACKED and leaf._array.is_deleted():
+                    _registry.kill(rec, why)
+
+
+def grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
+    """``jax.grad`` that takes Tensors and returns the gradient as tracked Tensors.
+
+    ``fn`` may return a scalar Tensor or array. With ``has_aux=True`` the aux output comes back as
+    Tensors too.
+    """
+    _check(fn, "grad")
+    transformed = jax.grad(_unwrapping(fn), **grad_kwargs)
+    return _wrapping(transformed, fn)
+
+
+def value_and_grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
+    """``jax.value_and_grad`` taking Tensors, returning ``(value, grad)`` as tracked Tensors."""
+    _check(fn, "value_and_grad")
+    transformed = jax.value_and_grad(_unwrapping(fn), **grad_kwargs)
+    return _wrapping(transformed, fn)
+
+
+def vmap(fn: Callable[..., Any], /, **vmap_kwargs: Any) -> Callable[..., Any]:
+    """``jax.vmap`` that takes Tensors and returns tracked Tensors."""
+    _check(fn, "vmap")
+    transformed = jax.vmap(_unwrapping(fn), **vmap_kwargs)
+    return _wrapping(transformed, fn)
+
+
+def _wrapping(transformed: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return wrap_tree(transformed(*args, **kwargs))
+
+    return call
