@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from . import _registry
 from ._errors import TidyjaxTypeError
-from ._tensor import Tensor, is_tensor, lift, unwrap, wrap, wrap_tree
+from ._tensor import Tensor, lift, tensors_in, unwrap, wrap, wrap_arrays, wrap_tree
 from ._variable import Variable
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
@@ -149,7 +149,7 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return wrap_tree(jitted(*args, **kwargs))
+            return wrap_arrays(jitted(*args, **kwargs))
 
         call.lower = jitted.lower  # type: ignore[attr-defined]
         return call
@@ -168,7 +168,7 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
                 donated.append(args[i])
         out = jitted(*args, **kwargs)
         _mark_donated(donated, name)
-        return wrap_tree(out)
+        return wrap_arrays(out)
 
     call_donating.lower = jitted.lower  # type: ignore[attr-defined]
     return call_donating
@@ -191,12 +191,10 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 
 def _mark_donated(donated: list[Any], name: str) -> None:
     why = f"its buffer was donated to jit-compiled function {name!r}"
-    for tree in donated:
-        for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor):
-            if isinstance(leaf, Tensor):
-                rec = leaf._rec
-                if rec is not None and rec is not _registry.UNTRACKED and leaf._array.is_deleted():
-                    _registry.kill(rec, why)
+    for t in tensors_in(donated):
+        rec = t._rec
+        if rec is not None and rec is not _registry.UNTRACKED and t._array.is_deleted():
+            _registry.kill(rec, why)
 
 
 def grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:

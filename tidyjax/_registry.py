@@ -166,25 +166,29 @@ def release(arr: jax.Array, rec: Buffer) -> bool:
 
     Deletes the buffer if no live Tensor holds it any more; returns True if it did.
     """
-    with _lock:
+    _acquire()
+    try:
         last = _unlink_locked(rec)
+    finally:
+        _release_lock()
     if last and rec.owned:
-        rec.size(arr)  # remember the size for reports before the buffer goes
         arr.delete()
         return True
     return False
 
 
-def release_many(items: list[tuple[jax.Array, Buffer]]) -> list[Buffer]:
-    """``release`` several holders under one lock; returns the records whose buffers went."""
+def release_many(items: list[tuple[jax.Array, Buffer]]) -> list[jax.Array]:
+    """``release`` several holders under one lock; returns the arrays whose buffers went.
+
+    (A deleted array still reports its ``nbytes``, so callers can size what was freed later.)
+    """
     with _lock:
         doomed = [(arr, rec) for arr, rec in items if _unlink_locked(rec)]
     freed = []
     for arr, rec in doomed:
         if rec.owned:
-            rec.size(arr)
             arr.delete()
-            freed.append(rec)
+            freed.append(arr)
     return freed
 
 

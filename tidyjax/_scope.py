@@ -14,12 +14,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-import jax
-
 from . import _registry
 from ._context import CURRENT
 from ._errors import ScopeError, TidyjaxTypeError
-from ._tensor import Tensor, is_tensor
+from ._tensor import Tensor, tensors_in
 
 __all__ = ["KEPT", "Scope", "dispose", "keep", "tidy"]
 
@@ -77,7 +75,7 @@ class Scope:
         self._state = _NEW
         self._token: Any = None
         self._handed: list[Any] = []
-        self._freed: list[_registry.Buffer] = []
+        self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
         self.num_freed = 0
         self.num_handed_out = 0
@@ -93,7 +91,7 @@ class Scope:
     @property
     def bytes_freed(self) -> int:
         """Bytes of the device buffers this scope's exit deleted (shared buffers not included)."""
-        return sum(rec.size() for rec in self._freed)
+        return sum(int(arr.nbytes) for arr in self._freed)
 
     # -- entering and leaving ---------------------------------------------------------------
 
@@ -208,11 +206,7 @@ class Scope:
 
 
 def _tensor_ids(tree: Any) -> set[int]:
-    if tree is None:
-        return set()
-    if isinstance(tree, Tensor):
-        return {id(tree)}
-    return {id(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor) if is_tensor(x)}
+    return {id(t) for t in tensors_in(tree)}
 
 
 def _check_function(fn: Any, what: str) -> None:
@@ -400,7 +394,4 @@ def dispose(x: Any) -> None:
         t.dispose()
 
 
-def _leaves(x: Any) -> list[Tensor]:
-    if isinstance(x, Tensor):
-        return [x]
-    return [v for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor) if isinstance(v, Tensor)]
+_leaves = tensors_in

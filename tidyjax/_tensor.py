@@ -317,6 +317,14 @@ def unwrap(x: Any) -> Any:
         return x._value()
     if tx in _PLAIN:
         return x
+    if tx is tuple:
+        return tuple([unwrap(v) for v in x])
+    if tx is list:
+        return [unwrap(v) for v in x]
+    if tx is dict:
+        return {k: unwrap(v) for k, v in x.items()}
+    if tx in _NAMEDTUPLES or _is_namedtuple(tx):
+        return tx._make([unwrap(v) for v in x])
     return jax.tree_util.tree_map(_unwrap_leaf, x, is_leaf=is_tensor)
 
 
@@ -354,10 +362,58 @@ def wrap_tree(out: Any, borrowed: Any = None) -> Any:
         return wrap(out, borrowed)
     if tout in _PLAIN or tout in _TENSOR_TYPES:
         return out
+    # Plain containers are walked here: cheaper than tree_map's is_leaf callback on every node.
+    if tout is tuple:
+        return tuple([wrap_tree(v, borrowed) for v in out])
+    if tout is list:
+        return [wrap_tree(v, borrowed) for v in out]
+    if tout is dict:
+        return {k: wrap_tree(v, borrowed) for k, v in out.items()}
+    if tout in _NAMEDTUPLES or _is_namedtuple(tout):
+        return tout._make([wrap_tree(v, borrowed) for v in out])
     if isinstance(out, _Tracer):
         return wrap(out)
     leaf = _wrap_leaf if borrowed is None else _wrap_leaf_borrowed(borrowed)
     return jax.tree_util.tree_map(leaf, out, is_leaf=is_tensor)
+
+
+def wrap_arrays(out: Any) -> Any:
+    """``wrap_tree`` for a pytree known to hold no Tensor (a jitted function's raw outputs)."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    return treedef.unflatten([_wrap_leaf(v) for v in leaves])
+
+
+_NAMEDTUPLES: set[type] = set()
+
+
+def _is_namedtuple(tx: type) -> bool:
+    if issubclass(tx, tuple) and hasattr(tx, "_fields"):
+        _NAMEDTUPLES.add(tx)
+        return True
+    return False
+
+
+def tensors_in(x: Any) -> list[Tensor]:
+    """Every Tensor (and Variable) in the pytree ``x``, in order."""
+    out: list[Tensor] = []
+    _collect(x, out)
+    return out
+
+
+def _collect(x: Any, out: list[Tensor]) -> None:
+    tx = type(x)
+    if tx in _TENSOR_TYPES:
+        out.append(x)
+    elif tx in _PLAIN:
+        return
+    elif tx is tuple or tx is list or (tx in _NAMEDTUPLES or _is_namedtuple(tx)):
+        for v in x:
+            _collect(v, out)
+    elif tx is dict:
+        for v in x.values():
+            _collect(v, out)
+    else:
+        out.extend(v for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor) if is_tensor(v))
 
 
 def _unwrap_collect(x: Any, raw: list[Any]) -> Any:
@@ -370,6 +426,14 @@ def _unwrap_collect(x: Any, raw: list[Any]) -> Any:
         return x
     if tx in _PLAIN:
         return x
+    if tx is tuple:
+        return tuple([_unwrap_collect(v, raw) for v in x])
+    if tx is list:
+        return [_unwrap_collect(v, raw) for v in x]
+    if tx is dict:
+        return {k: _unwrap_collect(v, raw) for k, v in x.items()}
+    if tx in _NAMEDTUPLES or _is_namedtuple(tx):
+        return tx._make([_unwrap_collect(v, raw) for v in x])
 
     def leaf(v: Any) -> Any:
         if isinstance(v, Tensor):
