@@ -3,8 +3,19 @@ from __future__ import annotations
 import gc
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import tidyjax as tj
+
+# Model-based tests: a fixed, sizeable budget in CI; `--hypothesis-profile=long` locally.
+_slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci", max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=_slow
+)
+settings.register_profile(
+    "long", max_examples=2000, stateful_step_count=80, deadline=None, suppress_health_check=_slow
+)
+settings.load_profile("ci")
 
 
 @pytest.fixture(autouse=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import gc
 import operator
 import pickle
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -286,3 +288,17 @@ def test_many_buffers_trigger_the_sweep_without_losing_live_ones():
     assert keep_alive[1234].item() == 1234.0 and more[2999].item() == 2999.0
     tj.dispose([keep_alive, more])
     assert counts() == (0, 0, 0)
+
+
+def test_disposed_alias_does_not_keep_a_collected_holders_buffer_alive():
+    # Found by the model-based test: b disposed while a lives, then a collected undisposed.
+    a = tj.tensor([1.0, 2.0])
+    b = a.clone()
+    arr = weakref.ref(a.array)
+    b.dispose()
+    del a
+    gc.collect()
+    assert arr() is None  # nothing of tidyjax's keeps the buffer: JAX freed it
+    assert "float32[2]" in repr(b)  # the disposed alias still describes itself
+    with pytest.raises(DisposedError, match=r"float32\[2\]"):
+        b.numpy()

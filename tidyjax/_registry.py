@@ -66,20 +66,11 @@ class Buffer:
                 return t
         return None
 
-    def array(self) -> jax.Array | None:
-        """A jax.Array on this buffer, from any holder (disposed holders included)."""
-        for ref in self.holders:
-            t = ref()
-            if t is not None:
-                return t._array
-        return None
-
-    def size(self, arr: jax.Array | None = None) -> int:
-        """Logical bytes of the buffer (cached)."""
+    def size(self, arr: jax.Array) -> int:
+        """Logical bytes of the buffer, given an array on it (cached)."""
         n = self.nbytes
         if n < 0:
-            arr = arr if arr is not None else self.array()
-            n = self.nbytes = int(arr.nbytes) if arr is not None else 0
+            n = self.nbytes = int(arr.nbytes)
         return n
 
 

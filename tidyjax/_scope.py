@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 from . import _registry
 from ._context import CURRENT
 from ._errors import ScopeError, TidyjaxTypeError
-from ._tensor import Tensor, tensors_in
+from ._tensor import Tensor, forget_array, tensors_in
 
 __all__ = ["KEPT", "Scope", "dispose", "keep", "tidy"]
 
@@ -140,6 +140,7 @@ class Scope:
         parent = self.parent
         why = f"it was freed when scope {self.path!r} exited"
         release: list[tuple[Any, _registry.Buffer]] = []
+        disposed: list[Tensor] = []
         freed = handed = 0
         untracked = _registry.UNTRACKED
         for ref in self._tracked:
@@ -158,10 +159,14 @@ class Scope:
             freed += 1
             if rec is not untracked:
                 release.append((t._array, rec))
+                disposed.append(t)
         self._tracked = []
         self.num_freed = freed
         self.num_handed_out = handed
         self._freed = _registry.release_many(release)
+        if len(self._freed) != len(release):  # some buffers are shared with live Tensors
+            for t in disposed:
+                forget_array(t)
 
     def _compact(self) -> None:
         tracked = self._tracked

@@ -497,7 +497,30 @@ def _dispose(t: Tensor, why: str) -> bool:
     t._why = rec.dead if rec.dead is not None else why
     if rec is _UNTRACKED:
         return False
-    return _registry.release(t._array, rec)
+    freed = _registry.release(t._array, rec)
+    if not freed:
+        forget_array(t)
+    return freed
+
+
+class _Meta:
+    """What a disposed Tensor remembers of an array it no longer references."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, arr: Any) -> None:
+        self.shape, self.dtype = arr.shape, arr.dtype
+
+
+def forget_array(t: Tensor) -> None:
+    """Drop a disposed Tensor's reference to a buffer that others still hold.
+
+    A deleted array costs nothing to keep; a live one would stay alive through this disposed
+    Tensor even after its other holders are collected.
+    """
+    arr = t._array
+    if type(arr) in CONCRETE and not arr.is_deleted():
+        t._array = _Meta(arr)
 
 
 def _describe(t: Tensor) -> str:
