@@ -161,11 +161,10 @@ class TidyjaxMachine(RuleBasedStateMachine):
     @rule(x=values)
     def raise_inside_scope(self, x):
         made = []
-        with pytest.raises(ValueError, match="planned"):
-            with tj.tidy("failing"):
-                a = tj.tensor(x)
-                made += [a, a * 2]
-                raise ValueError("planned")
+        with pytest.raises(ValueError, match="planned"), tj.tidy("failing"):
+            a = tj.tensor(x)
+            made += [a, a * 2]
+            raise ValueError("planned")
         for t in made:
             assert t.is_disposed
             self.model.disposed.append(t)
