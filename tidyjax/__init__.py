@@ -19,6 +19,9 @@ from ._lift import value_and_grad as value_and_grad
 from ._lift import vmap as vmap
 from ._memory import MemoryInfo as MemoryInfo
 from ._memory import memory as memory
+from ._profile import KernelRecord as KernelRecord
+from ._profile import ProfileInfo as ProfileInfo
+from ._profile import profile as profile
 from ._scope import Scope as Scope
 from ._scope import dispose as dispose
 from ._scope import keep as keep

@@ -97,11 +97,14 @@ def buffer_key(arr: jax.Array) -> Any:
     return p if p else ("object", id(arr))
 
 
-def register(t: Tensor, arr: jax.Array, holder: weakref.ref[Tensor], owned: bool = True) -> None:
+def register(
+    t: Tensor, arr: jax.Array, holder: weakref.ref[Tensor], owned: bool = True, new: bool = True
+) -> None:
     """Record that ``t`` (whose weak reference is ``holder``) holds ``arr``'s buffer.
 
     Sets ``t._rec`` before the record becomes visible to other threads, so a half-built Tensor
-    already counts as a live holder.
+    already counts as a live holder. ``new=False``: ``t`` is not a new Tensor (a Variable taking
+    a new value), for the observers' counts.
     """
     try:
         key = arr.unsafe_buffer_pointer() or ("object", id(arr))
@@ -114,9 +117,12 @@ def register(t: Tensor, arr: jax.Array, holder: weakref.ref[Tensor], owned: bool
         if got is rec:
             if len(_buffers) > _sweep_at:
                 _sweep()
+            if observers:
+                _notify_added(t, rec, arr, True, new)
             return
     # The address is known. Most often the record is stale: its Tensors were collected, JAX
     # freed the buffer and reused the address for this one. Sometimes it is a real alias.
+    fresh = True
     _acquire()
     try:
         current = _buffers.get(key)
@@ -132,13 +138,17 @@ def register(t: Tensor, arr: jax.Array, holder: weakref.ref[Tensor], owned: bool
                     # Once a caller's own array is involved, tidyjax never deletes the buffer.
                     if not owned:
                         current.owned = False
-                    return
-                # Deleted outside tidyjax (jax.Array.delete(), raw donation); address reused.
-                current.dead = DELETED_OUTSIDE
-        rec = t._rec = _new_buffer(key, holder, owned)
-        _buffers[key] = rec
+                    rec, fresh = current, False
+                else:
+                    # Deleted outside tidyjax (jax.Array.delete(), raw donation); address reused.
+                    current.dead = DELETED_OUTSIDE
+        if fresh:
+            rec = t._rec = _new_buffer(key, holder, owned)
+            _buffers[key] = rec
     finally:
         _release_lock()
+    if observers:
+        _notify_added(t, rec, arr, fresh, new)
 
 
 def _new_buffer(key: Any, holder: weakref.ref[Tensor], owned: bool) -> Buffer:
@@ -152,34 +162,41 @@ def _new_buffer(key: Any, holder: weakref.ref[Tensor], owned: bool) -> Buffer:
     return rec
 
 
-def release(arr: jax.Array, rec: Buffer) -> bool:
+def release(arr: jax.Array, rec: Buffer, t: Tensor | None = None) -> bool:
     """A holder of ``arr`` (already marked disposed) lets go of ``rec``.
 
-    Deletes the buffer if no live Tensor holds it any more; returns True if it did.
+    Deletes the buffer if no live Tensor holds it any more; returns True if it did. ``t`` is the
+    disposed Tensor, or None when no Tensor goes away (a Variable's previous value).
     """
     _acquire()
     try:
         last = _unlink_locked(rec)
     finally:
         _release_lock()
-    if last and rec.owned:
+    freed = last and rec.owned
+    if freed:
         arr.delete()
-        return True
-    return False
+    if observers:
+        _notify_removed(t, rec, arr, last)
+    return freed
 
 
-def release_many(items: list[tuple[jax.Array, Buffer]]) -> list[jax.Array]:
-    """``release`` several holders under one lock; returns the arrays whose buffers went.
+def release_many(items: list[tuple[Tensor, Buffer]]) -> list[jax.Array]:
+    """``release`` several disposed Tensors under one lock; returns the arrays deleted.
 
     (A deleted array still reports its ``nbytes``, so callers can size what was freed later.)
     """
     with _lock:
-        doomed = [(arr, rec) for arr, rec in items if _unlink_locked(rec)]
+        lasts = [_unlink_locked(rec) for _, rec in items]
     freed = []
-    for arr, rec in doomed:
-        if rec.owned:
+    for (t, rec), last in zip(items, lasts):
+        if last and rec.owned:
+            arr = t._array
             arr.delete()
             freed.append(arr)
+    if observers:
+        for (t, rec), last in zip(items, lasts):
+            _notify_removed(t, rec, t._array, last)
     return freed
 
 
@@ -206,9 +223,31 @@ def kill(rec: Buffer, why: str) -> None:
     with _lock:
         if rec.dead is not None:
             return
+        holders = rec.live()
         rec.dead = why
         if _buffers.get(rec.key) is rec:
             del _buffers[rec.key]
+    if observers:
+        for o in list(observers):
+            o.killed(rec, holders)
+
+
+# -- observers ---------------------------------------------------------------------------------
+#
+# While ``observers`` is non-empty (a profile is running), every change to the books is reported
+# to each observer. Empty, the cost is one truthiness check on each path.
+
+observers: list[Any] = []
+
+
+def _notify_added(t: Tensor, rec: Buffer, arr: jax.Array, new_buffer: bool, new: bool) -> None:
+    for o in list(observers):
+        o.added(t, rec, arr, new_buffer, new)
+
+
+def _notify_removed(t: Tensor | None, rec: Buffer, arr: jax.Array, last: bool) -> None:
+    for o in list(observers):
+        o.removed(t, rec, arr, last)
 
 
 def _sweep() -> None:

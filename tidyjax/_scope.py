@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -22,6 +23,7 @@ from ._tensor import Tensor, forget_array, tensors_in
 __all__ = ["KEPT", "Scope", "dispose", "keep", "tidy"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_log = logging.getLogger("tidyjax")
 
 
 class _Kept:
@@ -54,8 +56,12 @@ class Scope:
         "__weakref__",
         "_bare",
         "_compact_at",
+        "_created",
         "_freed",
         "_handed",
+        "_moved_in",
+        "_peak",
+        "_pruned",
         "_state",
         "_token",
         "_tracked",
@@ -77,6 +83,10 @@ class Scope:
         self._handed: list[Any] = []
         self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
+        self._moved_in = 0  # Tensors handed in by inner scopes (not created here)
+        self._pruned = 0  # collected Tensors' references dropped by _compact
+        self._peak = -1  # set while a profile runs
+        self._created = 0
         self.num_freed = 0
         self.num_handed_out = 0
 
@@ -87,6 +97,19 @@ class Scope:
             extra = f", freed {self.num_freed} tensors ({self.bytes_freed} bytes)"
             extra += f", handed out {self.num_handed_out}"
         return f"<tidyjax.Scope {self.path!r} {state}{extra}>"
+
+    @property
+    def num_created(self) -> int:
+        """Tensors created while this was the innermost scope (collected ones included)."""
+        if self._state == _CLOSED:
+            return self._created
+        return len(self._tracked) + self._pruned - self._moved_in
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The most tidyjax bytes alive while the scope was open; measured only while a
+        :func:`tidyjax.profile` runs, else None."""
+        return self._peak if self._peak >= 0 else None
 
     @property
     def bytes_freed(self) -> int:
@@ -139,8 +162,7 @@ class Scope:
         self._handed = []
         parent = self.parent
         why = f"it was freed when scope {self.path!r} exited"
-        release: list[tuple[Any, _registry.Buffer]] = []
-        disposed: list[Tensor] = []
+        release: list[tuple[Tensor, _registry.Buffer]] = []
         freed = handed = 0
         untracked = _registry.UNTRACKED
         for ref in self._tracked:
@@ -151,6 +173,7 @@ class Scope:
                 t._scope = parent
                 if parent is not None:
                     parent._tracked.append(ref)
+                    parent._moved_in += 1
                 handed += 1
                 continue
             rec = t._rec
@@ -158,19 +181,26 @@ class Scope:
             t._why = rec.dead if rec.dead is not None else why
             freed += 1
             if rec is not untracked:
-                release.append((t._array, rec))
-                disposed.append(t)
+                release.append((t, rec))
+        self._created = len(self._tracked) + self._pruned - self._moved_in
         self._tracked = []
         self.num_freed = freed
         self.num_handed_out = handed
         self._freed = _registry.release_many(release)
         if len(self._freed) != len(release):  # some buffers are shared with live Tensors
-            for t in disposed:
+            for t, _ in release:
                 forget_array(t)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "scope %r exited: created %d, freed %d tensors (%d bytes), handed out %d",
+                self.path, self._created, freed, self.bytes_freed, handed,
+            )  # fmt: skip
 
     def _compact(self) -> None:
         tracked = self._tracked
+        before = len(tracked)
         tracked[:] = [r for r in tracked if r() is not None]
+        self._pruned += before - len(tracked)
         self._compact_at = max(1024, 2 * len(tracked))
 
     def keep(self, *values: Any) -> Any:

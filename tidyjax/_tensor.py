@@ -472,7 +472,11 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
     if not callable(fn):
         raise TidyjaxTypeError(f"lift() takes a callable, got {type(fn).__name__} {fn!r:.60}.")
 
-    def lifted(*args: Any, **kwargs: Any) -> Any:
+    return _lift(fn, getattr(fn, "__name__", type(fn).__name__))
+
+
+def _lift(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
         raw: list[Any] = []
         args = tuple([_unwrap_collect(a, raw) for a in args])
         if kwargs:
@@ -480,9 +484,46 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
         out = fn(*args, **kwargs)
         return wrap_tree(out, _borrowed_keys(raw) if raw else None)
 
+    def lifted(*args: Any, **kwargs: Any) -> Any:
+        if _kernel_hook is not None:
+            return _kernel_hook(name, call, args, kwargs)
+        return call(*args, **kwargs)
+
     with contextlib.suppress(AttributeError, TypeError):  # callables without metadata
         lifted = functools.wraps(fn)(lifted)
     return lifted
+
+
+# -- profiling hooks ---------------------------------------------------------------------------
+#
+# While a profile runs, ``_kernel_hook(name, fn, args, kwargs)`` runs each op and records it.
+# Operators are swapped on the class for recording versions, so when no profile runs they cost
+# nothing at all; lifted calls check ``_kernel_hook`` once.
+
+_kernel_hook: Callable[..., Any] | None = None
+_OPERATORS: dict[str, tuple[Callable[..., Any], str]] = {}
+
+
+def set_kernel_hook(hook: Callable[..., Any] | None) -> None:
+    """Install ``hook`` on every op (None: restore the plain ops)."""
+    global _kernel_hook
+    _kernel_hook = hook
+    for attr, (plain, name) in _OPERATORS.items():
+        setattr(Tensor, attr, plain if hook is None else _hooked(plain, name, hook))
+
+
+def _hooked(plain: Callable[..., Any], name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
+    def op(*args: Any) -> Any:
+        return hook(name, plain, args, {})
+
+    op.__name__ = plain.__name__
+    return op
+
+
+def _install(attr: str, method: Callable[..., Any], name: str) -> None:
+    method.__name__ = attr
+    setattr(Tensor, attr, method)
+    _OPERATORS[attr] = (method, name)
 
 
 # -- disposal ----------------------------------------------------------------------------------
@@ -497,7 +538,7 @@ def _dispose(t: Tensor, why: str) -> bool:
     t._why = rec.dead if rec.dead is not None else why
     if rec is _UNTRACKED:
         return False
-    freed = _registry.release(t._array, rec)
+    freed = _registry.release(t._array, rec, t)
     if not freed:
         forget_array(t)
     return freed
@@ -653,7 +694,7 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
 
 
 def _method(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    method = lift(fn)
+    method = _lift(fn, name)
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Like ``{getattr(fn, '__module__', 'jax')}.{name}``; returns tracked Tensors."
     return method
@@ -666,17 +707,18 @@ _BINARY = {
     "lshift": operator.lshift, "rshift": operator.rshift, "divmod": divmod,
 }  # fmt: skip
 for _name, _op in _BINARY.items():
-    setattr(Tensor, f"__{_name}__", _binary(_op))
-    setattr(Tensor, f"__r{_name}__", _reflected(_op))
+    _install(f"__{_name}__", _binary(_op), _name)
+    _install(f"__r{_name}__", _reflected(_op), _name)
 for _name, _op in {
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
     "eq": operator.eq, "ne": operator.ne,
 }.items():  # fmt: skip
-    setattr(Tensor, f"__{_name}__", _binary(_op))
+    _install(f"__{_name}__", _binary(_op), _name)
 for _name, _op in {
     "neg": operator.neg, "pos": operator.pos, "abs": operator.abs, "invert": operator.invert,
 }.items():  # fmt: skip
-    setattr(Tensor, f"__{_name}__", _unary(_op))
+    _install(f"__{_name}__", _unary(_op), _name)
+_install("__getitem__", Tensor.__getitem__, "getitem")
 
 #: jax.Array methods exposed on Tensor, each returning tracked Tensors.
 ARRAY_METHODS = [

@@ -84,7 +84,7 @@ class Variable(Tensor):
             )
         old_rec = self._rec
         self._array = new
-        _registry.register(self, new, weakref.ref(self))
+        _registry.register(self, new, weakref.ref(self), new=False)
         if old_rec is not None and old_rec is not self._rec:
             _registry.release(old, old_rec)  # freed unless another live Tensor holds it
         return self
