@@ -105,7 +105,9 @@ def test_scope_reports_created_freed_handed_out_and_peak():
 
 def test_scope_exit_logs_one_debug_line(caplog):
     with caplog.at_level(logging.DEBUG, logger="tidyjax"), tidy("logged"):
-        tj.tensor([1.0]) + 1
+        x = tj.tensor([1.0])
+        y = x + 1
     lines = [r.getMessage() for r in caplog.records if r.name == "tidyjax"]
     assert len(lines) == 1
-    assert "scope 'logged' exited" in lines[0] and "freed 2 tensors" in lines[0]
+    assert "scope 'logged' exited" in lines[0] and "freed 2 tensors (8 bytes)" in lines[0]
+    assert x.is_disposed and y.is_disposed

@@ -189,13 +189,13 @@ def release_many(items: list[tuple[Tensor, Buffer]]) -> list[jax.Array]:
     with _lock:
         lasts = [_unlink_locked(rec) for _, rec in items]
     freed = []
-    for (t, rec), last in zip(items, lasts):
+    for (t, rec), last in zip(items, lasts, strict=True):
         if last and rec.owned:
             arr = t._array
             arr.delete()
             freed.append(arr)
     if observers:
-        for (t, rec), last in zip(items, lasts):
+        for (t, rec), last in zip(items, lasts, strict=True):
             _notify_removed(t, rec, t._array, last)
     return freed
 
