@@ -7,6 +7,8 @@ from hypothesis import HealthCheck, settings
 
 import tidyjax as tj
 
+pytest_plugins = ["pytester"]
+
 # Model-based tests: a fixed, sizeable budget in CI; `--hypothesis-profile=long` locally.
 _slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(

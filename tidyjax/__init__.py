@@ -13,6 +13,15 @@ from ._errors import ScopeError as ScopeError
 from ._errors import TidyjaxError as TidyjaxError
 from ._errors import TidyjaxTypeError as TidyjaxTypeError
 from ._errors import TidyjaxValueError as TidyjaxValueError
+from ._inspect import LeakReport as LeakReport
+from ._inspect import Site as Site
+from ._inspect import SiteDiff as SiteDiff
+from ._inspect import SiteStat as SiteStat
+from ._inspect import Snapshot as Snapshot
+from ._inspect import TensorRecord as TensorRecord
+from ._inspect import check_leaks as check_leaks
+from ._inspect import live_tensors as live_tensors
+from ._inspect import snapshot as snapshot
 from ._lift import grad as grad
 from ._lift import jit as jit
 from ._lift import value_and_grad as value_and_grad

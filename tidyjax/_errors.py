@@ -38,7 +38,14 @@ class TidyjaxValueError(TidyjaxError, ValueError):
 
 
 class LeakError(TidyjaxError, AssertionError):
-    """Tensors created inside a leak check were still alive when it ended."""
+    """Tensors created inside a leak check were still alive when it ended.
+
+    ``err.report`` is the :class:`tidyjax.LeakReport`, grouped by creation site.
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 for _cls in (

@@ -1,0 +1,438 @@
+"""Looking at live Tensors: records with creation sites, snapshots and their diffs, leak checks.
+
+Creation sites cost nothing per op: JAX records a creation traceback on every array (on by
+default), and tidyjax reads it only when a report asks, keeping the first frame outside tidyjax
+and JAX. Reports are small immutable value objects, in the manner of ``tracemalloc``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gc
+import inspect
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import jax
+
+from . import _registry
+from ._errors import LeakError, TidyjaxTypeError
+from ._memory import _fmt_bytes
+from ._scope import KEPT
+from ._tensor import Tensor, _ids, tensors_in
+
+__all__ = [
+    "LeakReport",
+    "Site",
+    "SiteDiff",
+    "SiteStat",
+    "Snapshot",
+    "TensorRecord",
+    "check_leaks",
+    "live_tensors",
+    "snapshot",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_SKIP = tuple(
+    os.path.dirname(m.__file__) + os.sep
+    for m in (__import__("tidyjax"), jax, __import__("jaxlib"))
+    if getattr(m, "__file__", None)
+)
+
+
+class Site:
+    """Where a Tensor's array was created: the first frame outside tidyjax and JAX."""
+
+    __slots__ = ("file", "function", "line")
+
+    def __init__(self, file: str, line: int, function: str) -> None:
+        self.file, self.line, self.function = file, line, function
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+    def __repr__(self) -> str:
+        return f"Site({self.file!r}, {self.line}, {self.function!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Site) and (self.file, self.line, self.function) == (
+            other.file,
+            other.line,
+            other.function,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.file, self.line, self.function))
+
+
+def creation_site(arr: Any) -> Site | None:
+    """The user frame that created ``arr``, from JAX's creation traceback."""
+    tb = getattr(arr, "traceback", None)
+    if tb is None:
+        return None
+    for frame in tb.frames:
+        if not frame.file_name.startswith(_SKIP):
+            return Site(frame.file_name, frame.line_num, frame.function_name)
+    return None
+
+
+class TensorRecord:
+    """One live Tensor, as :func:`live_tensors` reports it.
+
+    Attributes:
+        id, shape, dtype (a string), bytes (its buffer's), devices (strings),
+        scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
+            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable;
+        site: a :class:`Site` or None; kept, variable: booleans.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "bytes",
+        "devices",
+        "dtype",
+        "id",
+        "kept",
+        "scope",
+        "shape",
+        "site",
+        "variable",
+    )
+
+    def __init__(self, **fields: Any) -> None:
+        for k in self.__slots__:
+            setattr(self, k, fields[k])
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorRecord(id={self.id}, {self.dtype}{list(self.shape)}, {self.bytes} B, "
+            f"scope={self.scope!r}, site={str(self.site) if self.site else None!r}"
+            f"{', kept' if self.kept else ''}{', variable' if self.variable else ''})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        site = self.site
+        return {
+            "id": self.id,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "bytes": self.bytes,
+            "devices": list(self.devices),
+            "scope": self.scope,
+            "site": None
+            if site is None
+            else {"file": site.file, "line": site.line, "function": site.function},
+            "kept": self.kept,
+            "variable": self.variable,
+            "buffer": self._buffer,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TensorRecord:
+        s = d.get("site")
+        return cls(
+            id=d["id"], shape=tuple(d["shape"]), dtype=d["dtype"], bytes=d["bytes"],
+            devices=tuple(d["devices"]), scope=d["scope"], kept=d["kept"],
+            variable=d["variable"], _buffer=d.get("buffer", d["id"]),
+            site=None if s is None else Site(s["file"], s["line"], s["function"]),
+        )  # fmt: skip
+
+
+def _record(t: Tensor, rec: _registry.Buffer) -> TensorRecord:
+    from ._variable import Variable
+
+    arr = t._array
+    scope = t._scope
+    variable = isinstance(t, Variable)
+    if variable:
+        path = "<variable>"
+    elif scope is KEPT:
+        path = "<kept>"
+    else:
+        path = "" if scope is None else scope.path
+    return TensorRecord(
+        id=t._id,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        bytes=rec.size(arr),
+        devices=tuple(sorted(str(d) for d in arr.devices())),
+        scope=path,
+        site=creation_site(arr),
+        kept=scope is KEPT,
+        variable=variable,
+        _buffer=id(rec),
+    )
+
+
+def live_tensors() -> list[TensorRecord]:
+    """A record of every live Tensor and Variable, oldest first."""
+    out = [_record(t, rec) for rec, holders in _registry.snapshot() for t in holders]
+    out.sort(key=lambda r: r.id)
+    return out
+
+
+# -- grouping by site ------------------------------------------------------------------------
+
+
+def _site_key(r: TensorRecord) -> str:
+    return str(r.site) if r.site is not None else "<unknown site>"
+
+
+class SiteStat:
+    """The live Tensors created at one site: how many, their bytes (shared buffers once)."""
+
+    __slots__ = ("bytes", "count", "shapes", "site")
+
+    def __init__(self, site: str, count: int, bytes: int, shapes: dict[str, int]) -> None:
+        self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
+
+    def __str__(self) -> str:
+        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())
+        return f"{self.site}: {self.count} tensor(s), {_fmt_bytes(self.bytes)} [{shapes}]"
+
+    def __repr__(self) -> str:
+        return f"SiteStat({self.site!r}, count={self.count}, bytes={self.bytes})"
+
+
+class SiteDiff:
+    """A site's change between two snapshots, as ``tracemalloc.StatisticDiff``."""
+
+    __slots__ = ("bytes", "bytes_diff", "count", "count_diff", "site")
+
+    def __init__(self, site: str, count: int, count_diff: int, bytes: int, bytes_diff: int):
+        self.site, self.count, self.count_diff = site, count, count_diff
+        self.bytes, self.bytes_diff = bytes, bytes_diff
+
+    def __str__(self) -> str:
+        sign = "+" if self.bytes_diff >= 0 else "-"
+        return (
+            f"{self.site}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
+            f"{self.count} tensor(s) ({self.count_diff:+d})"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"SiteDiff({self.site!r}, count={self.count}, count_diff={self.count_diff}, "
+            f"bytes={self.bytes}, bytes_diff={self.bytes_diff})"
+        )
+
+
+def _group(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
+    groups: dict[str, list[TensorRecord]] = collections.defaultdict(list)
+    for r in records:
+        groups[_site_key(r)].append(r)
+    out = {}
+    for site, rs in groups.items():
+        buffers = {r._buffer: r.bytes for r in rs}
+        shapes = collections.Counter(f"{r.dtype}{list(r.shape)}".replace(" ", "") for r in rs)
+        out[site] = SiteStat(site, len(rs), sum(buffers.values()), dict(shapes))
+    return out
+
+
+class Snapshot:
+    """The live Tensors at one moment; compare two with :meth:`compare_to`.
+
+    Example::
+
+        before = tidyjax.snapshot()
+        run_some_steps()
+        for diff in tidyjax.snapshot().compare_to(before)[:5]:
+            print(diff)
+    """
+
+    __slots__ = ("records", "taken_at")
+
+    def __init__(self, records: Iterable[TensorRecord], taken_at: float | None = None) -> None:
+        self.records = tuple(records)
+        self.taken_at = time.time() if taken_at is None else taken_at
+
+    def __repr__(self) -> str:
+        return f"<Snapshot of {len(self.records)} tensors>"
+
+    def statistics(self) -> list[SiteStat]:
+        """One :class:`SiteStat` per creation site, largest first."""
+        return sorted(_group(self.records).values(), key=lambda s: (-s.bytes, -s.count, s.site))
+
+    def compare_to(self, old: Snapshot) -> list[SiteDiff]:
+        """Per-site differences from ``old``, the largest change in bytes first."""
+        if not isinstance(old, Snapshot):
+            raise TidyjaxTypeError(f"compare_to() takes a Snapshot, got {type(old).__name__}.")
+        new_g, old_g = _group(self.records), _group(old.records)
+        diffs = []
+        for site in new_g.keys() | old_g.keys():
+            n, o = new_g.get(site), old_g.get(site)
+            count, nbytes = (n.count, n.bytes) if n else (0, 0)
+            ocount, obytes = (o.count, o.bytes) if o else (0, 0)
+            if (count, nbytes) != (ocount, obytes):
+                diffs.append(SiteDiff(site, count, count - ocount, nbytes, nbytes - obytes))
+        diffs.sort(key=lambda d: (-abs(d.bytes_diff), -abs(d.count_diff), d.site))
+        return diffs
+
+    # -- export: JSON, schema in README ("Snapshot files") ----------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "tidyjax.snapshot",
+            "version": 1,
+            "taken_at": self.taken_at,
+            "tensors": [r.to_json() for r in self.records],
+        }
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the snapshot as JSON (see the README for the schema)."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Snapshot:
+        """Read a snapshot written by :meth:`dump`."""
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("format") != "tidyjax.snapshot" or data.get("version") != 1:
+            raise TidyjaxTypeError(f"{path} is not a tidyjax snapshot (format version 1).")
+        return cls((TensorRecord.from_json(d) for d in data["tensors"]), data["taken_at"])
+
+
+def snapshot() -> Snapshot:
+    """A :class:`Snapshot` of the live Tensors now."""
+    return Snapshot(live_tensors())
+
+
+# -- leaks -----------------------------------------------------------------------------------
+
+
+class LeakReport:
+    """Tensors found alive by a leak check, grouped by creation site."""
+
+    __slots__ = ("records", "where")
+
+    def __init__(self, records: Iterable[TensorRecord], where: str = "check_leaks()") -> None:
+        self.records = tuple(records)
+        self.where = where
+
+    @property
+    def groups(self) -> list[SiteStat]:
+        return Snapshot(self.records).statistics()
+
+    @property
+    def num_bytes(self) -> int:
+        return sum({r._buffer: r.bytes for r in self.records}.values())
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __str__(self) -> str:
+        lines = [
+            f"{len(self.records)} tensor(s) ({_fmt_bytes(self.num_bytes)}) created inside "
+            f"{self.where} are still alive:"
+        ]
+        lines += [f"  {g}" for g in self.groups]
+        lines.append(
+            "Dispose them, create them inside a tidy scope that frees them, or allow them "
+            "(check_leaks(allowance=N), checker.allow(t))."
+        )
+        return "\n".join(lines)
+
+
+class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator
+    """Fail when Tensors created inside are still alive at the end.
+
+    Forms::
+
+        with tidyjax.check_leaks() as checker:
+            out = step()
+            checker.allow(out)              # alive on purpose
+
+        @tidyjax.check_leaks(allowance=2)   # each call checked; its return value is allowed
+        def step(): ...
+
+    Args:
+        allowance: how many leaked Tensors to tolerate.
+        allow_returned: in the decorator form, Tensors in the return value are not leaks.
+        allow_kept: Tensors marked with :func:`tidyjax.keep` are not leaks.
+
+    Raises:
+        LeakError: with a :class:`LeakReport` (``err.report``) grouped by creation site. Not
+            raised when the block itself raised. Tensors made by other threads meanwhile
+            count too: check code that runs alone.
+    """
+
+    def __init__(
+        self, *, allowance: int = 0, allow_returned: bool = True, allow_kept: bool = False
+    ) -> None:
+        if not isinstance(allowance, int) or allowance < 0:
+            raise TidyjaxTypeError(f"allowance must be an int >= 0, got {allowance!r}.")
+        self.allowance = allowance
+        self.allow_returned = allow_returned
+        self.allow_kept = allow_kept
+        self._start: int | None = None
+        self._allowed: set[int] = set()
+        self.report: LeakReport | None = None
+
+    def allow(self, *values: Any) -> None:
+        """Do not count the Tensors in ``values`` (any pytrees) as leaks."""
+        self._allowed.update(t._id for t in tensors_in(values))
+
+    def __enter__(self) -> check_leaks:
+        self._start = next(_ids)
+        self._allowed = set()
+        self.report = None
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if exc_type is None:
+            self.check()
+
+    def leaked(self) -> list[TensorRecord]:
+        """The Tensors made since entering that are alive and not allowed."""
+        if self._start is None:
+            raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
+        gc.collect()
+        return [
+            r
+            for r in live_tensors()
+            if r.id > self._start and r.id not in self._allowed and not (self.allow_kept and r.kept)
+        ]
+
+    def check(self) -> None:
+        """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked."""
+        leaked = self.leaked()
+        self.report = LeakReport(leaked)
+        if len(leaked) > self.allowance:
+            raise LeakError(str(self.report), self.report)
+
+    def __call__(self, fn: F) -> F:
+        if not callable(fn) or inspect.isgeneratorfunction(fn):
+            raise TidyjaxTypeError("@check_leaks decorates a plain or async function.")
+        settings = {
+            "allowance": self.allowance,
+            "allow_returned": self.allow_returned,
+            "allow_kept": self.allow_kept,
+        }
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with check_leaks(**settings) as checker:
+                    result = await fn(*args, **kwargs)
+                    if self.allow_returned:
+                        checker.allow(result)
+                return result
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with check_leaks(**settings) as checker:
+                result = fn(*args, **kwargs)
+                if self.allow_returned:
+                    checker.allow(result)
+            return result
+
+        return run  # type: ignore[return-value]

@@ -1,0 +1,102 @@
+"""pytest plugin: fail tests that leave tidyjax Tensors alive; a fresh-scope fixture.
+
+Registered through the ``pytest11`` entry point, so it is active wherever tidyjax is installed.
+
+* ``@pytest.mark.no_tensor_leaks`` (or ``no_tensor_leaks(allowance=N)``): the test fails, with a
+  leak report grouped by creation site, if Tensors it created are alive when it ends.
+* ``--tidyjax-leaks`` (ini: ``tidyjax_leaks = true``): the same for every test;
+  ``--tidyjax-leak-allowance=N`` (ini: ``tidyjax_leak_allowance``) sets the default allowance.
+* ``tidy_scope`` fixture: the test body runs in a fresh ``tidy("test")`` scope, exited (and its
+  Tensors freed) at teardown.
+
+tidyjax (and so JAX) is imported only when a test uses one of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+_MARKER = "no_tensor_leaks"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tidyjax", "tidyjax tensor leak checks")
+    group.addoption(
+        "--tidyjax-leaks",
+        action="store_true",
+        default=None,
+        help="fail every test that leaves tidyjax Tensors alive",
+    )
+    group.addoption(
+        "--tidyjax-leak-allowance",
+        type=int,
+        default=None,
+        help="number of leaked Tensors a test may leave (default 0)",
+    )
+    parser.addini("tidyjax_leaks", "fail every test that leaves tidyjax Tensors alive", "bool")
+    parser.addini("tidyjax_leak_allowance", "leaked Tensors a test may leave", default="0")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_MARKER}(allowance=0): fail the test if Tensors it created are still alive at its end",
+    )
+
+
+def _settings(item: pytest.Item) -> int | None:
+    """The allowance if the leak check applies to ``item``, else None."""
+    config = item.config
+    marker = item.get_closest_marker(_MARKER)
+    everywhere = config.getoption("--tidyjax-leaks") or config.getini("tidyjax_leaks")
+    if marker is None and not everywhere:
+        return None
+    default = config.getoption("--tidyjax-leak-allowance")
+    if default is None:
+        default = int(config.getini("tidyjax_leak_allowance") or 0)
+    if marker is not None:
+        if marker.args:
+            return int(marker.args[0])
+        return int(marker.kwargs.get("allowance", default))
+    return default
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    allowance = _settings(item)
+    if allowance is None:
+        return (yield)
+    from ._inspect import check_leaks
+
+    checker = check_leaks(allowance=allowance).__enter__()
+    result = yield  # a failing test raises here; its own failure is the one to report
+    leaked = checker.leaked()
+    scope = getattr(item, "funcargs", {}).get("tidy_scope")
+    if scope is not None:  # the fixture's scope frees these at teardown
+        from . import _registry
+
+        owned = {t._id for _, ts in _registry.snapshot() for t in ts if t._scope is scope}
+        leaked = [r for r in leaked if r.id not in owned]
+    if len(leaked) > allowance:
+        from ._inspect import LeakReport
+
+        report = LeakReport(leaked, where=f"test {item.name}")
+        item.add_report_section("call", "tidyjax leaks", str(report))
+        pytest.fail(str(report), pytrace=False)
+    return result
+
+
+@pytest.fixture
+def tidy_scope() -> Generator[Any, None, None]:
+    """The test runs inside a fresh ``tidy("test")`` scope; its Tensors are freed at teardown."""
+    from ._scope import tidy
+
+    scope = tidy("test")
+    scope.__enter__()
+    try:
+        yield scope
+    finally:
+        scope.__exit__(None, None, None)
