@@ -7,7 +7,9 @@ import tidyjax as tj
 PUBLIC = {
     "DisposedError", "LeakError", "MemoryInfo", "Scope", "ScopeError", "Tensor", "TidyjaxError",
     "TidyjaxTypeError", "TidyjaxValueError", "Variable", "adopt", "dispose", "dispose_variables",
-    "keep", "memory", "tensor", "tidy",
+    "keep", "memory", "tensor", "tidy", "lift", "jit", "grad", "value_and_grad", "vmap",
+    "profile", "ProfileInfo", "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot",
+    "Snapshot", "SiteStat", "SiteDiff", "check_leaks", "LeakReport",
 }  # fmt: skip
 
 

@@ -192,7 +192,7 @@ class SiteStat:
         self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
 
     def __str__(self) -> str:
-        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())
+        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
         return f"{self.site}: {self.count} tensor(s), {_fmt_bytes(self.bytes)} [{shapes}]"
 
     def __repr__(self) -> str:
