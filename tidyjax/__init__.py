@@ -41,6 +41,8 @@ from ._tensor import lift as lift
 from ._tensor import tensor as tensor
 from ._variable import Variable as Variable
 from ._variable import dispose_variables as dispose_variables
+from .ipython import load_ipython_extension as load_ipython_extension
+from .ipython import unload_ipython_extension as unload_ipython_extension
 
 try:
     __version__ = _version("tidyjax")

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import jax
 
-from . import _registry
+from . import _html, _registry
 from ._errors import LeakError, TidyjaxTypeError
 from ._memory import _fmt_bytes
 from ._scope import KEPT
@@ -254,6 +254,17 @@ class Snapshot:
     def __repr__(self) -> str:
         return f"<Snapshot of {len(self.records)} tensors>"
 
+    def _repr_html_(self) -> str:
+        return _stats_html(f"{len(self.records)} live tensors", self.statistics())
+
+    def __str__(self) -> str:
+        return "\n".join(
+            [f"{len(self.records)} live tensors"] + [f"  {s}" for s in self.statistics()]
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
     def statistics(self) -> list[SiteStat]:
         """One :class:`SiteStat` per creation site, largest first."""
         return sorted(_group(self.records).values(), key=lambda s: (-s.bytes, -s.count, s.site))
@@ -303,6 +314,20 @@ def snapshot() -> Snapshot:
     return Snapshot(live_tensors())
 
 
+def _stats_html(title: str, stats: list[SiteStat]) -> str:
+    @_html.never_raises
+    def build(_: object) -> str:
+        rows = [
+            (_html.esc(s.site), s.count, _html.esc(_fmt_bytes(s.bytes)),
+             _html.esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
+            for s in stats
+        ]  # fmt: skip
+        table = _html.table(["created at", "tensors", "bytes", "shapes"], rows)
+        return _html.box(f"<b>{_html.esc(title)}</b>", table if rows else "")
+
+    return build(None)
+
+
 # -- leaks -----------------------------------------------------------------------------------
 
 
@@ -325,6 +350,16 @@ class LeakReport:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return _stats_html(
+            f"leak: {len(self.records)} tensor(s), {_fmt_bytes(self.num_bytes)} still alive "
+            f"after {self.where}",
+            self.groups,
+        )
 
     def __str__(self) -> str:
         lines = [

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from . import _registry
+from . import _html, _registry
 
 __all__ = ["MemoryInfo", "memory"]
 
@@ -82,6 +82,12 @@ class MemoryInfo:
             f"{per_device}, unreliable={self.unreliable}, reasons={self.reasons})"
         )
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return _memory_html(self)
+
     def __str__(self) -> str:
         lines = [
             f"{self.num_tensors} tensors, {self.num_data_buffers} buffers, "
@@ -94,6 +100,27 @@ class MemoryInfo:
         if self.unreliable:
             lines += [f"  unreliable: {r}" for r in self.reasons]
         return "\n".join(lines)
+
+
+@_html.never_raises
+def _memory_html(m: MemoryInfo) -> str:
+    head = (
+        f"<b>tidyjax memory</b>: {m.num_tensors} tensors, {m.num_data_buffers} buffers, "
+        f"{_html.esc(_fmt_bytes(m.num_bytes))}"
+    )
+    top = max(m.bytes_per_device.values(), default=0) or 1
+    rows = [
+        (_html.esc(d), _html.esc(_fmt_bytes(b)), _html.bar(b / top))
+        for d, b in sorted(m.bytes_per_device.items(), key=lambda kv: str(kv[0]))
+    ]
+    for d, stats in m.device_stats.items():
+        used, limit = stats.get("bytes_in_use", 0), stats.get("bytes_limit", 0)
+        if limit:
+            rows.append((_html.esc(f"{d} (all of JAX)"), _html.esc(
+                f"{_fmt_bytes(used)} of {_fmt_bytes(limit)}"), _html.bar(used / limit)))  # fmt: skip
+    parts = [head, _html.table(["device", "bytes", ""], rows)]
+    parts += [f"<div>{_html.bad('unreliable')}: {_html.esc(r)}</div>" for r in m.reasons]
+    return _html.box(*parts)
 
 
 def memory(*, scan_untracked: bool = True) -> MemoryInfo:

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from . import _registry, _tensor
+from . import _html, _registry, _tensor
 from ._context import CURRENT
 from ._errors import TidyjaxTypeError
 from ._memory import _fmt_bytes, memory
@@ -126,6 +126,12 @@ class ProfileInfo:
         ]
         return "\n".join(lines)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return _profile_html(self)
+
     # -- with-form -------------------------------------------------------------------------
 
     def __enter__(self) -> ProfileInfo:
@@ -136,6 +142,23 @@ class ProfileInfo:
 
     def __exit__(self, *exc: object) -> None:
         _observer.close(self)
+
+
+@_html.never_raises
+def _profile_html(p: ProfileInfo) -> str:
+    head = (
+        f"<b>profile</b>: new {_html.esc(_fmt_bytes(p.new_bytes))} in {p.new_tensors} tensors, "
+        f"peak {_html.esc(_fmt_bytes(p.peak_bytes))}, {len(p._kernels)} kernels"
+    )
+    rows = [
+        (_html.esc(k.name), k.bytes_added, k.total_bytes_snapshot, k.tensors_added,
+         k.total_tensors_snapshot, _html.esc(k.input_shapes), _html.esc(k.output_shapes),
+         f"{k.wall_time_ms:.3f}")
+        for k in p._kernels
+    ]  # fmt: skip
+    header = ["kernel", "bytes added", "total bytes", "tensors added", "total tensors",
+              "inputs", "outputs", "ms"]  # fmt: skip
+    return _html.box(head, _html.table(header, rows) if rows else "")
 
 
 # The context tokens of open profiles, by id (ProfileInfo keeps only its results).

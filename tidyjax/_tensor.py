@@ -25,7 +25,7 @@ try:  # typed PRNG key arrays (jax.random.key) are concrete arrays of their own 
 except ImportError:  # pragma: no cover - other jax layouts
     _PRNGKeyArray = ArrayImpl
 
-from . import _registry
+from . import _html, _registry
 from ._context import CURRENT
 from ._errors import DisposedError, TidyjaxTypeError, TidyjaxValueError
 
@@ -230,6 +230,9 @@ class Tensor:
         if self.is_disposed:
             return repr(self)
         return str(self._array)
+
+    def _repr_html_(self) -> str:
+        return _tensor_html(self)
 
     # -- indexing --------------------------------------------------------------------------
 
@@ -589,6 +592,24 @@ def _disposed_error(t: Tensor) -> DisposedError:
     else:
         hint = "Dispose a Tensor only after its last use, or use a clone() that you dispose."
     return DisposedError(f"{what} {_describe(t)} (id {t._id}) is disposed: {reason}. {hint}")
+
+
+@_html.never_raises
+def _tensor_html(t: Tensor) -> str:
+    name = type(t).__name__
+    label = getattr(t, "name", None)
+    title = f"<b>{name}</b>" + (f" {_html.esc(repr(label))}" if label else "")
+    if t.is_disposed:
+        return _html.box(title, f" {_html.esc(_describe(t))} · ", _html.bad("disposed"),
+                         _html.dim(f": {_reason(t)}"))  # fmt: skip
+    arr = t._array
+    if type(arr) not in CONCRETE:
+        return _html.box(title, " ", _html.dim(f"wrapping {type(arr).__name__}: {arr!r}"))
+    devices = ", ".join(sorted(str(d) for d in arr.devices()))
+    path = getattr(t._scope, "path", None)
+    where = f" · scope {path!r}" if path else " · kept" if t._scope is not None else ""
+    info = f"{_describe(t)} · {devices} · {int(arr.nbytes)} B · id {t._id}{where}"
+    return _html.box(title, " ", _html.dim(info), _html.values_preview(arr))
 
 
 # -- construction ------------------------------------------------------------------------------
