@@ -116,8 +116,8 @@ def _memory_html(m: MemoryInfo) -> str:
     for d, stats in m.device_stats.items():
         used, limit = stats.get("bytes_in_use", 0), stats.get("bytes_limit", 0)
         if limit:
-            rows.append((_html.esc(f"{d} (all of JAX)"), _html.esc(
-                f"{_fmt_bytes(used)} of {_fmt_bytes(limit)}"), _html.bar(used / limit)))  # fmt: skip
+            text = f"{_fmt_bytes(used)} of {_fmt_bytes(limit)}"
+            rows.append((_html.esc(f"{d} (all of JAX)"), _html.esc(text), _html.bar(used / limit)))
     parts = [head, _html.table(["device", "bytes", ""], rows)]
     parts += [f"<div>{_html.bad('unreliable')}: {_html.esc(r)}</div>" for r in m.reasons]
     return _html.box(*parts)
