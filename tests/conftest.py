@@ -24,6 +24,9 @@ settings.load_profile("ci")
 def _registry_is_empty_after_each_test():
     """Every test must leave no Tensor alive: it disposes what it made, or drops it."""
     yield
+    from tidyjax._context import CURRENT
+
+    assert CURRENT.get() is None, f"test left scope {CURRENT.get()!r} open"
     gc.collect()
     info = tj.memory(scan_untracked=False)
     assert info.num_tensors == 0, f"test left live tensors: {info!r}"

@@ -190,15 +190,21 @@ def _make_magics(shell: Any) -> Any:
             quiet = "-q" in args
             names = [a for a in args if a != "-q"]
             if len(names) > 1 or any(a.startswith("-") for a in names):
-                print("usage: %%tidy [name] [-q]")
-                return
+                from IPython.core.error import UsageError
+
+                raise UsageError(f"usage: %%tidy [name] [-q]; got {line!r}")
             scoped = _CellScope(self.shell, names[0] if names else None)
             try:
-                self.shell.run_cell(cell, store_history=False)
+                result = self.shell.run_cell(cell, store_history=False)
             finally:
                 scope = scoped.close()
             if not quiet:
                 print(_summary(scope))
+            error = result.error_before_exec or result.error_in_exec
+            if error is not None:  # fail this cell too, so "run all" stops here
+                from IPython.core.error import UsageError
+
+                raise UsageError(f"the %%tidy cell raised {type(error).__name__}: {error}")
 
         @line_magic
         def tidyjax(self, line: str) -> Any:
@@ -212,8 +218,9 @@ def _make_magics(shell: Any) -> Any:
                 self.set_auto(args[1] == "on")
                 print(f"tidyjax auto mode {args[1]}")
                 return None
-            print("usage: %tidyjax auto on|off | %tidyjax memory | %tidyjax live")
-            return None
+            from IPython.core.error import UsageError
+
+            raise UsageError("usage: %tidyjax auto on|off | %tidyjax memory | %tidyjax live")
 
         def set_auto(self, on: bool) -> None:
             events = self.shell.events
@@ -224,6 +231,7 @@ def _make_magics(shell: Any) -> Any:
             elif not on and self.auto is not None:
                 events.unregister("pre_run_cell", self.auto.pre_run_cell)
                 events.unregister("post_run_cell", self.auto.post_run_cell)
+                self.auto.post_run_cell()  # close the scope of the cell running this magic
                 self.auto = None
 
     return TidyjaxMagics(shell)
