@@ -254,15 +254,10 @@ def _sweep() -> None:
     """Drop records no live Tensor holds; amortized O(1) per registration."""
     global _sweep_at
     with _lock:
-        live = _prune_locked()
-        _sweep_at = max(4096, 2 * live)
-
-
-def _prune_locked() -> int:
-    for key, rec in list(_buffers.items()):
-        if rec.first_live() is None and _buffers.get(key) is rec:
-            del _buffers[key]
-    return len(_buffers)
+        for key, rec in list(_buffers.items()):
+            if rec.first_live() is None and _buffers.get(key) is rec:
+                del _buffers[key]
+        _sweep_at = max(4096, 2 * len(_buffers))
 
 
 def snapshot() -> list[tuple[Buffer, list[Tensor]]]:
@@ -276,12 +271,3 @@ def snapshot() -> list[tuple[Buffer, list[Tensor]]]:
             elif _buffers.get(key) is rec:
                 del _buffers[key]
         return out
-
-
-def lookup(arr: jax.Array) -> Buffer | None:
-    """The record of ``arr``'s buffer, if live Tensors hold it."""
-    try:
-        rec = _buffers.get(buffer_key(arr))
-    except Exception:
-        return None
-    return rec if rec is not None and rec.first_live() is not None else None
