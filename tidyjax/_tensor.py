@@ -715,7 +715,17 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
 
 
 def _method(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    method = _lift(fn, name)
+    lifted = _lift(fn, name)
+
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or _kernel_hook is not None:
+            return lifted(self, *args, **kwargs)
+        # The common call, t.exp() or t.sum(): the lifted path without its argument walk.
+        rec = self._rec
+        if rec is None or rec.dead is not None:
+            raise _disposed_error(self)
+        return wrap_tree(fn(self._array))
+
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Like ``{getattr(fn, '__module__', 'jax')}.{name}``; returns tracked Tensors."
     return method
