@@ -111,3 +111,18 @@ def test_scope_exit_logs_one_debug_line(caplog):
     assert len(lines) == 1
     assert "scope 'logged' exited" in lines[0] and "freed 2 tensors (8 bytes)" in lines[0]
     assert x.is_disposed and y.is_disposed
+
+
+def test_many_disposals_in_one_profile_keep_exact_totals():
+    # Freed records are collected during the profile; a new record may reuse a freed one's id.
+    x = tj.tensor([1.0, 2.0, 3.0])
+    with tj.profile() as info:
+        for _ in range(300):
+            y = x.square()
+            y.dispose()
+        for _ in range(300):
+            z = x * 2  # rebinding: the previous z is collected without a dispose
+    assert (info.new_tensors, info.new_bytes) == (1, 12)  # only the last z
+    assert info.peak_bytes == 12 + 12 + 12  # x, the previous z, the new z
+    assert len(info.kernels) == 600
+    tj.dispose([x, z])

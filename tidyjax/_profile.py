@@ -173,7 +173,9 @@ class _Observer:
         self.open_profiles: list[ProfileInfo] = []
         self.bytes = self.tensors = 0
         self.watch: dict[int, weakref.ref[Any]] = {}
-        self.gone: set[int] = set()  # records whose bytes were already subtracted
+        # Records whose bytes were already subtracted, held so that their ids are not reused
+        # by new records while the profile runs.
+        self.gone: dict[int, Any] = {}
 
     # -- opening and closing --------------------------------------------------------------
 
@@ -208,6 +210,7 @@ class _Observer:
                 _registry.observers.remove(self)
                 _tensor.set_kernel_hook(None)
                 self.watch.clear()
+                self.gone.clear()
 
     # -- registry events ------------------------------------------------------------------
 
@@ -237,7 +240,7 @@ class _Observer:
                 self.tensors -= 1
                 self.watch.pop(t._id, None)
             if last and id(rec) not in self.gone:
-                self.gone.add(id(rec))
+                self.gone[id(rec)] = rec
                 self.bytes -= rec.size(arr)
 
     def killed(self, rec: Any, holders: list[Any]) -> None:
@@ -246,7 +249,7 @@ class _Observer:
                 self.tensors -= 1
                 self.watch.pop(t._id, None)
             if holders and id(rec) not in self.gone:
-                self.gone.add(id(rec))
+                self.gone[id(rec)] = rec
                 self.bytes -= rec.nbytes if rec.nbytes >= 0 else 0
 
     def _collected(self, tid: int, rec: Any, _ref: Any) -> None:
@@ -256,7 +259,7 @@ class _Observer:
                 return
             self.tensors -= 1
             if rec.dead is None and rec.first_live() is None and id(rec) not in self.gone:
-                self.gone.add(id(rec))
+                self.gone[id(rec)] = rec
                 self.bytes -= max(rec.nbytes, 0)
 
 
