@@ -144,10 +144,12 @@ class TidyjaxMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     @precondition(lambda self: self.scopes)
     def exit_scope(self, data):
-        depth = self.depth()
-        scope = self.scopes.pop()
+        # Draw first: hypothesis may stop an example inside a draw, and the scope must then
+        # still be on self.scopes for teardown to exit it.
         candidates = sorted(self.model.live)
         handed = data.draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
+        depth = self.depth()
+        scope = self.scopes.pop()
         if handed:
             scope.keep(*[self.model.live[i].tensor for i in handed])
         scope.__exit__(None, None, None)
@@ -226,8 +228,11 @@ class TidyjaxMachine(RuleBasedStateMachine):
         assert m.num_bytes == sum(groups.values())
 
     def teardown(self):
-        while self.scopes:
-            self.scopes.pop().__exit__(None, None, None)
+        from tidyjax._context import CURRENT
+
+        self.scopes.clear()
+        while (scope := CURRENT.get()) is not None:  # unwind even after a failed step
+            scope.__exit__(None, None, None)
         tj.dispose([e.tensor for e in self.model.live.values()])
         self.model.live.clear()
         gc.collect()
