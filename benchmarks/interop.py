@@ -13,40 +13,19 @@ import argparse
 import json
 import pathlib
 import shutil
-import statistics
 import subprocess
-import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _timing import side_by_side
 
 import tidyjax as tj
 import tidyjax.numpy as tnp
 from tidyjax import tidy
 
 TFJS_DIR = pathlib.Path(__file__).resolve().parent / "tfjs"
-
-
-def _per_call(fn: Callable[[], object], number: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number
-
-
-def side_by_side(a, b, number: int, rounds: int) -> tuple[float, float]:
-    """Median seconds per call of ``a`` and ``b``, sampled in alternation."""
-    for _ in range(5):
-        a()
-        b()
-    sa, sb = [], []
-    for _ in range(rounds):
-        sa.append(_per_call(a, number))
-        sb.append(_per_call(b, number))
-    return statistics.median(sa), statistics.median(sb)
 
 
 def lifted_numpy(number: int, rounds: int) -> None:
@@ -68,7 +47,7 @@ def lifted_numpy(number: int, rounds: int) -> None:
         ),
     }
     for name, (raw, lifted) in cases.items():
-        r, w = side_by_side(raw, lifted, number, rounds)
+        r, w = side_by_side(raw, lifted, number, rounds, warmup=5)
         print(f"{name:28s} {r * 1e6:9.2f} {w * 1e6:9.2f} {w / r:7.3f}")
     tj.dispose([t, u])
 
@@ -123,7 +102,7 @@ def jitted_step(number: int, rounds: int) -> float:
         tj.dispose((tj_state["p"], tj_state["s"]))
         tj_state["p"], tj_state["s"] = p, s
 
-    r, w = side_by_side(raw, tracked, number, rounds)
+    r, w = side_by_side(raw, tracked, number, rounds, warmup=5)
     print(f"{'step':28s} {'jax µs':>9s} {'tidyjax µs':>11s} {'ratio':>7s}")
     print(f"{'train step':28s} {r * 1e6:9.1f} {w * 1e6:11.1f} {w / r:7.3f}")
     print(f"steps/s: raw JAX {1 / r:,.0f}, tidyjax {1 / w:,.0f}")

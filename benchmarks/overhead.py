@@ -12,33 +12,12 @@ import argparse
 import gc
 import statistics
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from _timing import per_call, side_by_side
 
 import tidyjax as tj
-
-
-def _per_call(fn: Callable[[], object], number: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number
-
-
-def side_by_side(
-    a: Callable[[], object], b: Callable[[], object], number: int, rounds: int
-) -> tuple[float, float]:
-    """Median seconds per call of ``a`` and ``b``, sampled in alternation."""
-    for _ in range(3):  # warm up: compile, allocate
-        a()
-        b()
-    sa, sb = [], []
-    for _ in range(rounds):
-        sa.append(_per_call(a, number))
-        sb.append(_per_call(b, number))
-    return statistics.median(sa), statistics.median(sb)
 
 
 def op_overhead(number: int, rounds: int) -> None:
@@ -93,7 +72,7 @@ def scope_cost(rounds: int) -> None:
                         x.clone()
 
             number = max(1, 2000 // max(n, 1))
-            samples = [_per_call(body, number) for _ in range(rounds)]
+            samples = [per_call(body, number) for _ in range(rounds)]
             cost = statistics.median(samples)
             per = f"{cost / n * 1e6:12.3f}" if n else f"{'-':>12s}"
             print(f"{n:9d} {alive:9d} {kind:>12s} {cost * 1e6:11.2f} {per}")
