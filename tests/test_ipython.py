@@ -120,3 +120,15 @@ def test_rich_displays_never_raise_and_show_the_essentials():
     assert "..." in big._repr_html_()  # summarised, not 1000 values
     tj.dispose([t, v, p.result, leaked, big])
     assert "disposed" in t._repr_html_()
+
+
+def test_auto_mode_never_frees_an_old_value_another_name_still_binds(shell):
+    run(shell, "%tidyjax auto on")
+    run(shell, "a = [tj.tensor([1.0])]")
+    run(shell, "b = a")
+    run(shell, "del a")  # the list is still bound to b
+    assert not shell.user_ns["b"][0].is_disposed
+    run(shell, "c = {'k': b}")
+    run(shell, "b = None")  # still reachable inside c
+    assert not shell.user_ns["c"]["k"][0].is_disposed
+    run(shell, "%tidyjax auto off")

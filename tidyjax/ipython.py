@@ -131,14 +131,20 @@ class _Auto:
             except Exception:  # the cell left a scope open: free in order, never crash IPython
                 _close_all(cell.scope)
         ns = self.shell.user_ns
-        old = [v for name, v in self.before.items() if ns.get(name, _MISSING) is not v]
+        # Old values: no longer bound to their name, nor to any other current user name.
+        bound = {id(v) for name, v in ns.items() if not _HISTORY.match(name)}
+        old = [
+            v
+            for name, v in self.before.items()
+            if ns.get(name, _MISSING) is not v and id(v) not in bound
+        ]
         self.before = {}
         candidates = [t for t in tensors_in_safe(old) if not t.is_disposed]
         if not candidates:
             return
         held = _held_elsewhere(candidates, self.shell, ignore=[old, *old])
         for t in candidates:
-            if id(t) not in held and not _held_by_live_values(t, ns, old):
+            if id(t) not in held and not _held_by_live_values(t, ns):
                 t.dispose()
 
 
@@ -155,12 +161,10 @@ def tensors_in_safe(value: Any) -> list[Tensor]:
         return []
 
 
-def _held_by_live_values(t: Tensor, ns: dict[str, Any], old: list[Any]) -> bool:
-    """Whether ``t`` is also inside a current (not rebound) user value."""
+def _held_by_live_values(t: Tensor, ns: dict[str, Any]) -> bool:
+    """Whether ``t`` is inside a value a current user name binds."""
     for name, value in ns.items():
-        if _HISTORY.match(name) or any(value is o for o in old):
-            continue
-        if any(x is t for x in tensors_in_safe(value)):
+        if not _HISTORY.match(name) and any(x is t for x in tensors_in_safe(value)):
             return True
     return False
 
