@@ -309,26 +309,37 @@ def is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
-def _unwrap_leaf(x: Any) -> Any:
-    return x._value() if isinstance(x, Tensor) else x
+def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
+    """Replace every Tensor in the pytree ``x`` by its jax value (disposed ones raise).
 
-
-def unwrap(x: Any) -> Any:
-    """Replace every Tensor in the pytree ``x`` by its jax value (disposed ones raise)."""
+    With ``raw``, also collect into it the caller's own concrete arrays found in ``x``.
+    """
     tx = type(x)
     if tx in _TENSOR_TYPES:
         return x._value()
+    if tx in CONCRETE:
+        if raw is not None:
+            raw.append(x)
+        return x
     if tx in _PLAIN:
         return x
     if tx is tuple:
-        return tuple([unwrap(v) for v in x])
+        return tuple([unwrap(v, raw) for v in x])
     if tx is list:
-        return [unwrap(v) for v in x]
+        return [unwrap(v, raw) for v in x]
     if tx is dict:
-        return {k: unwrap(v) for k, v in x.items()}
+        return {k: unwrap(v, raw) for k, v in x.items()}
     if tx in _NAMEDTUPLES or _is_namedtuple(tx):
-        return tx._make([unwrap(v) for v in x])
-    return jax.tree_util.tree_map(_unwrap_leaf, x, is_leaf=is_tensor)
+        return tx._make([unwrap(v, raw) for v in x])
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return v._value()
+        if raw is not None and type(v) in CONCRETE:
+            raw.append(v)
+        return v
+
+    return jax.tree_util.tree_map(leaf, x, is_leaf=is_tensor)
 
 
 def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -419,35 +430,6 @@ def _collect(x: Any, out: list[Tensor]) -> None:
         out.extend(v for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor) if is_tensor(v))
 
 
-def _unwrap_collect(x: Any, raw: list[Any]) -> Any:
-    """``unwrap``, also collecting the caller's own concrete arrays into ``raw``."""
-    tx = type(x)
-    if tx in _TENSOR_TYPES:
-        return x._value()
-    if tx in CONCRETE:
-        raw.append(x)
-        return x
-    if tx in _PLAIN:
-        return x
-    if tx is tuple:
-        return tuple([_unwrap_collect(v, raw) for v in x])
-    if tx is list:
-        return [_unwrap_collect(v, raw) for v in x]
-    if tx is dict:
-        return {k: _unwrap_collect(v, raw) for k, v in x.items()}
-    if tx in _NAMEDTUPLES or _is_namedtuple(tx):
-        return tx._make([_unwrap_collect(v, raw) for v in x])
-
-    def leaf(v: Any) -> Any:
-        if isinstance(v, Tensor):
-            return v._value()
-        if type(v) in CONCRETE:
-            raw.append(v)
-        return v
-
-    return jax.tree_util.tree_map(leaf, x, is_leaf=is_tensor)
-
-
 def _borrowed_keys(raw: list[Any]) -> set[Any]:
     keys = set()
     for arr in raw:
@@ -481,9 +463,9 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _lift(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         raw: list[Any] = []
-        args = tuple([_unwrap_collect(a, raw) for a in args])
+        args = tuple([unwrap(a, raw) for a in args])
         if kwargs:
-            kwargs = {k: _unwrap_collect(v, raw) for k, v in kwargs.items()}
+            kwargs = {k: unwrap(v, raw) for k, v in kwargs.items()}
         out = fn(*args, **kwargs)
         return wrap_tree(out, _borrowed_keys(raw) if raw else None)
 
