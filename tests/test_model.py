@@ -2,7 +2,9 @@
 
 Rules create tensors, run ops, alias buffers, dispose, keep, open and close (nested, named)
 scopes handing out a random subset, raise inside scopes, create and assign Variables, and drop
-references for the garbage collector. After every step: each live Tensor reads its expected
+references for the garbage collector. The model follows ownership as the library defines it:
+per buffer (a group), with Tensor objects made in a scope on a buffer owned elsewhere (aliases)
+disposed, object only, at that scope's exit. After every step: each live Tensor reads its expected
 values and its buffer is not deleted, each disposed one raises DisposedError, and memory()
 matches the model's tensors, distinct buffers and bytes. At the end everything is disposed,
 memory() is zero and no tidyjax-owned array is left alive.
@@ -37,6 +39,7 @@ values = st.sampled_from(SHAPES).flatmap(
 TOP = -1  # owner of tensors created outside every scope
 KEPT = "kept"
 VARIABLE = "variable"
+# A dead group's owner is None.
 
 
 @dataclass
@@ -44,7 +47,9 @@ class Entry:
     tensor: tj.Tensor
     expected: np.ndarray
     group: int  # tensors with the same group share one device buffer
-    owner: object  # scope depth, TOP, KEPT or VARIABLE
+    variable: bool = False
+    alias_scope: int | None = None  # the depth that disposes this object (not its buffer)
+    kept: bool = False  # tidyjax.keep(t) was called on this object
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Model:
     live: dict[int, Entry] = field(default_factory=dict)
     disposed: list[tj.Tensor] = field(default_factory=list)
     groups: itertools.count = field(default_factory=itertools.count)
+    owner: dict[int, object] = field(default_factory=dict)  # group -> depth, TOP, KEPT, VARIABLE
 
 
 class TidyjaxMachine(RuleBasedStateMachine):
@@ -66,19 +72,23 @@ class TidyjaxMachine(RuleBasedStateMachine):
     def depth(self) -> int:
         return len(self.scopes) - 1 if self.scopes else TOP
 
-    def add(self, t: tj.Tensor, expected: np.ndarray, group: int | None = None, owner=None):
+    def add(self, t: tj.Tensor, expected: np.ndarray, group: int | None = None, variable=False):
+        entry = Entry(t, np.asarray(expected, np.float32), -1, variable)
         if group is None:
             group = next(self.model.groups)
-        owner = self.depth() if owner is None else owner
-        self.model.live[t.id] = Entry(t, np.asarray(expected, np.float32), group, owner)
+            self.model.owner[group] = VARIABLE if variable else self.depth()
+        elif variable:
+            self.model.owner[group] = VARIABLE
+        elif self.depth() != TOP and self.model.owner[group] != self.depth():
+            entry.alias_scope = self.depth()
+        entry.group = group
+        self.model.live[t.id] = entry
         self.arrays.append(weakref.ref(t.array))
         return t
 
     def pick(self, data, *, variables=None):
         ids = sorted(
-            i
-            for i, e in self.model.live.items()
-            if variables is None or (e.owner == VARIABLE) == variables
+            i for i, e in self.model.live.items() if variables is None or e.variable == variables
         )
         return self.model.live[data.draw(st.sampled_from(ids))] if ids else None
 
@@ -132,7 +142,9 @@ class TidyjaxMachine(RuleBasedStateMachine):
         e = self.pick(data, variables=False)
         if e is not None:
             tj.keep(e.tensor)
-            e.owner = KEPT
+            e.kept = True
+            if self.model.owner[e.group] != VARIABLE:
+                self.model.owner[e.group] = KEPT
 
     @rule(name=st.sampled_from([None, "outer", "step", "inner"]))
     @precondition(lambda self: len(self.scopes) < 4)
@@ -153,10 +165,16 @@ class TidyjaxMachine(RuleBasedStateMachine):
         if handed:
             scope.keep(*[self.model.live[i].tensor for i in handed])
         scope.__exit__(None, None, None)
+        owner = self.model.owner
+        escaping = {self.model.live[i].group for i in handed}
+        for g in [g for g, o in owner.items() if o == depth]:
+            owner[g] = (depth - 1 if depth > 0 else TOP) if g in escaping else None
         for i, e in list(self.model.live.items()):
-            if e.owner == depth:
-                if i in handed:
-                    e.owner = depth - 1 if depth > 0 else TOP
+            if owner[e.group] is None:  # the buffer was deleted: every Tensor on it is disposed
+                self.kill(e)
+            elif e.alias_scope == depth:
+                if i in handed or e.kept:
+                    e.alias_scope = None
                 else:
                     self.kill(e)
 
@@ -175,12 +193,15 @@ class TidyjaxMachine(RuleBasedStateMachine):
     def create_variable(self, data, x, from_tensor):
         e = self.pick(data, variables=False) if from_tensor else None
         if e is not None:
-            self.add(tj.Variable(e.tensor), e.expected, group=e.group, owner=VARIABLE)
+            before = self.model.owner[e.group]
+            self.add(tj.Variable(e.tensor), e.expected, group=e.group, variable=True)
+            if isinstance(before, int) and before >= 0 and e.alias_scope is None:
+                e.alias_scope = before  # that scope still disposes the Tensor object
         else:
-            self.add(tj.Variable(x), x, owner=VARIABLE)
+            self.add(tj.Variable(x), x, variable=True)
 
     @rule(data=st.data(), through_scope=st.booleans())
-    @precondition(lambda self: any(e.owner == VARIABLE for e in self.model.live.values()))
+    @precondition(lambda self: any(e.variable for e in self.model.live.values()))
     def assign_variable(self, data, through_scope):
         e = self.pick(data, variables=True)
         v = e.tensor
@@ -191,6 +212,7 @@ class TidyjaxMachine(RuleBasedStateMachine):
         else:
             v.assign(new)
         e.expected, e.group = new, next(self.model.groups)
+        self.model.owner[e.group] = VARIABLE
         self.arrays.append(weakref.ref(v.array))
 
     @rule(data=st.data())

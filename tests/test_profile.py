@@ -109,7 +109,7 @@ def test_scope_exit_logs_one_debug_line(caplog):
         y = x + 1
     lines = [r.getMessage() for r in caplog.records if r.name == "tidyjax"]
     assert len(lines) == 1
-    assert "scope 'logged' exited" in lines[0] and "freed 2 tensors (8 bytes)" in lines[0]
+    assert "scope 'logged' exited" in lines[0] and "freed 2 buffers (8 bytes)" in lines[0]
     assert x.is_disposed and y.is_disposed
 
 

@@ -33,7 +33,7 @@ def test_with_block_frees_everything_created_inside():
     assert all(t.is_disposed for t in (x, y, z))
     assert (scope.num_freed, scope.bytes_freed, scope.num_handed_out) == (3, 24, 0)
     assert counts() == (0, 0, 0)
-    assert "exited" in repr(scope) and "freed 3 tensors" in repr(scope)
+    assert "exited" in repr(scope) and "freed 3 buffers" in repr(scope)
 
 
 def test_scope_keep_hands_values_out_like_a_return():

@@ -1,7 +1,7 @@
 """tidyjax: TensorFlow.js-style deterministic memory management for JAX.
 
 Wrap values in :class:`Tensor`, run code under :data:`tidy`, and every intermediate device
-buffer is freed the moment the scope ends, whatever Python still references.
+buffer is freed the moment the scope ends, whatever else references the raw arrays.
 """
 
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
@@ -28,6 +28,8 @@ from ._lift import value_and_grad as value_and_grad
 from ._lift import vmap as vmap
 from ._memory import MemoryInfo as MemoryInfo
 from ._memory import memory as memory
+from ._ops import install_tensor_methods as _install_tensor_methods
+from ._ops import lift as lift
 from ._profile import KernelRecord as KernelRecord
 from ._profile import ProfileInfo as ProfileInfo
 from ._profile import profile as profile
@@ -37,12 +39,13 @@ from ._scope import keep as keep
 from ._scope import tidy as tidy
 from ._tensor import Tensor as Tensor
 from ._tensor import adopt as adopt
-from ._tensor import lift as lift
 from ._tensor import tensor as tensor
 from ._variable import Variable as Variable
 from ._variable import dispose_variables as dispose_variables
 from .ipython import load_ipython_extension as load_ipython_extension
 from .ipython import unload_ipython_extension as unload_ipython_extension
+
+_install_tensor_methods()
 
 try:
     __version__ = _version("tidyjax")

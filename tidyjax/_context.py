@@ -1,19 +1,47 @@
-"""The innermost open scope of the running thread or asyncio task.
+"""The innermost open scope of the running thread or asyncio task, and what a scope owns.
 
-A ``ContextVar`` holds the innermost :class:`~tidyjax._scope.Scope`; each scope links to its
-parent, so the stack is an immutable linked list. A new thread starts with no scope; an asyncio
-task starts with the scope that was current where it was created (ordinary ``contextvars``
-semantics) and its own ``async with tidy()`` never affects another task.
+A ``ContextVar`` holds the innermost scope; each scope links to its parent, so the stack is an
+immutable linked list. A new thread starts with no scope; an asyncio task starts with the scope
+that was current where it was created (ordinary ``contextvars`` semantics) and its own
+``async with tidy()`` never affects another task.
+
+:class:`Tracker` is the part of a scope the per-op path touches: the list of buffer records it
+owns, appended to by ``_tensor.wrap``. It lives here so that the hot path imports no scope logic.
 """
 
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING
+import weakref
+from typing import Any, Optional
 
-if TYPE_CHECKING:
-    from ._scope import Scope
+from ._registry import Buffer
 
-CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
+__all__ = ["CURRENT", "Tracker"]
+
+
+class Tracker:
+    """What a scope owns: the records it created (or was handed) and Tensor aliases it made."""
+
+    __slots__ = ("__weakref__", "_aliases", "_compact_at", "_owned", "_pruned", "parent", "path")
+
+    def __init__(self) -> None:
+        self._owned: list[Buffer] = []
+        self._aliases: list[weakref.ref[Any]] = []  # Tensors made here on others' buffers
+        self._compact_at = 1024
+        self._pruned = 0  # records dropped by _compact (their arrays were collected)
+        self.parent: Tracker | None = None
+        self.path = "<tidy>"
+
+    def _compact(self) -> None:
+        """Forget records whose arrays Python already collected; amortized O(1) per op."""
+        owned = self._owned
+        before = len(owned)
+        owned[:] = [r for r in owned if r.dead is None and r.array() is not None]
+        self._pruned += before - len(owned)
+        self._compact_at = max(1024, 2 * len(owned))
+
+
+CURRENT: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar(  # noqa: UP045
     "tidyjax_scope", default=None
 )

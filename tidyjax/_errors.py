@@ -7,7 +7,10 @@ built-in, from that built-in too (a disposed Tensor is a ``RuntimeError`` like a
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 __all__ = [
+    "Reason",
     "DisposedError",
     "LeakError",
     "ScopeError",
@@ -46,6 +49,44 @@ class LeakError(TidyjaxError, AssertionError):
     def __init__(self, message: str, report: object = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class Reason(NamedTuple):
+    """Why a Tensor is disposed, and how to avoid it: the closed set is built below."""
+
+    text: str
+    hint: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_KEEP_HINT = (
+    "To use it after the scope, return it from the scope, or call scope.keep(t) / "
+    "tidyjax.keep(t) before the scope exits."
+)
+_LATER_HINT = "Dispose a Tensor only after its last use, or use a clone() that you dispose."
+_DONATE_HINT = "Use the function's output instead, or do not donate this argument (donate_argnums)."
+
+DISPOSED = Reason("it was disposed explicitly (dispose())", _LATER_HINT)
+RELEASED = Reason("its buffer was released", _LATER_HINT)
+VARIABLES_DISPOSED = Reason("it was disposed by dispose_variables()", _LATER_HINT)
+DELETED_OUTSIDE = Reason(
+    "its buffer was deleted outside tidyjax (jax.Array.delete() or donation)",
+    "Let tidyjax free Tensor buffers (dispose()); do not delete t.array yourself.",
+)
+
+
+def scope_exited(path: str) -> Reason:
+    return Reason(f"it was freed when scope {path!r} exited", _KEEP_HINT)
+
+
+def donated(name: str) -> Reason:
+    return Reason(f"its buffer was donated to jit-compiled function {name!r}", _DONATE_HINT)
+
+
+def variable_disposed(label: str) -> Reason:
+    return Reason(f"{label} was disposed", _LATER_HINT)
 
 
 for _cls in (

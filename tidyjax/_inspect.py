@@ -22,8 +22,9 @@ import jax
 from . import _html, _registry
 from ._errors import LeakError, TidyjaxTypeError
 from ._memory import _fmt_bytes
-from ._scope import KEPT
-from ._tensor import Tensor, _ids, tensors_in
+from ._registry import KEPT
+from ._tensor import Tensor, _ids
+from ._trees import tensors_in
 
 __all__ = [
     "LeakReport",
@@ -143,27 +144,50 @@ class TensorRecord:
         )  # fmt: skip
 
 
+def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[Tensor]]]:
+    """Each record with the live Tensors holding it.
+
+    The registry counts holders but keeps no reference to them (that would cost on every op),
+    so a report finds them as the referrers of the records' arrays: one pass over the heap.
+    """
+    by_rec: dict[int, tuple[_registry.Buffer, list[Tensor]]] = {id(r): (r, []) for r in recs}
+    arrays = [a for r in recs for a in r.arrays()]
+    if arrays:
+        for obj in gc.get_referrers(*arrays):
+            if isinstance(obj, Tensor):
+                rec = obj._rec
+                if rec is not None and id(rec) in by_rec:
+                    by_rec[id(rec)][1].append(obj)
+    return list(by_rec.values())
+
+
+def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
+    """Every live record with the live Tensors holding it."""
+    recs, deleted = _registry.live()
+    return holders(recs + deleted)
+
+
 def _record(t: Tensor, rec: _registry.Buffer) -> TensorRecord:
     from ._variable import Variable
 
     arr = t._array
-    scope = t._scope
+    owner = rec.scope
     variable = isinstance(t, Variable)
     if variable:
         path = "<variable>"
-    elif scope is KEPT:
+    elif owner is KEPT:
         path = "<kept>"
     else:
-        path = "" if scope is None else scope.path
+        path = getattr(owner, "path", "")
     return TensorRecord(
         id=t._id,
         shape=tuple(arr.shape),
         dtype=str(arr.dtype),
-        bytes=rec.size(arr),
+        bytes=rec.size(),
         devices=tuple(sorted(str(d) for d in arr.devices())),
         scope=path,
         site=creation_site(arr),
-        kept=scope is KEPT,
+        kept=owner is KEPT,
         variable=variable,
         _buffer=id(rec),
     )
@@ -171,7 +195,7 @@ def _record(t: Tensor, rec: _registry.Buffer) -> TensorRecord:
 
 def live_tensors() -> list[TensorRecord]:
     """A record of every live Tensor and Variable, oldest first."""
-    out = [_record(t, rec) for rec, holders in _registry.snapshot() for t in holders]
+    out = [_record(t, rec) for rec, ts in live_holders() for t in ts]
     out.sort(key=lambda r: r.id)
     return out
 

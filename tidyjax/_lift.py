@@ -24,8 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from . import _registry
-from ._errors import TidyjaxTypeError
-from ._tensor import Tensor, lift, tensors_in, unwrap, wrap, wrap_arrays, wrap_tree
+from ._errors import TidyjaxTypeError, donated
+from ._ops import lift
+from ._tensor import Tensor, wrap
+from ._trees import tensors_in, unwrap, wrap_arrays, wrap_tree
 from ._variable import Variable
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
@@ -189,9 +191,9 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
-def _mark_donated(donated: list[Any], name: str) -> None:
-    why = f"its buffer was donated to jit-compiled function {name!r}"
-    for t in tensors_in(donated):
+def _mark_donated(args: list[Any], name: str) -> None:
+    why = donated(name)
+    for t in tensors_in(args):
         rec = t._rec
         if rec is not None and rec is not _registry.UNTRACKED and t._array.is_deleted():
             _registry.kill(rec, why)

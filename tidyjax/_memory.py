@@ -136,20 +136,15 @@ def memory(*, scan_untracked: bool = True) -> MemoryInfo:
         info = tidyjax.memory()
         print(info.num_tensors, info.num_bytes)
     """
-    recs = _registry.snapshot()
-    num_tensors = 0
+    recs, deleted = _registry.live()
+    num_tensors = sum(max(rec.n, 0) for rec in recs + deleted)
     num_bytes = 0
     per_device: dict[Any, int] = {}
-    deleted_outside = 0
-    for rec, holders in recs:
-        num_tensors += len(holders)
-        arr = holders[0]._array
-        if arr.is_deleted():
-            deleted_outside += 1
-            continue
-        num_bytes += rec.size(arr)
-        for dev, b in device_bytes(arr).items():
+    for rec in recs:
+        num_bytes += rec.size()
+        for dev, b in _registry.device_bytes(rec).items():
             per_device[dev] = per_device.get(dev, 0) + b
+    deleted_outside = len(deleted)
 
     reasons: list[str] = []
     if deleted_outside:
@@ -176,7 +171,7 @@ def memory(*, scan_untracked: bool = True) -> MemoryInfo:
             device_stats[dev] = MappingProxyType(dict(stats))
     return MemoryInfo(
         num_tensors=num_tensors,
-        num_data_buffers=len(recs),
+        num_data_buffers=len(recs) + deleted_outside,
         num_bytes=num_bytes,
         bytes_per_device=MappingProxyType(per_device),
         unreliable=bool(reasons),
@@ -187,37 +182,31 @@ def memory(*, scan_untracked: bool = True) -> MemoryInfo:
     )
 
 
-def device_bytes(arr: jax.Array) -> dict[Any, int]:
-    """Bytes ``arr`` holds on each device: its shard there; a replica counts on every device."""
-    try:
-        # Single-device arrays, one per shard; reading them creates no live arrays.
-        shards = getattr(arr, "_base_array", arr)._arrays
-    except AttributeError:  # pragma: no cover - a jax without _arrays
-        return {d: int(arr.nbytes) for d in arr.devices()}
-    out: dict[Any, int] = {}
-    for shard in shards:
-        (dev,) = shard.devices()
-        out[dev] = out.get(dev, 0) + int(shard.nbytes)
-    return out
+def _scan_untracked(recs: list[_registry.Buffer]) -> tuple[int, int]:
+    """Count jax arrays alive in the process whose buffers tidyjax does not record.
 
-
-def _scan_untracked(recs: list[tuple[_registry.Buffer, Any]]) -> tuple[int, int]:
-    """Count jax arrays alive in the process whose buffers no live Tensor holds."""
-    owned: set[Any] = set()
-    for rec, _ in recs:
-        owned.add(rec.key)
-        if isinstance(rec.key, tuple):  # a sharded buffer: its per-shard views are ours too
-            owned.update(rec.key)
-    count = nbytes = 0
-    platforms = {d.platform for d in jax.local_devices()}
-    for platform in platforms:
+    An array object tidyjax never saw may still be a view of a recorded buffer (a shard from
+    ``addressable_shards``, a raw ``device_put`` to the same device): those are recognised by
+    address, read only from buffers that are ready.
+    """
+    candidates = []
+    for platform in {d.platform for d in jax.local_devices()}:
         for arr in jax.live_arrays(platform):
-            try:
-                key = _registry.buffer_key(arr)
-            except Exception:  # deleted meanwhile
-                continue
-            if key in owned:
-                continue
-            count += 1
-            nbytes += int(arr.nbytes)
+            if _registry.lookup(arr) is None:
+                candidates.append(arr)
+    if not candidates:
+        return 0, 0
+    owned: set[Any] = set()
+    for rec in recs:
+        for a in rec.arrays():
+            key = _registry.same_buffer_key(a)
+            if key:
+                owned.add(key)
+                owned.update((p,) for p in key)  # its per-shard views
+    count = nbytes = 0
+    for arr in candidates:
+        if _registry.same_buffer_key(arr) in owned:
+            continue
+        count += 1
+        nbytes += int(arr.nbytes)
     return count, nbytes

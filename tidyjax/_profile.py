@@ -10,20 +10,21 @@ running thread or task (a ``ContextVar``).
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from . import _html, _registry, _tensor
+from . import _html, _ops, _registry
+from ._arrays import CONCRETE
 from ._context import CURRENT
 from ._errors import TidyjaxTypeError
 from ._memory import _fmt_bytes, memory
+from ._tensor import Tensor
+from ._trees import tensors_in
 
 __all__ = ["KernelRecord", "ProfileInfo", "profile"]
 
@@ -169,13 +170,10 @@ class _Observer:
     """Follows the registry while profiles are open; one per process."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # Reentrant: a Tensor's __del__ may report to it during a collection inside the lock.
+        self.lock = threading.RLock()
         self.open_profiles: list[ProfileInfo] = []
         self.bytes = self.tensors = 0
-        self.watch: dict[int, weakref.ref[Any]] = {}
-        # Records whose bytes were already subtracted, held so that their ids are not reused
-        # by new records while the profile runs.
-        self.gone: dict[int, Any] = {}
 
     # -- opening and closing --------------------------------------------------------------
 
@@ -184,10 +182,8 @@ class _Observer:
             if not self.open_profiles:
                 m = memory(scan_untracked=False)
                 self.bytes, self.tensors = m.num_bytes, m.num_tensors
-                self.watch.clear()
-                self.gone.clear()
                 _registry.observers.append(self)
-                _tensor.set_kernel_hook(_run_kernel)
+                _ops.set_kernel_hook(_run_kernel)
             self.open_profiles.append(p)
             p._start_bytes, p._start_tensors = self.bytes, self.tensors
             p.peak_bytes = self.bytes
@@ -208,9 +204,7 @@ class _Observer:
             p._done = True
             if not self.open_profiles:
                 _registry.observers.remove(self)
-                _tensor.set_kernel_hook(None)
-                self.watch.clear()
-                self.gone.clear()
+                _ops.set_kernel_hook(None)
 
     # -- registry events ------------------------------------------------------------------
 
@@ -225,42 +219,22 @@ class _Observer:
                 scope._peak = b
             scope = scope.parent
 
-    def added(self, t: Any, rec: Any, arr: Any, new_buffer: bool, new: bool) -> None:
+    def event(self, kind: str, rec: Any) -> None:
+        """A change to the registry's books (see ``_registry``'s observers)."""
         with self.lock:
-            if new:
+            if kind == "buffer_added":
                 self.tensors += 1
-                self.watch[t._id] = weakref.ref(t, functools.partial(self._collected, t._id, rec))
-            if new_buffer:
-                self.bytes += rec.size(arr)
+                self.bytes += rec.size()
                 self._grow()
-
-    def removed(self, t: Any, rec: Any, arr: Any, last: bool) -> None:
-        with self.lock:
-            if t is not None:
+            elif kind == "tensor_added":
+                self.tensors += 1
+            elif kind == "tensor_removed":
                 self.tensors -= 1
-                self.watch.pop(t._id, None)
-            if last and id(rec) not in self.gone:
-                self.gone[id(rec)] = rec
-                self.bytes -= rec.size(arr)
-
-    def killed(self, rec: Any, holders: list[Any]) -> None:
-        with self.lock:
-            for t in holders:
-                self.tensors -= 1
-                self.watch.pop(t._id, None)
-            if holders and id(rec) not in self.gone:
-                self.gone[id(rec)] = rec
-                self.bytes -= rec.nbytes if rec.nbytes >= 0 else 0
-
-    def _collected(self, tid: int, rec: Any, _ref: Any) -> None:
-        """A Tensor made while profiling was collected without a dispose."""
-        with self.lock:
-            if self.watch.pop(tid, None) is None:
-                return
-            self.tensors -= 1
-            if rec.dead is None and rec.first_live() is None and id(rec) not in self.gone:
-                self.gone[id(rec)] = rec
-                self.bytes -= max(rec.nbytes, 0)
+            elif kind == "buffer_freed":  # its remaining holders are disposed with it
+                self.tensors -= max(rec.n, 0)
+                self.bytes -= rec.size()
+            elif kind == "buffer_collected":
+                self.bytes -= rec.size()
 
 
 _observer = _Observer()
@@ -269,7 +243,7 @@ _observer = _Observer()
 def _shapes(values: Any) -> list[tuple[int, ...]]:
     out = []
     for v in values:
-        arr = v._array if isinstance(v, _tensor.Tensor) else v
+        arr = v._array if isinstance(v, Tensor) else v
         shape = getattr(arr, "shape", None)
         if shape is not None and not isinstance(v, type):
             out.append(tuple(shape))
@@ -284,8 +258,8 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     bytes0, tensors0 = obs.bytes, obs.tensors
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)
-    results = _tensor.tensors_in(out)
-    jax.block_until_ready([t._array for t in results if type(t._array) in _tensor.CONCRETE])
+    results = tensors_in(out)
+    jax.block_until_ready([t._array for t in results if type(t._array) in CONCRETE])
     elapsed = time.perf_counter() - t0
     record = KernelRecord(
         name=name,

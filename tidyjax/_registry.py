@@ -1,273 +1,325 @@
-"""The process-wide registry of device buffers held by tidyjax Tensors.
+"""The process-wide registry of the device buffers tidyjax created or was handed.
 
-One :class:`Buffer` record exists per distinct device buffer, keyed by the buffer's address (not
-by the Python object: many JAX operations hand back the same buffer under a new or the same
-object). A record lists weak references to the Tensors holding it, so it never keeps a Tensor
-alive. A buffer is deleted only when an explicit dispose (or a scope exit) releases the last
-live Tensor holding it. A Tensor that Python collects without a dispose simply stops counting:
-whatever else references its ``jax.Array`` keeps it, and JAX frees it with the last reference.
+One :class:`Buffer` record exists per device buffer. The record *is* a weak reference to the
+``jax.Array`` object holding the buffer, so it never keeps memory alive, and it is keyed by that
+object's ``id()``: while the weak reference resolves to the same object the id cannot have been
+reused, so a record is never confused with another array that reuses a freed address. JAX is
+never asked for a buffer address on the per-op path (on an array whose allocation failed that
+call aborts the process).
 
-Concurrency: adding a record for a new buffer is one atomic ``dict.setdefault`` (the per-op
-path takes no lock); sharing an existing record, releasing and sweeping happen under ``_lock``.
-Records whose holders all died are removed by an amortized sweep and by every ``snapshot``.
+A record knows its owner (``scope``: the scope that created it, a parent it was handed to,
+:data:`KEPT`, :data:`VARIABLE` or ``None`` outside every scope), how many live Tensors hold it
+(``n``), and whether it is ``dead`` (deleted by tidyjax, donated, or deleted behind its back).
+Owners free *buffers*, not Tensor objects: a scope deletes what it created whether or not the
+Tensor objects are still alive, and whatever else references the raw array.
+
+Concurrency: a new record is private to the thread that made it until it is published by one
+``dict`` store, so the per-op path takes no lock. Joining an existing record, releasing, deleting
+and sweeping take ``_lock``. A Tensor's ``__del__`` decrements ``n`` without the lock (it may run
+inside the lock's holder during garbage collection); under the GIL that update is not split by
+another thread, and a decrement lost to a nested finalizer only delays a free, never causes one.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-import jax
+from ._arrays import CONCRETE, shard_bytes
+from ._errors import DELETED_OUTSIDE, RELEASED, Reason
 
-if TYPE_CHECKING:
-    from ._tensor import Tensor
-
-__all__ = ["UNTRACKED", "Buffer"]
-
-_lock = threading.Lock()
-# Bound methods: `with _lock` costs over twice as much on the per-op path.
-_acquire = _lock.acquire
-_release_lock = _lock.release
-_alloc = object.__new__
-DELETED_OUTSIDE = "its buffer was deleted outside tidyjax (jax.Array.delete() or donation)"
-_buffers: dict[Any, Buffer] = {}
-_sweep_at = 4096
-RELEASED = "its buffer was released"
+__all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer", "Owner"]
 
 
-class Buffer:
-    """One device buffer (possibly sharded) and weak references to the Tensors holding it."""
+class Owner(Protocol):
+    """Whatever can own a record: a scope (see ``_context.Tracker``) or a marker."""
 
-    __slots__ = ("compact_at", "dead", "holders", "key", "nbytes", "owned")
 
-    def __init__(self, key: Any, holder: weakref.ref[Tensor], owned: bool = True) -> None:
-        self.key = key
-        self.holders = [holder]
-        self.owned = owned  # False: a caller's own array seen through an op; never deleted by us
-        self.dead: str | None = None  # why every Tensor on this buffer is now unusable
-        self.nbytes = -1  # computed lazily; the per-op path never pays for it
-        self.compact_at = 8  # prune dead holder references when the list doubles
+class _Marker:
+    __slots__ = ("_name",)
 
-    def live(self) -> list[Tensor]:
-        """The Tensors still holding this buffer (alive and not disposed)."""
-        out = []
-        for ref in self.holders:
-            t = ref()
-            if t is not None and t._rec is self:
-                out.append(t)
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+#: Owner of a buffer protected by ``tidyjax.keep``: no scope frees it.
+KEPT: Any = _Marker("KEPT")
+#: Owner of a buffer a Variable holds: no scope frees it.
+VARIABLE: Any = _Marker("VARIABLE")
+
+
+class Buffer(weakref.ref):  # type: ignore[type-arg]
+    """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
+
+    __slots__ = ("dead", "more", "n", "nbytes", "owned", "scope")
+
+    dead: Reason | None  # why every Tensor on this buffer is unusable; None while usable
+    more: list[weakref.ref[Any]] | None  # other jax.Array objects over the same buffer
+    n: int  # live Tensors holding it (disposed ones excluded)
+    nbytes: int  # logical bytes, computed lazily (-1)
+    owned: bool  # False: a caller's own array seen through an op, never deleted by tidyjax
+    scope: Any  # the owner
+
+    def arrays(self) -> list[Any]:
+        """The live ``jax.Array`` objects over this buffer."""
+        first = self()
+        out = [] if first is None else [first]
+        if self.more:
+            out += [a for a in (r() for r in self.more) if a is not None]
         return out
 
-    def first_live(self) -> Tensor | None:
-        """Any Tensor still holding this buffer, or None; stops at the first one."""
-        for ref in self.holders:
-            t = ref()
-            if t is not None and t._rec is self:
-                return t
+    def array(self) -> Any:
+        """Any live ``jax.Array`` object over this buffer, or None."""
+        first = self()
+        if first is not None or not self.more:
+            return first
+        for r in self.more:
+            a = r()
+            if a is not None:
+                return a
         return None
 
-    def size(self, arr: jax.Array) -> int:
-        """Logical bytes of the buffer, given an array on it (cached)."""
+    def size(self) -> int:
+        """Logical bytes of the buffer (0 once no array object is left to ask)."""
         n = self.nbytes
         if n < 0:
+            arr = self.array()
+            if arr is None:
+                return 0
             n = self.nbytes = int(arr.nbytes)
         return n
 
 
-# Stands in for a record on Tensors that wrap tracers or other non-concrete values: never
-# counted, never deleted.
-UNTRACKED = Buffer.__new__(Buffer)
-UNTRACKED.key = None
-UNTRACKED.holders = []
-UNTRACKED.owned = False
-UNTRACKED.dead = None
-UNTRACKED.nbytes = 0
-UNTRACKED.compact_at = 0
-
-
-def buffer_key(arr: jax.Array) -> Any:
-    """Identify the device buffer(s) behind ``arr``: an address, or a tuple of shard addresses."""
-    try:
-        p = arr.unsafe_buffer_pointer()
-    except Exception:  # sharded arrays have no single pointer
-        base = getattr(arr, "_base_array", arr)  # a typed PRNG key array's storage
-        return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
-    # A zero-byte buffer may have no unique address; the object's id is unique while a Tensor
-    # (which holds it strongly) is alive, and a record is only consulted through live Tensors.
-    return p if p else ("object", id(arr))
-
-
-def register(
-    t: Tensor, arr: jax.Array, holder: weakref.ref[Tensor], owned: bool = True, new: bool = True
-) -> None:
-    """Record that ``t`` (whose weak reference is ``holder``) holds ``arr``'s buffer.
-
-    Sets ``t._rec`` before the record becomes visible to other threads, so a half-built Tensor
-    already counts as a live holder. ``new=False``: ``t`` is not a new Tensor (a Variable taking
-    a new value), for the observers' counts.
-    """
-    try:
-        key = arr.unsafe_buffer_pointer() or ("object", id(arr))
-    except Exception:
-        key = buffer_key(arr)
-    got = _buffers.get(key)
-    if got is None:
-        rec = t._rec = _new_buffer(key, holder, owned)
-        got = _buffers.setdefault(key, rec)
-        if got is rec:
-            if len(_buffers) > _sweep_at:
-                _sweep()
-            if observers:
-                _notify_added(t, rec, arr, True, new)
-            return
-    # The address is known. Most often the record is stale: its Tensors were collected, JAX
-    # freed the buffer and reused the address for this one. Sometimes it is a real alias.
-    fresh = True
-    _acquire()
-    try:
-        current = _buffers.get(key)
-        if current is not None and current.dead is None:
-            other = current.first_live()
-            if other is not None:
-                if not other._array.is_deleted():
-                    if len(current.holders) >= current.compact_at:  # amortized O(1)
-                        current.holders = [r for r in current.holders if _holds(r, current)]
-                        current.compact_at = max(8, 2 * len(current.holders))
-                    t._rec = current
-                    current.holders.append(holder)
-                    # Once a caller's own array is involved, tidyjax never deletes the buffer.
-                    if not owned:
-                        current.owned = False
-                    rec, fresh = current, False
-                else:
-                    # Deleted outside tidyjax (jax.Array.delete(), raw donation); address reused.
-                    current.dead = DELETED_OUTSIDE
-        if fresh:
-            rec = t._rec = _new_buffer(key, holder, owned)
-            _buffers[key] = rec
-    finally:
-        _release_lock()
-    if observers:
-        _notify_added(t, rec, arr, fresh, new)
-
-
-def _new_buffer(key: Any, holder: weakref.ref[Tensor], owned: bool) -> Buffer:
-    rec = _alloc(Buffer)
-    rec.key = key
-    rec.holders = [holder]
-    rec.dead = None
-    rec.owned = owned
-    rec.nbytes = -1
-    rec.compact_at = 8
+def _untracked() -> Buffer:
+    # The record of Tensors that wrap tracers or other non-concrete values: never counted,
+    # never deleted. A weak reference needs a referent; the marker class serves.
+    rec = Buffer(_Marker)
+    rec.dead, rec.more, rec.n, rec.nbytes, rec.owned, rec.scope = None, None, 0, 0, False, None
     return rec
 
 
-def release(arr: jax.Array, rec: Buffer, t: Tensor | None = None) -> bool:
-    """A holder of ``arr`` (already marked disposed) lets go of ``rec``.
+UNTRACKED = _untracked()
 
-    Deletes the buffer if no live Tensor holds it any more; returns True if it did. ``t`` is the
-    disposed Tensor, or None when no Tensor goes away (a Variable's previous value).
-    """
-    _acquire()
-    try:
-        last = _unlink_locked(rec)
-    finally:
-        _release_lock()
-    freed = last and rec.owned
-    if freed:
-        arr.delete()
+_lock = threading.Lock()
+_buffers: dict[int, Buffer] = {}
+_sweep_at = 4096
+
+
+def new(arr: Any, scope: Any, owned: bool = True) -> Buffer:
+    """A fresh record for ``arr`` held by one Tensor, published in the registry."""
+    rec = Buffer(arr, _collected) if observers else Buffer(arr)
+    rec.dead = None
+    rec.more = None
+    rec.n = 1
+    rec.nbytes = -1
+    rec.owned = owned
+    rec.scope = scope
+    _buffers[id(arr)] = rec
+    if len(_buffers) > _sweep_at:
+        sweep()
     if observers:
-        _notify_removed(t, rec, arr, last)
-    return freed
+        _notify("buffer_added", rec)
+    return rec
 
 
-def release_many(items: list[tuple[Tensor, Buffer]]) -> list[jax.Array]:
-    """``release`` several disposed Tensors under one lock; returns the arrays deleted.
+def lookup(arr: Any) -> Buffer | None:
+    """The record of ``arr`` (this very object, or an alias object joined to it), or None."""
+    rec = _buffers.get(id(arr))
+    if rec is None:
+        return None
+    if rec() is arr:
+        return rec
+    if rec.more and any(r() is arr for r in rec.more):
+        return rec
+    return None  # stale: the recorded object died and its id was reused
 
-    (A deleted array still reports its ``nbytes``, so callers can size what was freed later.)
-    """
+
+def join(rec: Buffer) -> None:
+    """One more live Tensor holds ``rec``."""
     with _lock:
-        lasts = [_unlink_locked(rec) for _, rec in items]
-    freed = []
-    for (t, rec), last in zip(items, lasts, strict=True):
-        if last and rec.owned:
-            arr = t._array
-            arr.delete()
-            freed.append(arr)
+        rec.n += 1
+
+
+def add_alias(rec: Buffer, arr: Any) -> None:
+    """``arr`` is another ``jax.Array`` object over ``rec``'s buffer (``device_put`` to where the
+    buffer already is): deleting either deletes both, so they share one record."""
+    with _lock:
+        if rec.more is None:
+            rec.more = []
+        rec.more.append(weakref.ref(arr))
+        _buffers[id(arr)] = rec
+
+
+def unhold(rec: Buffer) -> None:
+    """A Tensor on ``rec`` was disposed by a scope that does not own the buffer: one holder
+    fewer, and nothing is deleted (the buffer's owner frees it)."""
+    with _lock:
+        rec.n -= 1
+    if observers and rec.dead is None:
+        _notify("tensor_removed", rec)
+
+
+def find_alias(arr: Any) -> Buffer | None:
+    """The record of another array object over ``arr``'s buffer (a raw ``device_put`` to where
+    it already is, a shard view), found by address; None if there is none.
+
+    Waits for ``arr`` first (a failed allocation raises JAX's error here); an alias shares its
+    buffer's readiness, so its recorded twin is ready too. Scans the records of the same shape
+    and dtype: for ``adopt``, never per op."""
+    getattr(arr, "_base_array", arr).block_until_ready()
+    key = same_buffer_key(arr)
+    if key is None:
+        return None
+    shape, dtype = arr.shape, arr.dtype
+    for rec in list(_buffers.values()):
+        if rec.dead is not None:
+            continue
+        for a in rec.arrays():
+            same_kind = a is not arr and a.shape == shape and a.dtype == dtype
+            if same_kind and same_buffer_key(a) == key:
+                return rec
+    return None
+
+
+def release(rec: Buffer) -> bool:
+    """A Tensor on ``rec`` was disposed. Deletes the buffer if it was the last live holder and
+    tidyjax owns it; returns whether it did."""
+    with _lock:
+        rec.n -= 1
+        last = rec.n <= 0 and rec.dead is None
+        if last:
+            rec.dead = RELEASED
     if observers:
-        for (t, rec), last in zip(items, lasts, strict=True):
-            _notify_removed(t, rec, t._array, last)
+        _notify("tensor_removed", rec)
+    if last:
+        return _delete(rec)
+    return False
+
+
+def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Buffer]:
+    """Mark each record dead with ``why`` and delete the buffers tidyjax owns; returns those."""
+    done = []
+    with _lock:
+        for rec in recs:
+            if rec.dead is None:
+                rec.dead = why
+                done.append(rec)
+    return [rec for rec in done if _delete(rec)]
+
+
+def _delete(rec: Buffer) -> bool:
+    """Delete a dead record's buffer (if tidyjax owns it) and drop it from the books."""
+    arrays = rec.arrays()
+    for a in arrays:
+        if _buffers.get(id(a)) is rec:
+            del _buffers[id(a)]
+    freed = rec.owned and bool(arrays)
+    if freed:
+        rec.size()  # remember the size for reports before the objects go
+        for a in arrays:
+            a.delete()
+    if observers:
+        _notify("buffer_freed", rec)
     return freed
 
 
-def _holds(ref: weakref.ref[Tensor], rec: Buffer) -> bool:
-    t = ref()
-    return t is not None and t._rec is rec
-
-
-def _unlink_locked(rec: Buffer) -> bool:
-    """Whether this release left no live Tensor on ``rec``; if so the record is retired."""
-    if rec.dead is not None:
-        return False
-    for ref in rec.holders:
-        if _holds(ref, rec):
-            return False
-    rec.dead = RELEASED  # exactly one release deletes the buffer
-    if _buffers.get(rec.key) is rec:
-        del _buffers[rec.key]
-    return True
-
-
-def kill(rec: Buffer, why: str) -> None:
-    """Mark every Tensor on ``rec`` unusable (its buffer was consumed, e.g. donated)."""
+def kill(rec: Buffer, why: Reason) -> None:
+    """Mark every Tensor on ``rec`` unusable: its buffer was consumed (donated) by JAX."""
     with _lock:
         if rec.dead is not None:
             return
-        holders = rec.live()
         rec.dead = why
-        if _buffers.get(rec.key) is rec:
-            del _buffers[rec.key]
-    if observers:
-        for o in list(observers):
-            o.killed(rec, holders)
+    _delete(rec)
 
 
-# -- observers ---------------------------------------------------------------------------------
-#
-# While ``observers`` is non-empty (a profile is running), every change to the books is reported
-# to each observer. Empty, the cost is one truthiness check on each path.
-
-observers: list[Any] = []
-
-
-def _notify_added(t: Tensor, rec: Buffer, arr: jax.Array, new_buffer: bool, new: bool) -> None:
-    for o in list(observers):
-        o.added(t, rec, arr, new_buffer, new)
+def check(rec: Buffer) -> None:
+    """Mark ``rec`` dead if its buffer was deleted behind tidyjax's back."""
+    arr = rec.array()
+    if arr is not None and rec.dead is None and arr.is_deleted():
+        rec.dead = DELETED_OUTSIDE
 
 
-def _notify_removed(t: Tensor | None, rec: Buffer, arr: jax.Array, last: bool) -> None:
-    for o in list(observers):
-        o.removed(t, rec, arr, last)
-
-
-def _sweep() -> None:
-    """Drop records no live Tensor holds; amortized O(1) per registration."""
+def sweep() -> None:
+    """Drop records whose array objects are all gone; amortized O(1) per new record."""
     global _sweep_at
     with _lock:
         for key, rec in list(_buffers.items()):
-            if rec.first_live() is None and _buffers.get(key) is rec:
+            if _stale(rec) and _buffers.get(key) is rec:
                 del _buffers[key]
         _sweep_at = max(4096, 2 * len(_buffers))
 
 
-def snapshot() -> list[tuple[Buffer, list[Tensor]]]:
-    """Each live record with the live Tensors holding it."""
-    with _lock:
-        out = []
-        for key, rec in list(_buffers.items()):
-            holders = rec.live()
-            if holders:
-                out.append((rec, holders))
-            elif _buffers.get(key) is rec:
-                del _buffers[key]
-        return out
+def _stale(rec: Buffer) -> bool:
+    """Nothing left to account for: the array objects are gone, or the buffer is dead (except
+    one deleted behind tidyjax's back while Tensors still hold it: reported until they go)."""
+    if rec.array() is None:
+        return True
+    return rec.dead is not None and not (rec.dead is DELETED_OUTSIDE and rec.n > 0)
+
+
+def live() -> tuple[list[Buffer], list[Buffer]]:
+    """The records whose buffers are alive, and those deleted outside tidyjax that live
+    Tensors still hold."""
+    sweep()
+    seen: set[int] = set()
+    alive, deleted = [], []
+    for rec in list(_buffers.values()):
+        if id(rec) in seen:
+            continue
+        seen.add(id(rec))
+        check(rec)
+        if rec.array() is None:
+            continue
+        if rec.dead is None:
+            alive.append(rec)
+        elif rec.dead is DELETED_OUTSIDE and rec.n > 0:
+            deleted.append(rec)
+    return alive, deleted
+
+
+def same_buffer_key(arr: Any) -> Any:
+    """The device addresses behind ``arr``, or None while its buffer is not ready.
+
+    Only a ready buffer is asked for its address: on an array whose allocation failed, JAX's
+    address call aborts the process. Used by reports, never on the per-op path.
+    """
+    base = getattr(arr, "_base_array", arr)
+    try:
+        if not base.is_ready():
+            return None
+        return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
+    except Exception:  # deleted meanwhile
+        return None
+
+
+def device_bytes(rec: Buffer) -> dict[Any, int]:
+    """Bytes of ``rec``'s buffer on each local device (from metadata; no buffer is touched)."""
+    arr = rec.array()
+    if arr is None or type(arr) not in CONCRETE:
+        return {}
+    return shard_bytes(arr)
+
+
+# -- observers ---------------------------------------------------------------------------------
+#
+# While ``observers`` is non-empty (a profile or timeline is open), every change to the books is
+# reported to each observer as ``observer.event(kind, rec)``. Empty, the cost is one truthiness
+# check on each path.
+
+observers: list[Any] = []
+
+
+def _collected(rec: Buffer) -> None:
+    """A record made while observed lost its array object to the garbage collector."""
+    if observers and rec.dead is None and rec.array() is None:
+        _notify("buffer_collected", rec)
+
+
+def _notify(kind: str, rec: Buffer) -> None:
+    for o in list(observers):
+        o.event(kind, rec)

@@ -1,9 +1,12 @@
 """Scopes: ``tidy`` in all its forms, ``keep`` and ``dispose``.
 
-A :class:`Scope` tracks, by weak reference, every Tensor created while it is the innermost open
-scope of the running thread or task. When it exits — normally or by an exception — each of those
-Tensors that is still alive and not disposed is either handed to the parent scope (it was returned
-or passed to ``scope.keep``), skipped (it was ``keep``-ed), or disposed.
+A :class:`Scope` owns every device buffer created while it is the innermost open scope of the
+running thread or task (``_tensor.wrap`` appends each new buffer's record). When it exits —
+normally or by an exception — each buffer it owns is handed to the parent scope if the result or
+``scope.keep`` reaches it (through a Tensor or a raw ``jax.Array``), and deleted otherwise,
+whether or not its Tensor objects are still alive. Buffers kept, held by Variables or created in
+outer scopes are never touched; Tensor objects the scope made on such buffers (clones) are
+marked disposed without deleting anything.
 """
 
 from __future__ import annotations
@@ -11,31 +14,20 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from . import _registry
-from ._context import CURRENT
-from ._errors import ScopeError, TidyjaxTypeError
-from ._tensor import Tensor, forget_array, tensors_in
+from ._context import CURRENT, Tracker
+from ._errors import ScopeError, TidyjaxTypeError, scope_exited
+from ._registry import KEPT, VARIABLE
+from ._tensor import forget_array
+from ._trees import records_in, tensors_in
 
-__all__ = ["KEPT", "Scope", "dispose", "keep", "tidy"]
+__all__ = ["Scope", "dispose", "keep", "tidy"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("tidyjax")
-
-
-class _Kept:
-    """The ``_scope`` of a kept Tensor: no scope frees it."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "KEPT"
-
-
-KEPT = _Kept()
 
 _NEW, _OPEN, _CLOSED = 0, 1, 2
 _AWAITABLE_IN_SYNC = (
@@ -45,46 +37,40 @@ _AWAITABLE_IN_SYNC = (
 )
 
 
-class Scope:
+class Scope(Tracker):
     """One ``tidy`` scope: a context manager (sync and async) and a decorator.
 
     Made by :data:`tidy`; see its docstring for every form. After the scope exits, its report
-    attributes tell what it did: ``num_freed``, ``bytes_freed``, ``num_handed_out``.
+    attributes tell what it did: ``num_freed`` and ``bytes_freed`` (buffers deleted),
+    ``num_handed_out`` (buffers handed to the enclosing scope).
     """
 
     __slots__ = (
-        "__weakref__",
         "_bare",
-        "_compact_at",
         "_created",
         "_freed",
         "_handed",
+        "_handed_tensors",
         "_moved_in",
         "_peak",
-        "_pruned",
         "_state",
         "_token",
-        "_tracked",
         "name",
         "num_freed",
         "num_handed_out",
-        "parent",
-        "path",
     )
 
     def __init__(self, name: str | None = None) -> None:
+        super().__init__()
         self.name = name
         self.path = name or "<tidy>"
-        self.parent: Scope | None = None
-        self._tracked: list[weakref.ref[Tensor]] = []
-        self._compact_at = 1024
         self._state = _NEW
         self._token: Any = None
-        self._handed: list[Any] = []
-        self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
+        self._handed: set[int] = set()  # ids of records handed out by scope.keep
+        self._handed_tensors: set[int] = set()  # ids of Tensor objects handed out likewise
+        self._freed: list[_registry.Buffer] = []
         self._bare = False
-        self._moved_in = 0  # Tensors handed in by inner scopes (not created here)
-        self._pruned = 0  # collected Tensors' references dropped by _compact
+        self._moved_in = 0  # records handed in by inner scopes (not created here)
         self._peak = -1  # set while a profile runs
         self._created = 0
         self.num_freed = 0
@@ -94,16 +80,16 @@ class Scope:
         state = ("new", "open", "exited")[self._state]
         extra = ""
         if self._state == _CLOSED:
-            extra = f", freed {self.num_freed} tensors ({self.bytes_freed} bytes)"
+            extra = f", freed {self.num_freed} buffers ({self.bytes_freed} bytes)"
             extra += f", handed out {self.num_handed_out}"
         return f"<tidyjax.Scope {self.path!r} {state}{extra}>"
 
     @property
     def num_created(self) -> int:
-        """Tensors created while this was the innermost scope (collected ones included)."""
+        """Buffers created while this was the innermost scope (collected ones included)."""
         if self._state == _CLOSED:
             return self._created
-        return len(self._tracked) + self._pruned - self._moved_in
+        return len(self._owned) + self._pruned - self._moved_in
 
     @property
     def peak_bytes(self) -> int | None:
@@ -114,7 +100,7 @@ class Scope:
     @property
     def bytes_freed(self) -> int:
         """Bytes of the device buffers this scope's exit deleted (shared buffers not included)."""
-        return sum(int(arr.nbytes) for arr in self._freed)
+        return sum(rec.size() for rec in self._freed)
 
     # -- entering and leaving ---------------------------------------------------------------
 
@@ -156,55 +142,60 @@ class Scope:
         self._free(result)
 
     def _free(self, result: Any) -> None:
-        escaping = _tensor_ids(result)
-        for values in self._handed:
-            escaping |= _tensor_ids(values)
-        self._handed = []
+        recs, tensors = records_in(result)
+        escaping = self._handed | {id(r) for r in recs}
+        escaping_tensors = self._handed_tensors | {id(t) for t in tensors}
         parent = self.parent
-        why = f"it was freed when scope {self.path!r} exited"
-        release: list[tuple[Tensor, _registry.Buffer]] = []
-        freed = handed = 0
-        untracked = _registry.UNTRACKED
-        for ref in self._tracked:
-            t = ref()
-            if t is None or t._scope is not self or t._rec is None:
-                continue
-            if id(t) in escaping:
-                t._scope = parent
+        doomed: list[_registry.Buffer] = []
+        handed = 0
+        owned, self._owned = self._owned, []
+        for rec in owned:
+            if rec.scope is not self or rec.dead is not None:
+                continue  # kept, held by a Variable, handed on, or already freed
+            if id(rec) in escaping:
+                rec.scope = parent
                 if parent is not None:
-                    parent._tracked.append(ref)
-                    parent._moved_in += 1
+                    parent._owned.append(rec)
+                    if isinstance(parent, Scope):
+                        parent._moved_in += 1
                 handed += 1
-                continue
-            rec = t._rec
-            t._rec = None
-            t._why = rec.dead if rec.dead is not None else why
-            freed += 1
-            if rec is not untracked:
-                release.append((t, rec))
-        self._created = len(self._tracked) + self._pruned - self._moved_in
-        self._tracked = []
-        self.num_freed = freed
+            elif rec.array() is not None:  # else Python collected it, and JAX freed it
+                doomed.append(rec)
+        why = scope_exited(self.path)
+        self._freed = _registry.delete_many(doomed, why)
+        # Tensor objects made here on buffers owned elsewhere: disposed, nothing deleted.
+        for ref in self._aliases:
+            t = ref()
+            if (
+                t is not None
+                and t._rec is not None
+                and id(t) not in escaping_tensors
+                and not getattr(t, "_kept", False)
+            ):
+                rec = t._rec
+                t._rec = None
+                t._why = rec.dead if rec.dead is not None else why
+                if rec.dead is None:
+                    _registry.unhold(rec)
+                    forget_array(t)
+        self._aliases = []
+        self._handed = set()
+        self._handed_tensors = set()
+        self._created = len(owned) + self._pruned - self._moved_in
+        self.num_freed = len(self._freed)
         self.num_handed_out = handed
-        self._freed = _registry.release_many(release)
-        if len(self._freed) != len(release):  # some buffers are shared with live Tensors
-            for t, _ in release:
-                forget_array(t)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug(
-                "scope %r exited: created %d, freed %d tensors (%d bytes), handed out %d",
-                self.path, self._created, freed, self.bytes_freed, handed,
+                "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d",
+                self.path, self._created, self.num_freed, self.bytes_freed, handed,
             )  # fmt: skip
-
-    def _compact(self) -> None:
-        tracked = self._tracked
-        before = len(tracked)
-        tracked[:] = [r for r in tracked if r() is not None]
-        self._pruned += before - len(tracked)
-        self._compact_at = max(1024, 2 * len(tracked))
 
     def keep(self, *values: Any) -> Any:
         """Hand ``values`` out of this scope exactly as returning them would; returns them.
+
+        Works for Tensors and raw ``jax.Array`` objects in any pytree. Called while an inner
+        scope is open, it also takes what that inner scope created: it survives every scope
+        inside this one and belongs to this one.
 
         Example::
 
@@ -216,7 +207,26 @@ class Scope:
                 f"scope.keep() on scope {self.path!r}, which is not open; "
                 "call it inside the with-block."
             )
-        self._handed.append(values)
+        inner: list[Tracker] = []  # the open scopes inside this one, innermost first
+        s = CURRENT.get()
+        while s is not None and s is not self:
+            inner.append(s)
+            s = s.parent
+        if s is None:
+            inner = []
+        recs, tensors = records_in(values)
+        for rec in recs:
+            owner = rec.scope
+            if owner is not self and any(owner is s for s in inner):
+                rec.scope = self
+                self._owned.append(rec)
+                self._moved_in += 1
+                owner = self
+            if owner is self:
+                self._handed.add(id(rec))
+        for scope in (*inner, self):
+            if isinstance(scope, Scope):
+                scope._handed_tensors.update(id(t) for t in tensors)
         return values[0] if len(values) == 1 else values
 
     def __enter__(self) -> Scope:
@@ -238,10 +248,6 @@ class Scope:
         if self._state != _NEW:
             raise ScopeError(f"scope {self.path!r} is already in use; decorate with tidy(name).")
         return _decorate(fn, self.name)
-
-
-def _tensor_ids(tree: Any) -> set[int]:
-    return {id(t) for t in tensors_in(tree)}
 
 
 def _check_function(fn: Any, what: str) -> None:
@@ -408,13 +414,17 @@ tidy = _Tidy()
 
 
 def keep(x: Any) -> Any:
-    """Protect every Tensor in the pytree ``x`` from all scopes; returns ``x``.
+    """Protect every buffer in the pytree ``x`` (its Tensors and raw arrays) from all scopes.
 
     Only an explicit :func:`dispose` frees a kept Tensor. Keeping a disposed Tensor does nothing.
+    Returns ``x``.
     """
-    for t in _leaves(x):
-        if t._rec is not None and type(t) is Tensor:  # Variables are never scope-freed anyway
-            t._scope = KEPT
+    recs, tensors = records_in(x)
+    for rec in recs:
+        if rec.scope is not VARIABLE:  # a Variable's buffer is never scope-freed anyway
+            rec.scope = KEPT
+    for t in tensors:  # a clone made in a scope on a buffer it does not own survives it too
+        t._kept = True
     return x
 
 
@@ -425,8 +435,5 @@ def dispose(x: Any) -> None:
 
         tidyjax.dispose([a, b, {"c": c}])
     """
-    for t in _leaves(x):
+    for t in tensors_in(x):
         t.dispose()
-
-
-_leaves = tensors_in

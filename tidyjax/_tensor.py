@@ -1,49 +1,40 @@
-"""``Tensor``: a tracked owner of one ``jax.Array``, and the wrap/unwrap path every op goes through.
+"""``Tensor``: a tracked owner of one ``jax.Array``; ``wrap``, the path every result takes.
 
-The per-op path (``wrap``) does the least possible work: one object with ``__slots__``, one buffer
-lookup (an address and an atomic ``dict.setdefault``), one weak reference appended to the current
-scope. No global scan, no lock unless the buffer is shared.
+Read top-down: the Tensor's state and accessors, then ``wrap`` (the per-op path), disposal, and
+the two constructors ``tensor()`` and ``adopt()``. Operators and methods are installed on the
+class by ``_ops.install_tensor_methods()``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import itertools
 import operator
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.array import ArrayImpl
-
-try:  # typed PRNG key arrays (jax.random.key) are concrete arrays of their own class
-    from jax._src.random.prng import PRNGKeyArray as _PRNGKeyArray
-except ImportError:  # pragma: no cover - other jax layouts
-    _PRNGKeyArray = ArrayImpl
 
 from . import _html, _registry
+from ._arrays import CONCRETE, ArrayImpl, PRNGKeyArray, describe
 from ._context import CURRENT
-from ._errors import DisposedError, TidyjaxTypeError, TidyjaxValueError
+from ._errors import (
+    DISPOSED,
+    DisposedError,
+    Reason,
+    TidyjaxTypeError,
+    TidyjaxValueError,
+)
 
 __all__ = ["Tensor", "adopt", "tensor"]
 
-_Tracer = jax.core.Tracer
 _ids = itertools.count(1)
 _new = object.__new__
-_weak = weakref.ref
-_register = _registry.register
+_buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
-
-#: How to fix a use after dispose, by what disposed it.
-_KEEP_HINT = (
-    "To use it after the scope, return it from the scope, or call scope.keep(t) / "
-    "tidyjax.keep(t) before the scope exits."
-)
-_DONATE_HINT = "Use the function's output instead, or do not donate this argument (donate_argnums)."
+_Buffer = _registry.Buffer
 
 
 class Tensor:
@@ -60,27 +51,41 @@ class Tensor:
         b.dispose()
     """
 
-    __slots__ = ("__weakref__", "_array", "_id", "_rec", "_scope", "_why")
+    __slots__ = ("__weakref__", "_array", "_id", "_kept", "_rec", "_why")
 
     # numpy defers to our reflected operators (``np_array + t`` gives a Tensor), as with jax.Array.
     __array_priority__ = 100
 
     _array: Any
     _id: int
-    _rec: _registry.Buffer | None
-    _scope: Any
-    _why: str
+    _rec: _registry.Buffer | None  # None once this Tensor is disposed
+    _why: Reason
+    _kept: bool  # set by tidyjax.keep: no scope disposes this object (unset: False)
 
     def __new__(cls, data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
         return wrap(_copy_in(data, dtype, device))
 
+    def __del__(self) -> None:
+        # The one place a collected Tensor is noticed: its record has one holder fewer. The
+        # buffer is not freed here; its owner (or JAX, when the last array reference goes) does.
+        try:
+            rec = self._rec
+        except AttributeError:  # a half-built Tensor
+            return
+        if rec is not None and rec is not _UNTRACKED:
+            rec.n -= 1
+            if _registry.observers and rec.dead is None:
+                _registry._notify("tensor_removed", rec)
+
     # -- state -----------------------------------------------------------------------------
+    # The liveness test `rec is None or rec.dead is not None` is inlined on the hot paths
+    # (`_value`, `__getitem__`, the operators in `_ops.py`): a call would cost more than it.
 
     def _value(self) -> Any:
         """The live jax value, or raise :class:`DisposedError`."""
         rec = self._rec
         if rec is None or rec.dead is not None:
-            raise _disposed_error(self)
+            raise disposed_error(self)
         return self._array
 
     @property
@@ -104,13 +109,13 @@ class Tensor:
 
         Idempotent: disposing twice does nothing.
         """
-        _dispose(self, "it was disposed explicitly (dispose())")
+        dispose_tensor(self, DISPOSED)
 
     def clone(self) -> Tensor:
         """A new Tensor sharing this one's buffer (no copy); each must be disposed on its own."""
         return wrap(self._value())
 
-    # -- shape and metadata (readable after dispose, for error messages) -------------------
+    # -- shape and metadata ----------------------------------------------------------------
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -122,7 +127,7 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return self._value().ndim
+        return int(self._value().ndim)
 
     @property
     def size(self) -> int:
@@ -138,7 +143,7 @@ class Tensor:
 
     def devices(self) -> set[Any]:
         """The devices holding this Tensor's buffer(s)."""
-        return self._value().devices()
+        return set(self._value().devices())
 
     @property
     def device(self) -> Any:
@@ -156,17 +161,13 @@ class Tensor:
     def imag(self) -> Tensor:
         return wrap(self._value().imag)
 
-    @property
-    def at(self) -> _At:
-        """Functional updates, as ``jax.Array.at``: ``t.at[0].set(5.0)`` returns a new Tensor."""
-        return _At(self)
-
     def to(self, target: Any) -> Tensor:
         """A Tensor on ``target`` (a ``jax.Device`` or ``jax.sharding.Sharding``).
 
-        Moving to where the buffer already is may share the buffer, as ``jax.device_put`` does.
+        Moving to where the buffer already is shares the buffer, as ``jax.device_put`` does.
         """
-        return wrap(jax.device_put(self._value(), target))
+        arr = self._value()
+        return wrap_transfer(jax.device_put(arr, target), (arr,))
 
     # -- conversion to host ----------------------------------------------------------------
 
@@ -176,11 +177,13 @@ class Tensor:
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if copy is False:
-            raise ValueError("a Tensor cannot be converted to a NumPy array without a copy")
+            raise TidyjaxValueError(
+                "a Tensor cannot be converted to a NumPy array without a copy; use t.numpy()."
+            )
         return np.array(self._value(), dtype=dtype)
 
     def __jax_array__(self) -> jax.Array:
-        return self._value()
+        return self._value()  # type: ignore[no-any-return]
 
     def item(self, *args: Any) -> Any:
         return self._value().item(*args)
@@ -220,7 +223,7 @@ class Tensor:
     def __repr__(self) -> str:
         name = type(self).__name__
         if self.is_disposed:
-            return f"<{name} {_describe(self)} id={self._id}: disposed, {_reason(self)}>"
+            return f"<{name} {describe(self._array)} id={self._id}: disposed, {reason(self)}>"
         text = repr(self._array)
         if text.startswith("Array("):
             text = text[len("Array(") : -1]
@@ -234,17 +237,9 @@ class Tensor:
     def _repr_html_(self) -> str:
         return _tensor_html(self)
 
-    # -- indexing --------------------------------------------------------------------------
-
-    def __getitem__(self, index: Any) -> Tensor:
-        rec = self._rec
-        if rec is None or rec.dead is not None:
-            raise _disposed_error(self)
-        return wrap(self._array[unwrap(index)])
-
     def __setitem__(self, index: Any, value: Any) -> None:
         raise TidyjaxTypeError(
-            f"Tensor {_describe(self)} is immutable, like jax.Array; "
+            f"Tensor {describe(self._array)} is immutable, like jax.Array; "
             f"use t = t.at[index].set(value) to get an updated Tensor."
         )
 
@@ -257,7 +252,7 @@ class Tensor:
         return self.clone()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
-        return Tensor(self._value())
+        return tensor(self._value())
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (tensor, (np.array(self._value()),))
@@ -265,257 +260,122 @@ class Tensor:
 
 Tensor.__module__ = "tidyjax"
 
-_TENSOR_TYPES: set[type] = {Tensor}
-# Types that never hold a Tensor: unwrapping passes them through without a tree walk.
-_PLAIN = frozenset(
-    {ArrayImpl, _PRNGKeyArray, int, float, bool, complex, str, type(None), np.ndarray, slice}
-    | {type(Ellipsis)}
-)
+#: Tensor and its subclasses (Variable adds itself), for exact-type checks on hot paths.
+TENSOR_TYPES: set[type] = {Tensor}
 
 
 # -- the per-op path ---------------------------------------------------------------------------
 
 
-def wrap(arr: Any, borrowed: Any = None) -> Tensor:
-    """A new Tensor holding ``arr``, counted in the registry and tracked by the current scope.
+def wrap(arr: Any) -> Tensor:
+    """A new Tensor holding ``arr``: the buffer is recorded and owned by the current scope.
 
-    Tracers (inside ``jit``/``grad``/``vmap``) get an untracked Tensor: no tracer is ever counted.
-    ``borrowed`` is a collection of buffer keys belonging to a caller's own arrays: a result that
-    *is* one of them is tracked but never deleted by tidyjax.
+    ``arr`` is a new buffer (the usual op result: a fresh record, owned by the innermost scope)
+    or an array object tidyjax already records (an alias: the record gains a holder). Tracers
+    and other non-concrete values get an untracked Tensor: no tracer is ever counted.
     """
     t = _new(Tensor)
     t._array = arr
     t._id = next(_ids)
-    if type(arr) is ArrayImpl or type(arr) is _PRNGKeyArray:
-        ref = _weak(t)
-        if borrowed:
-            _register(t, arr, ref, _registry.buffer_key(arr) not in borrowed)
-        else:
-            _register(t, arr, ref)
+    if type(arr) is ArrayImpl or type(arr) is PRNGKeyArray:
+        rec = _buffers.get(id(arr))
+        if rec is not None and rec() is not arr:
+            rec = _registry.lookup(arr)  # an alias object joined to a record, or a stale entry
         scope = CURRENT.get()
-        t._scope = scope
-        if scope is not None:
-            tracked = scope._tracked
-            tracked.append(ref)
-            if len(tracked) > scope._compact_at:
-                scope._compact()
+        if rec is None or rec.dead is not None:
+            if _registry.observers:
+                rec = _registry.new(arr, scope)
+            else:  # `_registry.new`, inlined: this is most of the per-op cost
+                rec = _Buffer(arr)
+                rec.dead = rec.more = None
+                rec.n = 1
+                rec.nbytes = -1
+                rec.owned = True
+                rec.scope = scope
+                _buffers[id(arr)] = rec
+                if len(_buffers) > _registry._sweep_at:
+                    _registry.sweep()
+            t._rec = rec
+            if scope is not None:
+                owned = scope._owned
+                owned.append(rec)
+                if len(owned) > scope._compact_at:
+                    scope._compact()
+        else:
+            t._rec = rec
+            _join(t, rec, scope)
     else:
         t._rec = _UNTRACKED
-        t._scope = None
     return t
 
 
-def is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
+def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
+    """``t`` is one more holder of an existing record (clone, same-dtype astype, x[...])."""
+    _registry.join(rec)
+    if scope is not None and rec.scope is not scope:
+        # The buffer belongs elsewhere, but this Tensor object was made here: the scope
+        # disposes the object at exit and leaves the buffer to its owner.
+        scope._aliases.append(weakref.ref(t))
+    if _registry.observers:
+        _registry._notify("tensor_added", rec)
 
 
-def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
-    """Replace every Tensor in the pytree ``x`` by its jax value (disposed ones raise).
+def wrap_borrowed(arr: Any) -> Tensor:
+    """A Tensor on a caller's own raw array that came back out of a lifted call.
 
-    With ``raw``, also collect into it the caller's own concrete arrays found in ``x``.
+    If tidyjax records the array (it escaped from a Tensor), this is an ordinary alias. If not,
+    the array is the caller's: it is counted, but tidyjax never deletes it.
     """
-    tx = type(x)
-    if tx in _TENSOR_TYPES:
-        return x._value()
-    if tx in CONCRETE:
-        if raw is not None:
-            raw.append(x)
-        return x
-    if tx in _PLAIN:
-        return x
-    if tx is tuple:
-        return tuple([unwrap(v, raw) for v in x])
-    if tx is list:
-        return [unwrap(v, raw) for v in x]
-    if tx is dict:
-        return {k: unwrap(v, raw) for k, v in x.items()}
-    if tx in _NAMEDTUPLES or _is_namedtuple(tx):
-        return tx._make([unwrap(v, raw) for v in x])
-
-    def leaf(v: Any) -> Any:
-        if isinstance(v, Tensor):
-            return v._value()
-        if raw is not None and type(v) in CONCRETE:
-            raw.append(v)
-        return v
-
-    return jax.tree_util.tree_map(leaf, x, is_leaf=is_tensor)
+    if type(arr) not in CONCRETE or _registry.lookup(arr) is not None:
+        return wrap(arr)
+    return _wrap_unowned(arr)
 
 
-def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``unwrap`` each positional argument; returns ``args`` itself when nothing needs it."""
-    for a in args:
-        if type(a) not in _PLAIN:
-            return tuple([unwrap(a) for a in args])
-    return args
+def _wrap_unowned(arr: Any) -> Tensor:
+    """A Tensor on an array tidyjax must never delete; a scope disposes only the object."""
+    t = _new(Tensor)
+    t._array = arr
+    t._id = next(_ids)
+    t._rec = _registry.new(arr, None, owned=False)
+    scope = CURRENT.get()
+    if scope is not None:
+        scope._aliases.append(weakref.ref(t))
+    return t
 
 
-#: The concrete array classes a Tensor tracks; anything else it holds (a tracer) is untracked.
-CONCRETE = frozenset({ArrayImpl, _PRNGKeyArray})
+def wrap_transfer(out: Any, inputs: tuple[Any, ...]) -> Tensor:
+    """Wrap the result of a transfer (``device_put``) of one of ``inputs``.
 
-
-def _wrap_leaf(x: Any) -> Any:
-    if type(x) in CONCRETE or isinstance(x, _Tracer):
-        return wrap(x)
-    return x
-
-
-def _wrap_leaf_borrowed(borrowed: Any) -> Callable[[Any], Any]:
-    def leaf(x: Any) -> Any:
-        if type(x) in CONCRETE or isinstance(x, _Tracer):
-            return wrap(x, borrowed)
-        return x
-
-    return leaf
-
-
-def wrap_tree(out: Any, borrowed: Any = None) -> Any:
-    """Wrap every jax array in the pytree ``out`` as a tracked Tensor; other leaves pass through."""
-    tout = type(out)
-    if tout is ArrayImpl or tout is _PRNGKeyArray:
-        return wrap(out, borrowed)
-    if tout in _PLAIN or tout in _TENSOR_TYPES:
-        return out
-    # Plain containers are walked here: cheaper than tree_map's is_leaf callback on every node.
-    if tout is tuple:
-        return tuple([wrap_tree(v, borrowed) for v in out])
-    if tout is list:
-        return [wrap_tree(v, borrowed) for v in out]
-    if tout is dict:
-        return {k: wrap_tree(v, borrowed) for k, v in out.items()}
-    if tout in _NAMEDTUPLES or _is_namedtuple(tout):
-        return tout._make([wrap_tree(v, borrowed) for v in out])
-    if isinstance(out, _Tracer):
-        return wrap(out)
-    leaf = _wrap_leaf if borrowed is None else _wrap_leaf_borrowed(borrowed)
-    return jax.tree_util.tree_map(leaf, out, is_leaf=is_tensor)
-
-
-def wrap_arrays(out: Any) -> Any:
-    """``wrap_tree`` for a pytree known to hold no Tensor (a jitted function's raw outputs)."""
-    leaves, treedef = jax.tree_util.tree_flatten(out)
-    return treedef.unflatten([_wrap_leaf(v) for v in leaves])
-
-
-_NAMEDTUPLES: set[type] = set()
-
-
-def _is_namedtuple(tx: type) -> bool:
-    if issubclass(tx, tuple) and hasattr(tx, "_fields"):
-        _NAMEDTUPLES.add(tx)
-        return True
-    return False
-
-
-def tensors_in(x: Any) -> list[Tensor]:
-    """Every Tensor (and Variable) in the pytree ``x``, in order."""
-    out: list[Tensor] = []
-    _collect(x, out)
-    return out
-
-
-def _collect(x: Any, out: list[Tensor]) -> None:
-    tx = type(x)
-    if tx in _TENSOR_TYPES:
-        out.append(x)
-    elif tx in _PLAIN:
-        return
-    elif tx is tuple or tx is list or (tx in _NAMEDTUPLES or _is_namedtuple(tx)):
-        for v in x:
-            _collect(v, out)
-    elif tx is dict:
-        for v in x.values():
-            _collect(v, out)
-    else:
-        out.extend(v for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor) if is_tensor(v))
-
-
-def _borrowed_keys(raw: list[Any]) -> set[Any]:
-    keys = set()
-    for arr in raw:
-        with contextlib.suppress(Exception):  # a deleted array cannot come back out of the call
-            keys.add(_registry.buffer_key(arr))
-    return keys
-
-
-def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Make ``fn`` take and return Tensors: the one wrapping mechanism of tidyjax.
-
-    The lifted function replaces every Tensor or Variable found anywhere in its arguments (any
-    pytree) by its ``jax.Array``, calls ``fn``, and wraps every ``jax.Array`` in the result as a
-    new Tensor tracked by the current scope. Other results pass through. A result that *is* one of
-    the caller's own raw ``jax.Array`` arguments is tracked but never deleted by tidyjax.
-
-    Example::
-
-        softplus = tidyjax.lift(jax.nn.softplus)
-        y = softplus(tidyjax.tensor([0.0, 1.0]))   # a Tensor
-
-    Raises:
-        TidyjaxTypeError: ``fn`` is not callable.
+    JAX hands back a new array object over the *same* buffer when the target is where the
+    buffer already is; deleting either object deletes both, so the result joins the input's
+    record. Same sharding, shape and dtype is exactly that case: no buffer is inspected.
     """
-    if not callable(fn):
-        raise TidyjaxTypeError(f"lift() takes a callable, got {type(fn).__name__} {fn!r:.60}.")
-
-    return _lift(fn, getattr(fn, "__name__", type(fn).__name__))
-
-
-def _lift(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        raw: list[Any] = []
-        args = tuple([unwrap(a, raw) for a in args])
-        if kwargs:
-            kwargs = {k: unwrap(v, raw) for k, v in kwargs.items()}
-        out = fn(*args, **kwargs)
-        return wrap_tree(out, _borrowed_keys(raw) if raw else None)
-
-    def lifted(*args: Any, **kwargs: Any) -> Any:
-        if _kernel_hook is not None:
-            return _kernel_hook(name, call, args, kwargs)
-        return call(*args, **kwargs)
-
-    with contextlib.suppress(AttributeError, TypeError):  # callables without metadata
-        lifted = functools.wraps(fn)(lifted)
-    return lifted
-
-
-# -- profiling hooks ---------------------------------------------------------------------------
-#
-# While a profile runs, ``_kernel_hook(name, fn, args, kwargs)`` runs each op and records it.
-# Operators are swapped on the class for recording versions, so when no profile runs they cost
-# nothing at all; lifted calls check ``_kernel_hook`` once.
-
-_kernel_hook: Callable[..., Any] | None = None
-_OPERATORS: dict[str, tuple[Callable[..., Any], str]] = {}
-
-
-def set_kernel_hook(hook: Callable[..., Any] | None) -> None:
-    """Install ``hook`` on every op (None: restore the plain ops)."""
-    global _kernel_hook
-    _kernel_hook = hook
-    for attr, (plain, name) in _OPERATORS.items():
-        setattr(Tensor, attr, plain if hook is None else _hooked(plain, name, hook))
-
-
-def _hooked(plain: Callable[..., Any], name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
-    def op(*args: Any) -> Any:
-        return hook(name, plain, args, {})
-
-    op.__name__ = plain.__name__
-    return op
-
-
-def _install(attr: str, method: Callable[..., Any], name: str) -> None:
-    method.__name__ = attr
-    setattr(Tensor, attr, method)
-    _OPERATORS[attr] = (method, name)
+    if type(out) in CONCRETE and _registry.lookup(out) is None:
+        for arr in inputs:
+            if (
+                out is not arr
+                and type(arr) in CONCRETE
+                and out.shape == arr.shape
+                and out.dtype == arr.dtype
+                and out.sharding == arr.sharding
+            ):
+                rec = _registry.lookup(arr)
+                if rec is None:  # the caller's own array, moved to where it already is
+                    return _wrap_unowned(out)
+                if rec.dead is None:
+                    _registry.add_alias(rec, out)
+                break
+    return wrap(out)
 
 
 # -- disposal ----------------------------------------------------------------------------------
 
 
-def _dispose(t: Tensor, why: str) -> bool:
-    """Mark ``t`` disposed; delete its buffer if no other live Tensor holds it."""
+def dispose_tensor(t: Tensor, why: Reason) -> bool:
+    """Mark ``t`` disposed; delete its buffer if no other live Tensor holds it.
+
+    Returns whether a buffer was deleted.
+    """
     rec = t._rec
     if rec is None:
         return False
@@ -523,7 +383,10 @@ def _dispose(t: Tensor, why: str) -> bool:
     t._why = rec.dead if rec.dead is not None else why
     if rec is _UNTRACKED:
         return False
-    freed = _registry.release(t._array, rec, t)
+    if rec.dead is not None:
+        _registry.unhold(rec)
+        return False
+    freed = _registry.release(rec)
     if not freed:
         forget_array(t)
     return freed
@@ -542,38 +405,34 @@ def forget_array(t: Tensor) -> None:
     """Drop a disposed Tensor's reference to a buffer that others still hold.
 
     A deleted array costs nothing to keep; a live one would stay alive through this disposed
-    Tensor even after its other holders are collected.
+    Tensor even after its other holders are gone.
     """
     arr = t._array
     if type(arr) in CONCRETE and not arr.is_deleted():
         t._array = _Meta(arr)
 
 
-def _describe(t: Tensor) -> str:
-    arr = t._array
-    try:
-        return f"{arr.dtype}{list(arr.shape)}".replace(" ", "")
-    except Exception:
-        return type(arr).__name__
-
-
-def _reason(t: Tensor) -> str:
+def reason(t: Tensor) -> Reason | str:
+    """Why ``t`` is disposed."""
     rec = t._rec
     if rec is not None and rec.dead is not None:
         return rec.dead
     return getattr(t, "_why", "it was disposed")
 
 
-def _disposed_error(t: Tensor) -> DisposedError:
-    what = type(t).__name__
-    reason = _reason(t)
-    if "donated" in reason:
-        hint = _DONATE_HINT
-    elif "scope" in reason:
-        hint = _KEEP_HINT
-    else:
-        hint = "Dispose a Tensor only after its last use, or use a clone() that you dispose."
-    return DisposedError(f"{what} {_describe(t)} (id {t._id}) is disposed: {reason}. {hint}")
+def disposed_error(t: Tensor) -> DisposedError:
+    """The error for using ``t`` after it was disposed: what, why, and how to avoid it."""
+    why = reason(t)
+    hint = why.hint if isinstance(why, Reason) else DISPOSED.hint
+    return DisposedError(
+        f"{type(t).__name__} {describe(t._array)} (id {t._id}) is disposed: {why}. {hint}"
+    )
+
+
+def scope_path(t: Tensor) -> str | None:
+    """The path of the scope that owns ``t``'s buffer, or None (kept, variable, no scope)."""
+    rec = t._rec
+    return getattr(rec.scope, "path", None) if rec is not None else None
 
 
 @_html.never_raises
@@ -582,25 +441,28 @@ def _tensor_html(t: Tensor) -> str:
     label = getattr(t, "name", None)
     title = f"<b>{name}</b>" + (f" {_html.esc(repr(label))}" if label else "")
     if t.is_disposed:
-        return _html.box(title, f" {_html.esc(_describe(t))} · ", _html.bad("disposed"),
-                         _html.dim(f": {_reason(t)}"))  # fmt: skip
+        return _html.box(title, f" {_html.esc(describe(t._array))} · ", _html.bad("disposed"),
+                         _html.dim(f": {reason(t)}"))  # fmt: skip
     arr = t._array
     if type(arr) not in CONCRETE:
         return _html.box(title, " ", _html.dim(f"wrapping {type(arr).__name__}: {arr!r}"))
     devices = ", ".join(sorted(str(d) for d in arr.devices()))
-    path = getattr(t._scope, "path", None)
-    where = f" · scope {path!r}" if path else " · kept" if t._scope is not None else ""
-    info = f"{_describe(t)} · {devices} · {int(arr.nbytes)} B · id {t._id}{where}"
+    rec = t._rec
+    path = scope_path(t)
+    owner = rec.scope if rec is not None else None
+    where = f" · scope {path!r}" if path else " · kept" if owner is _registry.KEPT else ""
+    info = f"{describe(arr)} · {devices} · {int(arr.nbytes)} B · id {t._id}{where}"
     return _html.box(title, " ", _html.dim(info), _html.values_preview(arr))
 
 
 # -- construction ------------------------------------------------------------------------------
 
 
-def _copy_in(data: Any, dtype: Any, device: Any) -> jax.Array:
+def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
+    """A new jax.Array holding a copy of ``data``, or a tidyjax error that says what was wrong."""
     if isinstance(data, Tensor):
         data = data._value()
-    if isinstance(data, (str, bytes)) or callable(data):
+    if data is None or isinstance(data, (str, bytes)) or callable(data):
         raise TidyjaxTypeError(
             f"tensor() takes array-like data (a number, nested lists, a NumPy or jax array, a "
             f"Tensor), got {type(data).__name__} {data!r:.60}."
@@ -611,6 +473,13 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> jax.Array:
         raise TidyjaxTypeError(
             f"tensor() cannot make an array from {type(data).__name__}: {e}"
         ) from e
+    except ValueError as e:
+        if isinstance(data, (list, tuple)):
+            raise TidyjaxValueError(
+                f"tensor() got a ragged nested sequence ({data!r:.60}): every row must have "
+                "the same length. Pad the rows, or make one Tensor per row."
+            ) from e
+        raise TidyjaxValueError(f"tensor() cannot make an array from {data!r:.60}: {e}") from e
     if device is not None:
         arr = jax.device_put(arr, device)
     return arr
@@ -629,6 +498,7 @@ def tensor(data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
 
     Raises:
         TidyjaxTypeError: ``data`` is not array-like.
+        TidyjaxValueError: ``data`` is a ragged nested sequence.
         DisposedError: ``data`` is a disposed Tensor.
     """
     return wrap(_copy_in(data, dtype, device))
@@ -640,180 +510,24 @@ def adopt(array: jax.Array) -> Tensor:
     Disposing the Tensor (or leaving the scope it was adopted in) deletes ``array`` itself.
 
     Raises:
-        TidyjaxTypeError: ``array`` is not a ``jax.Array``.
+        TidyjaxTypeError: ``array`` is not a concrete ``jax.Array``.
         TidyjaxValueError: ``array`` was already deleted.
     """
     if isinstance(array, Tensor):
         raise TidyjaxTypeError(
             "adopt() takes a jax.Array, got a Tensor; use t.clone() to share its buffer."
         )
-    if not isinstance(array, jax.Array):
+    if type(array) not in CONCRETE:
         raise TidyjaxTypeError(
-            f"adopt() takes a jax.Array, got {type(array).__name__}; use tidyjax.tensor(data) "
-            "to copy other data into a new Tensor."
+            f"adopt() takes a concrete jax.Array, got {type(array).__name__}; use "
+            "tidyjax.tensor(data) to copy other data into a new Tensor."
         )
-    if type(array) is ArrayImpl and array.is_deleted():
+    if array.is_deleted():
         raise TidyjaxValueError(
-            f"adopt() got a deleted jax.Array ({array.dtype}{list(array.shape)}); nothing to own."
+            f"adopt() got a deleted jax.Array ({describe(array)}); nothing to own."
         )
+    if _registry.lookup(array) is None:
+        rec = _registry.find_alias(array)
+        if rec is not None:  # another object over a buffer tidyjax records: share its record
+            _registry.add_alias(rec, array)
     return wrap(array)
-
-
-# -- operators and methods, all through wrap/unwrap --------------------------------------------
-
-
-def _binary(op: Callable[[Any, Any], Any]) -> Callable[[Tensor, Any], Any]:
-    def method(self: Tensor, other: Any) -> Any:
-        rec = self._rec
-        if rec is None or rec.dead is not None:
-            raise _disposed_error(self)
-        if type(other) in _TENSOR_TYPES:
-            other = other._value()
-        return wrap(op(self._array, other))
-
-    return method
-
-
-def _reflected(op: Callable[[Any, Any], Any]) -> Callable[[Tensor, Any], Any]:
-    def method(self: Tensor, other: Any) -> Any:
-        rec = self._rec
-        if rec is None or rec.dead is not None:
-            raise _disposed_error(self)
-        if type(other) in _TENSOR_TYPES:
-            other = other._value()
-        return wrap(op(other, self._array))
-
-    return method
-
-
-def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
-    def method(self: Tensor) -> Any:
-        rec = self._rec
-        if rec is None or rec.dead is not None:
-            raise _disposed_error(self)
-        return wrap(op(self._array))
-
-    return method
-
-
-def _method(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    lifted = _lift(fn, name)
-
-    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs or _kernel_hook is not None:
-            return lifted(self, *args, **kwargs)
-        # The common call, t.exp() or t.sum(): the lifted path without its argument walk.
-        rec = self._rec
-        if rec is None or rec.dead is not None:
-            raise _disposed_error(self)
-        return wrap_tree(fn(self._array))
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"Like ``{getattr(fn, '__module__', 'jax')}.{name}``; returns tracked Tensors."
-    return method
-
-
-_BINARY = {
-    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
-    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow,
-    "matmul": operator.matmul, "and": operator.and_, "or": operator.or_, "xor": operator.xor,
-    "lshift": operator.lshift, "rshift": operator.rshift, "divmod": divmod,
-}  # fmt: skip
-for _name, _op in _BINARY.items():
-    _install(f"__{_name}__", _binary(_op), _name)
-    _install(f"__r{_name}__", _reflected(_op), _name)
-for _name, _op in {
-    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
-    "eq": operator.eq, "ne": operator.ne,
-}.items():  # fmt: skip
-    _install(f"__{_name}__", _binary(_op), _name)
-for _name, _op in {
-    "neg": operator.neg, "pos": operator.pos, "abs": operator.abs, "invert": operator.invert,
-}.items():  # fmt: skip
-    _install(f"__{_name}__", _unary(_op), _name)
-_install("__getitem__", Tensor.__getitem__, "getitem")
-
-#: jax.Array methods exposed on Tensor, each returning tracked Tensors.
-ARRAY_METHODS = [
-    "all",
-    "any",
-    "argmax",
-    "argmin",
-    "argpartition",
-    "argsort",
-    "astype",
-    "choose",
-    "clip",
-    "compress",
-    "conj",
-    "conjugate",
-    "copy",
-    "cumprod",
-    "cumsum",
-    "diagonal",
-    "dot",
-    "flatten",
-    "max",
-    "mean",
-    "min",
-    "nonzero",
-    "prod",
-    "ptp",
-    "ravel",
-    "repeat",
-    "reshape",
-    "round",
-    "searchsorted",
-    "sort",
-    "squeeze",
-    "std",
-    "sum",
-    "swapaxes",
-    "take",
-    "trace",
-    "transpose",
-    "var",
-    "view",
-]
-#: TF.js-style method names, mapped to the jax.numpy / jax.nn function they call.
-FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
-    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
-    "matmul": jnp.matmul, "pow": jnp.power, "maximum": jnp.maximum, "minimum": jnp.minimum,
-    "square": jnp.square, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt, "abs": jnp.abs,
-    "neg": jnp.negative, "sin": jnp.sin, "cos": jnp.cos, "tanh": jnp.tanh,
-    "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu,
-}  # fmt: skip
-for _name in ARRAY_METHODS:
-    if hasattr(ArrayImpl, _name):
-        setattr(Tensor, _name, _method(getattr(ArrayImpl, _name), _name))
-for _name, _fn in FUNCTION_METHODS.items():
-    setattr(Tensor, _name, _method(_fn, _name))
-del _name, _op, _fn
-
-
-class _At:
-    """``t.at[index]`` → an object whose ``set/add/multiply/…`` return tracked Tensors."""
-
-    __slots__ = ("_t",)
-
-    def __init__(self, t: Tensor) -> None:
-        self._t = t
-
-    def __getitem__(self, index: Any) -> _AtIndex:
-        return _AtIndex(self._t._value().at[unwrap(index)])
-
-
-class _AtIndex:
-    __slots__ = ("_ref",)
-
-    def __init__(self, ref: Any) -> None:
-        self._ref = ref
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        fn = getattr(self._ref, name)
-
-        def update(*args: Any, **kwargs: Any) -> Any:
-            kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-            return wrap_tree(fn(*unwrap_args(args), **kwargs))
-
-        return update

@@ -6,12 +6,11 @@ import threading
 import weakref
 from typing import Any
 
-import jax
-from jax._src.array import ArrayImpl
-
 from . import _registry
-from ._errors import TidyjaxTypeError, TidyjaxValueError
-from ._tensor import _TENSOR_TYPES, Tensor, _copy_in, _dispose, _ids
+from ._arrays import CONCRETE
+from ._context import Tracker
+from ._errors import VARIABLES_DISPOSED, TidyjaxTypeError, TidyjaxValueError, variable_disposed
+from ._tensor import TENSOR_TYPES, Tensor, _copy_in, _ids, dispose_tensor
 
 __all__ = ["Variable", "dispose_variables"]
 
@@ -43,8 +42,7 @@ class Variable(Tensor):
         v = object.__new__(cls)
         v._array = arr
         v._id = next(_ids)
-        _registry.register(v, arr, weakref.ref(v))
-        v._scope = None
+        v._rec = _hold(arr, value)
         v.trainable = bool(trainable)
         v.name = name
         with _variables_lock:
@@ -83,15 +81,19 @@ class Variable(Tensor):
                 f"{old.dtype}; cast with value.astype({str(old.dtype)!r})."
             )
         old_rec = self._rec
+        if old_rec is not None and old_rec is _registry.lookup(new) and old_rec.dead is None:
+            self._array = new  # the same buffer (v.assign(v), a clone, a same-dtype astype)
+            return self
+        rec = _hold(new, value)
         self._array = new
-        _registry.register(self, new, weakref.ref(self), new=False)
-        if old_rec is not None and old_rec is not self._rec:
-            _registry.release(old, old_rec)  # freed unless another live Tensor holds it
+        self._rec = rec
+        if old_rec is not None and old_rec.dead is None:
+            _registry.release(old_rec)  # freed unless another live Tensor holds it
         return self
 
     def dispose(self) -> None:
         """Free the variable now (its buffer too, unless a live Tensor shares it). Idempotent."""
-        _dispose(self, f"{self._label()} was disposed")
+        dispose_tensor(self, variable_disposed(self._label()))
         with _variables_lock:
             _variables.pop(self._id, None)
 
@@ -106,14 +108,31 @@ class Variable(Tensor):
 
 
 Variable.__module__ = "tidyjax"
-_TENSOR_TYPES.add(Variable)
+TENSOR_TYPES.add(Variable)
 
 
-def _value_of(value: Any, what: str) -> jax.Array:
+def _hold(arr: Any, value: Any) -> _registry.Buffer:
+    """The record of ``arr`` with one more holder (a Variable), owned by no scope from now on.
+
+    When the buffer came from ``value``, a Tensor of some scope, that scope still disposes the
+    Tensor object at its exit (as TensorFlow.js does); the buffer stays with the Variable.
+    """
+    rec = _registry.lookup(arr)
+    if rec is None or rec.dead is not None:
+        return _registry.new(arr, _registry.VARIABLE)
+    _registry.join(rec)
+    owner = rec.scope
+    if isinstance(owner, Tracker) and isinstance(value, Tensor) and type(value) is Tensor:
+        owner._aliases.append(weakref.ref(value))
+    rec.scope = _registry.VARIABLE
+    return rec
+
+
+def _value_of(value: Any, what: str) -> Any:
     """A jax.Array for a new variable value: a Tensor's own buffer, otherwise a copy."""
     if isinstance(value, Tensor):
         arr = value._value()
-        if type(arr) is not ArrayImpl:
+        if type(arr) not in CONCRETE:
             raise TidyjaxTypeError(
                 f"{what} got a traced Tensor (inside jit/grad/vmap); assign concrete values "
                 "outside the transformed function."
@@ -131,6 +150,6 @@ def dispose_variables() -> int:
     for ref in refs:
         v = ref()
         if v is not None and not v.is_disposed:
-            _dispose(v, "it was disposed by dispose_variables()")
+            dispose_tensor(v, VARIABLES_DISPOSED)
             n += 1
     return n

@@ -20,10 +20,11 @@ import re
 import types
 from typing import Any
 
-from ._inspect import snapshot
+from ._inspect import holders, snapshot
 from ._memory import _fmt_bytes, memory
 from ._scope import Scope
-from ._tensor import Tensor, tensors_in
+from ._tensor import Tensor
+from ._trees import tensors_in
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension"]
 
@@ -90,17 +91,14 @@ class _CellScope:
 
 
 def _created_in(scope: Scope) -> list[Tensor]:
-    out = []
-    for ref in scope._tracked:
-        t = ref()
-        if t is not None and t._scope is scope:
-            out.append(t)
-    return out
+    """The live Tensors on buffers ``scope`` owns."""
+    recs = [r for r in scope._owned if r.scope is scope and r.dead is None]
+    return [t for _, ts in holders(recs) for t in ts]
 
 
 def _summary(scope: Scope) -> str:
     return (
-        f"tidy: freed {scope.num_freed} tensors ({_fmt_bytes(scope.bytes_freed)}); "
+        f"tidy: freed {scope.num_freed} buffers ({_fmt_bytes(scope.bytes_freed)}); "
         f"kept {scope.num_handed_out}"
     )
 

@@ -76,9 +76,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     leaked = checker.leaked()
     scope = getattr(item, "funcargs", {}).get("tidy_scope")
     if scope is not None:  # the fixture's scope frees these at teardown
-        from . import _registry
+        from ._inspect import live_holders
 
-        owned = {t._id for _, ts in _registry.snapshot() for t in ts if t._scope is scope}
+        owned = {t._id for rec, ts in live_holders() for t in ts if rec.scope is scope}
         leaked = [r for r in leaked if r.id not in owned]
     if len(leaked) > allowance:
         from ._inspect import LeakReport

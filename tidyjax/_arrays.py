@@ -1,0 +1,65 @@
+"""The one definition of array kinds: which values are concrete arrays, tracers, or plain leaves.
+
+Every other module asks here, so "is this a jax.Array tidyjax can own?" has one answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src.array import ArrayImpl
+
+try:  # typed PRNG key arrays (jax.random.key) are concrete arrays of their own class
+    from jax._src.prng import PRNGKeyArray
+except ImportError:  # pragma: no cover - other jax layouts
+    try:
+        from jax._src.random.prng import PRNGKeyArray  # type: ignore[no-redef]
+    except ImportError:
+        PRNGKeyArray = ArrayImpl  # type: ignore[misc,assignment]
+
+__all__ = ["CONCRETE", "PLAIN", "ArrayImpl", "PRNGKeyArray", "Tracer", "describe", "is_concrete"]
+
+#: The concrete array classes a Tensor owns; anything else it wraps (a tracer) is untracked.
+CONCRETE: frozenset[type] = frozenset({ArrayImpl, PRNGKeyArray})
+
+#: Leaf types that never hold a Tensor: tree walks pass them through without looking inside.
+PLAIN: frozenset[type] = frozenset(
+    {ArrayImpl, PRNGKeyArray, int, float, bool, complex, str, bytes, type(None), np.ndarray}
+    | {slice, type(Ellipsis)}
+)
+
+Tracer = jax.core.Tracer
+
+
+def is_concrete(x: Any) -> bool:
+    """Whether ``x`` is a concrete ``jax.Array`` (typed PRNG keys included), not a tracer."""
+    return type(x) in CONCRETE
+
+
+def describe(arr: Any) -> str:
+    """``float32[2,3]``: dtype and shape, readable on deleted arrays too."""
+    try:
+        return f"{arr.dtype}{list(arr.shape)}".replace(" ", "")
+    except Exception:
+        return type(arr).__name__
+
+
+def shard_bytes(arr: Any) -> dict[Any, int]:
+    """Bytes ``arr`` holds on each of this process's devices, from its sharding alone.
+
+    Reads no buffer, so it is safe on an array whose allocation failed or is still in flight.
+    A replicated array counts on every device that holds a copy.
+    """
+    sharding = arr.sharding
+    shape = tuple(arr.shape)
+    itemsize = arr.nbytes // arr.size if arr.size else 0
+    out: dict[Any, int] = {}
+    for dev, index in sharding.addressable_devices_indices_map(shape).items():
+        n = 1
+        for dim, sl in zip(shape, index, strict=False):
+            start, stop, step = sl.indices(dim) if isinstance(sl, slice) else (0, dim, 1)
+            n *= len(range(start, stop, step))
+        out[dev] = out.get(dev, 0) + n * itemsize
+    return out

@@ -1,0 +1,151 @@
+"""One pytree walker and everything built on it: unwrap, wrap_tree, tensors_in, records_in.
+
+Plain containers (tuple, list, dict, namedtuples) are walked here: that is cheaper than
+``jax.tree_util.tree_map`` with an ``is_leaf`` callback on every node. Anything else falls back to
+``tree_map``, stopping at Tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from . import _registry
+from ._arrays import CONCRETE, PLAIN, Tracer
+from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_borrowed
+
+__all__ = ["records_in", "tensors_in", "unwrap", "unwrap_args", "wrap_arrays", "wrap_tree"]
+
+_NAMEDTUPLES: set[type] = set()
+
+
+def _is_namedtuple(tx: type) -> bool:
+    if issubclass(tx, tuple) and hasattr(tx, "_fields"):
+        _NAMEDTUPLES.add(tx)
+        return True
+    return False
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _is_value(x: Any) -> bool:
+    """A leaf the walker hands to its ``leaf`` function: a Tensor, a jax.Array or a tracer."""
+    tx = type(x)
+    return tx in TENSOR_TYPES or tx in CONCRETE or isinstance(x, Tracer)
+
+
+def walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``x`` with ``leaf(v)`` in place of every Tensor, jax.Array and tracer ``v`` in it."""
+    tx = type(x)
+    if tx in TENSOR_TYPES or tx in CONCRETE:
+        return leaf(x)
+    if tx in PLAIN:
+        return x
+    if tx is tuple:
+        return tuple([walk(v, leaf) for v in x])
+    if tx is list:
+        return [walk(v, leaf) for v in x]
+    if tx is dict:
+        return {k: walk(v, leaf) for k, v in x.items()}
+    if tx in _NAMEDTUPLES or _is_namedtuple(tx):
+        return tx._make([walk(v, leaf) for v in x])
+    if isinstance(x, (Tensor, Tracer)):
+        return leaf(x)
+    return jax.tree_util.tree_map(lambda v: leaf(v) if _is_value(v) else v, x, is_leaf=_is_tensor)
+
+
+def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
+    """Replace every Tensor in the pytree ``x`` by its jax value (disposed ones raise).
+
+    With ``raw``, also collect into it the caller's own concrete arrays found in ``x``.
+    """
+    tx = type(x)
+    if tx in TENSOR_TYPES:
+        return x._value()
+    if tx in PLAIN and tx not in CONCRETE:
+        return x
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return v._value()
+        if raw is not None and type(v) in CONCRETE:
+            raw.append(v)
+        return v
+
+    return walk(x, leaf)
+
+
+def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``unwrap`` each positional argument; returns ``args`` itself when nothing needs it."""
+    for a in args:
+        if type(a) not in PLAIN:
+            return tuple([unwrap(a) for a in args])
+    return args
+
+
+def _wrap_leaf(v: Any) -> Any:
+    if type(v) in CONCRETE or isinstance(v, Tracer):
+        return wrap(v)
+    return v
+
+
+def wrap_tree(out: Any, raw: list[Any] | None = None) -> Any:
+    """Wrap every jax array in the pytree ``out`` as a tracked Tensor; other leaves pass through.
+
+    ``raw`` are the caller's own arrays that went into the call: a result that *is* one of them
+    is the caller's, so tidyjax never deletes it unless it already owned it.
+    """
+    if not raw:
+        return walk(out, _wrap_leaf)
+
+    def leaf(v: Any) -> Any:
+        if type(v) in CONCRETE and any(v is r for r in raw):
+            return wrap_borrowed(v)
+        return _wrap_leaf(v)
+
+    return walk(out, leaf)
+
+
+def wrap_arrays(out: Any) -> Any:
+    """``wrap_tree`` for a pytree known to hold no Tensor (a jitted function's raw outputs)."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    return treedef.unflatten([_wrap_leaf(v) for v in leaves])
+
+
+def tensors_in(x: Any) -> list[Tensor]:
+    """Every Tensor (and Variable) in the pytree ``x``, in order."""
+    out: list[Tensor] = []
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            out.append(v)
+        return v
+
+    walk(x, leaf)
+    return out
+
+
+def records_in(x: Any) -> tuple[list[_registry.Buffer], list[Tensor]]:
+    """The live buffer records reached from ``x`` (its Tensors, and raw jax.Arrays tidyjax
+    records), and the live Tensors among its leaves."""
+    recs: list[_registry.Buffer] = []
+    tensors: list[Tensor] = []
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            rec = v._rec
+            if rec is not None and rec.dead is None and rec is not _registry.UNTRACKED:
+                recs.append(rec)
+                tensors.append(v)
+        elif type(v) in CONCRETE:
+            rec = _registry.lookup(v)
+            if rec is not None and rec.dead is None:
+                recs.append(rec)
+        return v
+
+    walk(x, leaf)
+    return recs, tensors
