@@ -358,3 +358,24 @@ def test_async_scope_error_inside_frees():
 
     asyncio.run(main())
     assert main.t.is_disposed
+
+
+def test_outer_keep_inside_an_inner_scope_hands_the_tensor_to_the_outer_scope():
+    with tidy("top"):
+        with tidy("outer") as outer:
+            with tidy("inner"):
+                t = tj.tensor([1.0, 2.0]) * 2
+                clone = t.clone()
+                outer.keep(t, clone)
+            assert not t.is_disposed and not clone.is_disposed  # survived "inner"
+        assert not t.is_disposed  # handed out of "outer", as a return value would be
+        assert outer.num_handed_out == 1
+    assert t.is_disposed and clone.is_disposed  # "top" owned it
+    assert counts() == (0, 0, 0)
+
+
+def test_tidy_run_of_a_generator_says_how_to_fix_it():
+    with pytest.raises(TidyjaxTypeError, match=r"generator.*Return a list") as err:
+        tidy.run(lambda: (x for x in range(3)))
+    assert "coroutine" not in str(err.value)
+    assert counts() == (0, 0, 0)

@@ -56,6 +56,28 @@ SCRIPT = textwrap.dedent(
     m = tj.memory()
     assert (m.num_tensors, m.num_bytes, dict(m.bytes_per_device)) == (0, 0, {}), m
     assert not m.unreliable, m.reasons
+
+    # a scope owns sharded buffers too: escaped raw arrays lose every shard at exit, a returned
+    # one moves out, and a sharded outer Tensor's clone leaves its shards alone
+    outer = tj.tensor(np.arange(64, dtype=np.float32), device=split)
+    escaped = []
+    with tj.tidy():
+        for i in range(5):
+            escaped.append((outer * float(i)).array)  # the Tensors are collected at once
+        m = tj.memory()
+        assert (m.num_tensors, m.num_data_buffers, m.num_bytes) == (1, 6, 6 * 256), m
+        assert dict(m.bytes_per_device) == {d: 6 * 32 for d in devs}, m.bytes_per_device
+        back = tj.tidy.run(lambda: (outer + 1).array)
+        c = outer.clone()
+    assert all(a.is_deleted() for a in escaped) and back.is_deleted()
+    assert c.is_disposed and not outer.is_disposed
+    np.testing.assert_array_equal(outer.numpy(), np.arange(64))
+    got = tj.tidy.run(lambda: (outer * 2).array)
+    assert not got.is_deleted() and got.sharding == split
+    del got, escaped, back
+    outer.dispose()
+    m = tj.memory()
+    assert (m.num_tensors, m.num_data_buffers, m.num_bytes) == (0, 0, 0), m
     print("SHARDING OK")
     """
 )

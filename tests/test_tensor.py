@@ -304,3 +304,122 @@ def test_disposed_alias_does_not_keep_a_collected_holders_buffer_alive():
     assert "float32[2]" in repr(b)  # the disposed alias still describes itself
     with pytest.raises(DisposedError, match=r"float32\[2\]"):
         b.numpy()
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        (None, TidyjaxTypeError, "array-like data"),
+        ([[1, 2], [3]], tj.TidyjaxValueError, "ragged.*same length"),
+    ],
+    ids=["None", "ragged"],
+)
+def test_tensor_rejects_bad_data_with_a_tidyjax_error(data, error, match):
+    with pytest.raises(error, match=match):
+        tj.tensor(data)
+    assert counts() == (0, 0, 0)
+
+
+def test_adopt_of_a_deleted_typed_key_is_a_tidyjax_error():
+    k = jax.random.key(0)
+    k.delete()
+    with pytest.raises(tj.TidyjaxValueError, match="deleted"):
+        tj.adopt(k)
+
+
+def _same(a, b):
+    """Same values, dtype, weak type and shape as raw JAX."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.aval.weak_type == b.aval.weak_type
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+OPERANDS = {
+    "f32": lambda: jnp.array([1.5, -2.0, 3.0], jnp.float32),
+    "i32": lambda: jnp.array([7, -3, 2], jnp.int32),
+    "i8": lambda: jnp.array([100, -3, 2], jnp.int8),
+    "bf16": lambda: jnp.array([1.5, 2.0, -3.0], jnp.bfloat16),
+    "weak f32 scalar": lambda: jnp.asarray(2.0),
+    "f32 row": lambda: jnp.ones((2, 3), jnp.float32),
+}
+OTHERS = {  # made per test: a module-level jax array would count as untracked in other tests
+    "py float": lambda: 2.5,
+    "py int": lambda: 3,
+    "big py int": lambda: 1000,
+    "f32": lambda: jnp.array([0.5, 2.0, 4.0], jnp.float32),
+    "column": lambda: jnp.ones((2, 1), jnp.float32),
+}
+JIT_OPS = [operator.add, operator.truediv, operator.floordiv, operator.mod, operator.pow,
+           operator.lt]  # fmt: skip
+
+
+@pytest.mark.parametrize("op", JIT_OPS, ids=lambda o: o.__name__)
+@pytest.mark.parametrize("left", OPERANDS, ids=str)
+@pytest.mark.parametrize("right", OTHERS, ids=str)
+def test_jit_dispatched_operators_match_raw_jax(op, left, right):
+    """Operators run through a cached jax.jit: results and errors are JAX's own."""
+    a = OPERANDS[left]()
+    b = OTHERS[right]()
+    t = tj.tensor(a)
+    other = tj.tensor(b) if isinstance(b, jax.Array) else b
+    try:
+        want = op(a, b)
+    except Exception as e:
+        with pytest.raises(type(e)):
+            op(t, other)
+    else:
+        got = op(t, other)
+        _same(got.array, want)
+        got.dispose()
+        try:
+            rwant = op(b, a)
+        except Exception as e:
+            with pytest.raises(type(e)):
+                op(other, t)
+        else:
+            rgot = op(other, t)
+            _same(rgot.array, rwant)
+            rgot.dispose()
+    tj.dispose([t, other])
+
+
+@pytest.mark.parametrize("fn", [operator.neg, operator.abs, operator.invert, operator.pos])
+@pytest.mark.parametrize("left", OPERANDS, ids=str)
+def test_jit_dispatched_unary_operators_match_raw_jax(fn, left):
+    a = OPERANDS[left]()
+    t = tj.tensor(a)
+    try:
+        want = fn(a)
+    except Exception as e:
+        with pytest.raises(type(e)):
+            fn(t)
+    else:
+        got = fn(t)
+        _same(got.array, want)
+        got.dispose()
+    t.dispose()
+
+
+@pytest.mark.parametrize(
+    "method", ["sum", "mean", "max", "argmin", "cumsum", "ravel", "std", "sort", "all"]
+)
+def test_jit_dispatched_methods_match_raw_jax(method):
+    a = jnp.array([[3, 1, 2], [6, 5, 4]], jnp.int32)
+    t = tj.tensor(a)
+    got = getattr(t, method)()
+    _same(got.array, getattr(a, method)())
+    tj.dispose([t, got])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [1, -1, slice(1, None), (0, 1), (Ellipsis, 0), None, np.array([1, 0]), (slice(None), None)],
+    ids=str,
+)
+def test_indexing_forms_match_raw_jax(index):
+    a = jnp.arange(6.0).reshape(2, 3)
+    t = tj.tensor(a)
+    got = t[index]
+    _same(got.array, a[index])
+    tj.dispose([t, got])

@@ -90,3 +90,30 @@ def test_dispose_variables_disposes_all_and_marks_them():
 def test_variable_name_must_be_a_string():
     with pytest.raises(TidyjaxTypeError, match="name"):
         Variable([1.0], name=3)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [lambda v: v, lambda v: v.clone(), lambda v: v.astype(v.dtype)],
+    ids=["v", "v.clone()", "v.astype(v.dtype)"],
+)
+def test_assigning_a_variable_its_own_buffer_adds_no_record(value):
+    v = Variable(tj.tensor([1.0, 2.0]), name="w")
+    with tj.check_leaks():
+        for _ in range(3):
+            v.assign(value(v))
+    assert counts() == (1, 1, 8)
+    assert [r.id for r in tj.live_tensors()] == [v.id]
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    v.dispose()
+    assert counts() == (0, 0, 0)
+
+
+def test_variable_of_a_typed_prng_key():
+    import tidyjax.random as tjr
+
+    k = Variable(tjr.key(0), name="rng")
+    k2 = tjr.split(k)
+    assert k2.shape == (2,)
+    assert counts()[:2] == (2, 2)
+    tj.dispose([k, k2])

@@ -5,19 +5,30 @@ Every other module asks here, so "is this a jax.Array tidyjax can own?" has one 
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import jax
 import numpy as np
 from jax._src.array import ArrayImpl
 
-try:  # typed PRNG key arrays (jax.random.key) are concrete arrays of their own class
-    from jax._src.prng import PRNGKeyArray
-except ImportError:  # pragma: no cover - other jax layouts
-    try:
-        from jax._src.random.prng import PRNGKeyArray  # type: ignore[no-redef]
-    except ImportError:
-        PRNGKeyArray = ArrayImpl  # type: ignore[misc,assignment]
+
+def _key_array_class() -> type:
+    """The class of typed PRNG key arrays (``jax.random.key``): concrete arrays of their own.
+
+    Private to JAX, and it moved between versions; tests/test_interop.py fails loudly if it
+    moves again (a key would no longer be tracked).
+    """
+    for module in ("jax._src.random.prng", "jax._src.prng"):
+        try:
+            cls = importlib.import_module(module).PRNGKeyArray
+        except (ImportError, AttributeError):
+            continue
+        return cls
+    return ArrayImpl  # pragma: no cover - a jax layout we do not know
+
+
+PRNGKeyArray: type = _key_array_class()
 
 __all__ = ["CONCRETE", "PLAIN", "ArrayImpl", "PRNGKeyArray", "Tracer", "describe", "is_concrete"]
 

@@ -23,7 +23,16 @@ __all__ = ["CURRENT", "Tracker"]
 class Tracker:
     """What a scope owns: the records it created (or was handed) and Tensor aliases it made."""
 
-    __slots__ = ("__weakref__", "_aliases", "_compact_at", "_owned", "_pruned", "parent", "path")
+    __slots__ = (
+        "__weakref__",
+        "_aliases",
+        "_compact_at",
+        "_owned",
+        "_peak",
+        "_pruned",
+        "parent",
+        "path",
+    )
 
     def __init__(self) -> None:
         self._owned: list[Buffer] = []
@@ -32,6 +41,7 @@ class Tracker:
         self._pruned = 0  # records dropped by _compact (their arrays were collected)
         self.parent: Tracker | None = None
         self.path = "<tidy>"
+        self._peak = -1  # the most tidyjax bytes alive while open; set while a profile runs
 
     def _compact(self) -> None:
         """Forget records whose arrays Python already collected; amortized O(1) per op."""

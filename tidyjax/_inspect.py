@@ -8,6 +8,7 @@ and JAX. Reports are small immutable value objects, in the manner of ``tracemall
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import gc
 import inspect
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import jax
+import jaxlib
 
 from . import _html, _registry
 from ._errors import LeakError, TidyjaxTypeError
@@ -39,10 +41,10 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_SKIP = tuple(
-    os.path.dirname(m.__file__) + os.sep
-    for m in (__import__("tidyjax"), jax, __import__("jaxlib"))
-    if getattr(m, "__file__", None)
+# Frames in these folders are not a user's creation site: tidyjax itself, jax and jaxlib.
+_SKIP = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    *(os.path.dirname(f) + os.sep for m in (jax, jaxlib) if (f := getattr(m, "__file__", None))),
 )
 
 
@@ -82,6 +84,7 @@ def creation_site(arr: Any) -> Site | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class TensorRecord:
     """One live Tensor, as :func:`live_tensors` reports it.
 
@@ -92,22 +95,16 @@ class TensorRecord:
         site: a :class:`Site` or None; kept, variable: booleans.
     """
 
-    __slots__ = (
-        "_buffer",
-        "bytes",
-        "devices",
-        "dtype",
-        "id",
-        "kept",
-        "scope",
-        "shape",
-        "site",
-        "variable",
-    )
-
-    def __init__(self, **fields: Any) -> None:
-        for k in self.__slots__:
-            setattr(self, k, fields[k])
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    devices: tuple[str, ...]
+    scope: str
+    site: Site | None
+    kept: bool
+    variable: bool
+    _buffer: int  # tensors with equal values share one device buffer
 
     def __repr__(self) -> str:
         return (
@@ -468,7 +465,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
     def __call__(self, fn: F) -> F:
         if not callable(fn) or inspect.isgeneratorfunction(fn):
             raise TidyjaxTypeError("@check_leaks decorates a plain or async function.")
-        settings = {
+        settings: dict[str, Any] = {
             "allowance": self.allowance,
             "allow_returned": self.allow_returned,
             "allow_kept": self.allow_kept,

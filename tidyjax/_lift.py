@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import inspect
@@ -47,7 +48,7 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Tensor:
 jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
 # A Variable flattens like a Tensor; rebuilding one (tree_map, optax updates, grads) gives a plain
 # Tensor: a new variable is never made behind the user's back.
-jax.tree_util.register_pytree_node(Variable, _flatten, _unflatten)
+jax.tree_util.register_pytree_node(Variable, _flatten, _unflatten)  # type: ignore[arg-type]
 
 
 # -- namespaces ------------------------------------------------------------------------------
@@ -124,6 +125,44 @@ def _unwrapping(fn: Callable[..., Any]) -> Callable[..., Any]:
     return inner
 
 
+# The arguments of the tidyjax.jit calls now running, as the caller passed them. tidyjax.jit hands
+# JAX plain arrays (JAX flattens those in C++; a Tensor costs a Python callback per leaf), and
+# the traced function puts Tensors back where the caller had them.
+_CALLER_ARGS: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar(
+    "tidyjax_jit_args", default=None
+)
+
+
+def _rewrapping(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``_unwrapping``, with Tensors (wrapping tracers) where the caller passed Tensors."""
+
+    @functools.wraps(fn)
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        caller = _CALLER_ARGS.get()
+        if caller is not None:
+            args, kwargs = jax.tree_util.tree_map(
+                lambda c, a: wrap(a) if isinstance(c, Tensor) else a,
+                caller,
+                (args, kwargs),
+                is_leaf=_is_tensor,
+            )
+        return unwrap(fn(*args, **kwargs))
+
+    return inner
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _call_jitted(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    token = _CALLER_ARGS.set((args, kwargs))
+    try:
+        return jitted(*unwrap(args), **unwrap(kwargs))
+    finally:
+        _CALLER_ARGS.reset(token)
+
+
 def _check(fn: Any, what: str) -> None:
     if not callable(fn):
         raise TidyjaxTypeError(f"tidyjax.{what}() takes a function, got {type(fn).__name__}.")
@@ -144,14 +183,14 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
     if fn is None:
         return functools.partial(jit, **jit_kwargs)
     _check(fn, "jit")
-    jitted = jax.jit(_unwrapping(fn), **jit_kwargs)
+    jitted = jax.jit(_rewrapping(fn), **jit_kwargs)
     donate_nums = _as_tuple(jit_kwargs.get("donate_argnums"))
     donate_names = _as_tuple(jit_kwargs.get("donate_argnames"))
     if not (donate_nums or donate_names):
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return wrap_arrays(jitted(*args, **kwargs))
+            return wrap_arrays(_call_jitted(jitted, args, kwargs))
 
         call.lower = jitted.lower  # type: ignore[attr-defined]
         return call
@@ -168,7 +207,7 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
             i = positions.get(n, len(args))
             if n not in kwargs and i < len(args):
                 donated.append(args[i])
-        out = jitted(*args, **kwargs)
+        out = _call_jitted(jitted, args, kwargs)
         _mark_donated(donated, name)
         return wrap_arrays(out)
 

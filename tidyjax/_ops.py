@@ -62,24 +62,6 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     transfer = name in _TRANSFERS
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs:
-            # The common call, f(t) or f(t, u, 2.0): only Tensors and scalars, no tree walk.
-            vals = []
-            for a in args:
-                ta = type(a)
-                if ta in TENSOR_TYPES:
-                    vals.append(a._value())
-                elif ta in _SCALARS:
-                    vals.append(a)
-                else:
-                    break
-            else:
-                out = fn(*vals)
-                if transfer:
-                    return wrap_transfer(out, tuple(vals))
-                if type(out) is ArrayImpl:
-                    return wrap(out)
-                return wrap_tree(out)
         raw: list[Any] = []
         args = tuple([unwrap(a, raw) for a in args])
         if kwargs:
@@ -92,7 +74,25 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     def lifted(*args: Any, **kwargs: Any) -> Any:
         if _kernel_hook is not None:
             return _kernel_hook(name, call, args, kwargs)
-        return call(*args, **kwargs)
+        if kwargs or transfer:
+            return call(*args, **kwargs)
+        # The common call, f(t) or f(t, u, 2.0): Tensors and scalars only, no tree walk.
+        vals = []
+        for a in args:
+            ta = type(a)
+            if ta in TENSOR_TYPES:
+                rec = a._rec
+                if rec is None or rec.dead is not None:
+                    raise disposed_error(a)
+                vals.append(a._array)
+            elif ta in _SCALARS:
+                vals.append(a)
+            else:
+                return call(*args)
+        out = fn(*vals)
+        if type(out) is ArrayImpl:
+            return wrap(out)
+        return wrap_tree(out)
 
     with contextlib.suppress(AttributeError, TypeError):  # callables without metadata
         lifted = functools.wraps(fn)(lifted)
@@ -198,7 +198,9 @@ _COMPARE = {
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
     "eq": operator.eq, "ne": operator.ne,
 }  # fmt: skip
-_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": operator.abs, "invert": operator.invert}
+_UNARY: dict[str, Callable[[Any], Any]] = {
+    "neg": operator.neg, "pos": operator.pos, "abs": operator.abs, "invert": operator.invert,
+}  # fmt: skip
 
 #: jax.Array methods exposed on Tensor, each returning tracked Tensors; the second set runs
 #: jitted when called without arguments.
@@ -236,8 +238,8 @@ def install_tensor_methods() -> None:
         _install(f"__r{name}__", _binary(op, reflected=True), name)
     for name, op in _COMPARE.items():
         _install(f"__{name}__", _binary(op, reflected=False), name)
-    for name, op in _UNARY.items():
-        _install(f"__{name}__", _unary(op), name)
+    for name, unary in _UNARY.items():
+        _install(f"__{name}__", _unary(unary), name)
     _install("__divmod__", _method(divmod, "divmod", jit_plain=False), "divmod")
     _install("__rdivmod__", _method(lambda a, b: divmod(b, a), "divmod", False), "divmod")
     _install("__getitem__", _getitem, "getitem")

@@ -10,6 +10,7 @@ running thread or task (a ``ContextVar``).
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import inspect
 import threading
 import time
@@ -33,6 +34,7 @@ _OPEN: contextvars.ContextVar[tuple[ProfileInfo, ...]] = contextvars.ContextVar(
 )
 
 
+@dataclasses.dataclass(frozen=True, slots=True, repr=False, eq=False)
 class KernelRecord:
     """One op run while profiling, as in ``tf.profile``'s ``kernels``.
 
@@ -45,20 +47,14 @@ class KernelRecord:
         wall_time_ms: wall time of the op, outputs waited for (``block_until_ready``).
     """
 
-    __slots__ = (
-        "bytes_added",
-        "input_shapes",
-        "name",
-        "output_shapes",
-        "tensors_added",
-        "total_bytes_snapshot",
-        "total_tensors_snapshot",
-        "wall_time_ms",
-    )
-
-    def __init__(self, **fields: Any) -> None:
-        for k in self.__slots__:
-            setattr(self, k, fields[k])
+    name: str
+    bytes_added: int
+    total_bytes_snapshot: int
+    tensors_added: int
+    total_tensors_snapshot: int
+    input_shapes: list[tuple[int, ...]]
+    output_shapes: list[tuple[int, ...]]
+    wall_time_ms: float
 
     def __repr__(self) -> str:
         return (

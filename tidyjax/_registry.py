@@ -53,7 +53,7 @@ KEPT: Any = _Marker("KEPT")
 VARIABLE: Any = _Marker("VARIABLE")
 
 
-class Buffer(weakref.ref):  # type: ignore[type-arg]
+class Buffer(weakref.ref):
     """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
 
     __slots__ = ("dead", "more", "n", "nbytes", "owned", "scope")
@@ -110,15 +110,28 @@ _buffers: dict[int, Buffer] = {}
 _sweep_at = 4096
 
 
-def new(arr: Any, scope: Any, owned: bool = True) -> Buffer:
-    """A fresh record for ``arr`` held by one Tensor, published in the registry."""
-    rec = Buffer(arr, _collected) if observers else Buffer(arr)
-    rec.dead = None
-    rec.more = None
+def fresh(arr: Any, scope: Any) -> Buffer:
+    """The one constructor of a record: ``arr``'s new buffer, held by one Tensor, owned by
+    ``scope``. Not yet published (``new`` publishes; the per-op path stores it itself)."""
+    rec = Buffer(arr)
+    rec.dead = rec.more = None
     rec.n = 1
     rec.nbytes = -1
-    rec.owned = owned
+    rec.owned = True
     rec.scope = scope
+    return rec
+
+
+def new(arr: Any, scope: Any, owned: bool = True) -> Buffer:
+    """A fresh record for ``arr`` held by one Tensor, published in the registry (and reported
+    to the observers: while they watch, a record also reports its array's collection)."""
+    if observers:
+        rec = Buffer(arr, _collected)
+        rec.dead = rec.more = None
+        rec.n, rec.nbytes, rec.scope = 1, -1, scope
+    else:
+        rec = fresh(arr, scope)
+    rec.owned = owned
     _buffers[id(arr)] = rec
     if len(_buffers) > _sweep_at:
         sweep()
@@ -196,36 +209,59 @@ def release(rec: Buffer) -> bool:
             rec.dead = RELEASED
     if observers:
         _notify("tensor_removed", rec)
-    if last:
-        return _delete(rec)
-    return False
+    return last and free(rec) is not None
 
 
-def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Buffer]:
-    """Mark each record dead with ``why`` and delete the buffers tidyjax owns; returns those."""
+def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
+    """Mark each record dead with ``why`` and delete the buffers tidyjax owns.
+
+    Returns the deleted arrays (a deleted array holds no memory and still knows its nbytes).
+    """
     done = []
     with _lock:
         for rec in recs:
             if rec.dead is None:
                 rec.dead = why
                 done.append(rec)
-    return [rec for rec in done if _delete(rec)]
+    out = []
+    for rec in done:
+        arr = free(rec)
+        if arr is not None:
+            out.append(arr)
+    return out
 
 
-def _delete(rec: Buffer) -> bool:
-    """Delete a dead record's buffer (if tidyjax owns it) and drop it from the books."""
-    arrays = rec.arrays()
-    for a in arrays:
-        if _buffers.get(id(a)) is rec:
-            del _buffers[id(a)]
-    freed = rec.owned and bool(arrays)
-    if freed:
-        rec.size()  # remember the size for reports before the objects go
-        for a in arrays:
-            a.delete()
+def free(rec: Buffer) -> Any:
+    """Delete a dead record's buffer if tidyjax owns it and drop it from the books; returns the
+    deleted array, or None."""
+    arr = rec()
+    if rec.more:
+        return _free_aliased(rec)
+    if arr is not None:
+        key = id(arr)
+        if _buffers.get(key) is rec:
+            del _buffers[key]
+        if rec.owned:
+            arr.delete()
+        else:
+            arr = None
     if observers:
         _notify("buffer_freed", rec)
-    return freed
+    return arr
+
+
+def _free_aliased(rec: Buffer) -> Any:
+    """``free`` for a record with several array objects over its buffer."""
+    arr = None
+    for alias in rec.arrays():
+        if _buffers.get(id(alias)) is rec:
+            del _buffers[id(alias)]
+        if rec.owned:
+            alias.delete()
+            arr = alias
+    if observers:
+        _notify("buffer_freed", rec)
+    return arr
 
 
 def kill(rec: Buffer, why: Reason) -> None:
@@ -234,7 +270,7 @@ def kill(rec: Buffer, why: Reason) -> None:
         if rec.dead is not None:
             return
         rec.dead = why
-    _delete(rec)
+    free(rec)
 
 
 def check(rec: Buffer) -> None:
@@ -249,7 +285,8 @@ def sweep() -> None:
     global _sweep_at
     with _lock:
         for key, rec in list(_buffers.items()):
-            if _stale(rec) and _buffers.get(key) is rec:
+            gone = (rec() is None and not rec.more) or (rec.dead is not None and _stale(rec))
+            if gone and _buffers.get(key) is rec:
                 del _buffers[key]
         _sweep_at = max(4096, 2 * len(_buffers))
 

@@ -19,9 +19,9 @@ from typing import Any, TypeVar, overload
 
 from . import _registry
 from ._context import CURRENT, Tracker
-from ._errors import ScopeError, TidyjaxTypeError, scope_exited
+from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, scope_exited
 from ._registry import KEPT, VARIABLE
-from ._tensor import forget_array
+from ._tensor import dispose_many, forget_array
 from ._trees import records_in, tensors_in
 
 __all__ = ["Scope", "dispose", "keep", "tidy"]
@@ -30,6 +30,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("tidyjax")
 
 _NEW, _OPEN, _CLOSED = 0, 1, 2
+_GENERATOR_IN_SCOPE = (
+    "{what} returned a generator: its body would run after the scope has ended, and the "
+    "scope would free tensors it still needs. Return a list instead (`list(x for x in ...)` "
+    "or a list comprehension), or put `with tidy():` inside the generator around each step."
+)
 _AWAITABLE_IN_SYNC = (
     "{what} returned {kind}: a synchronous tidy scope would end before it runs and could free "
     "tensors it still needs. Use `async with tidy():` inside the coroutine, or decorate the "
@@ -52,7 +57,6 @@ class Scope(Tracker):
         "_handed",
         "_handed_tensors",
         "_moved_in",
-        "_peak",
         "_state",
         "_token",
         "name",
@@ -68,10 +72,9 @@ class Scope(Tracker):
         self._token: Any = None
         self._handed: set[int] = set()  # ids of records handed out by scope.keep
         self._handed_tensors: set[int] = set()  # ids of Tensor objects handed out likewise
-        self._freed: list[_registry.Buffer] = []
+        self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
         self._moved_in = 0  # records handed in by inner scopes (not created here)
-        self._peak = -1  # set while a profile runs
         self._created = 0
         self.num_freed = 0
         self.num_handed_out = 0
@@ -100,7 +103,7 @@ class Scope(Tracker):
     @property
     def bytes_freed(self) -> int:
         """Bytes of the device buffers this scope's exit deleted (shared buffers not included)."""
-        return sum(rec.size() for rec in self._freed)
+        return sum(int(arr.nbytes) for arr in self._freed)
 
     # -- entering and leaving ---------------------------------------------------------------
 
@@ -159,7 +162,7 @@ class Scope(Tracker):
                     if isinstance(parent, Scope):
                         parent._moved_in += 1
                 handed += 1
-            elif rec.array() is not None:  # else Python collected it, and JAX freed it
+            elif rec() is not None or rec.more:  # else Python collected it, and JAX freed it
                 doomed.append(rec)
         why = scope_exited(self.path)
         self._freed = _registry.delete_many(doomed, why)
@@ -294,16 +297,16 @@ def _run(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     except BaseException:
         scope._close(None)
         raise
-    if inspect.isawaitable(result) or inspect.isgenerator(result):
+    what = f"function {getattr(fn, '__qualname__', fn)!r}"
+    if inspect.isgenerator(result):
         scope._close(None)
-        kind = "a generator" if inspect.isgenerator(result) else "an awaitable"
-        if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()  # never run
+        raise TidyjaxTypeError(_GENERATOR_IN_SCOPE.format(what=what))
+    if inspect.isawaitable(result):
+        scope._close(None)
+        if inspect.iscoroutine(result):
             result.close()  # never run; avoids "never awaited"
-        raise TidyjaxTypeError(
-            _AWAITABLE_IN_SYNC.format(
-                what=f"function {getattr(fn, '__qualname__', fn)!r}", kind=kind
-            )
-        )
+        raise TidyjaxTypeError(_AWAITABLE_IN_SYNC.format(what=what, kind="an awaitable"))
     scope._close(result)
     return result
 
@@ -396,7 +399,7 @@ class _Tidy:
 
     def __exit__(self, *exc: object) -> None:
         scope = CURRENT.get()
-        if scope is None or not scope._bare:
+        if not isinstance(scope, Scope) or not scope._bare:
             raise ScopeError("`with tidy:` exited, but the innermost open scope is not its own.")
         scope._close(None)
 
@@ -435,5 +438,4 @@ def dispose(x: Any) -> None:
 
         tidyjax.dispose([a, b, {"c": c}])
     """
-    for t in tensors_in(x):
-        t.dispose()
+    dispose_many(tensors_in(x), DISPOSED)

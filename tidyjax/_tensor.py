@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _html, _registry
-from ._arrays import CONCRETE, ArrayImpl, PRNGKeyArray, describe
+from ._arrays import CONCRETE, ArrayImpl, PRNGKeyArray, Tracer, describe
 from ._context import CURRENT
 from ._errors import (
     DISPOSED,
+    RELEASED,
     DisposedError,
     Reason,
     TidyjaxTypeError,
@@ -34,7 +35,7 @@ _ids = itertools.count(1)
 _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
-_Buffer = _registry.Buffer
+_fresh = _registry.fresh
 
 
 class Tensor:
@@ -183,7 +184,7 @@ class Tensor:
         return np.array(self._value(), dtype=dtype)
 
     def __jax_array__(self) -> jax.Array:
-        return self._value()  # type: ignore[no-any-return]
+        return self._value()
 
     def item(self, *args: Any) -> Any:
         return self._value().item(*args)
@@ -279,19 +280,16 @@ def wrap(arr: Any) -> Tensor:
     t._id = next(_ids)
     if type(arr) is ArrayImpl or type(arr) is PRNGKeyArray:
         rec = _buffers.get(id(arr))
-        if rec is not None and rec() is not arr:
-            rec = _registry.lookup(arr)  # an alias object joined to a record, or a stale entry
+        if rec is not None:
+            first = rec()
+            if first is not arr:  # a stale entry (the usual case in a loop), or an alias object
+                rec = None if first is None and not rec.more else _registry.lookup(arr)
         scope = CURRENT.get()
         if rec is None or rec.dead is not None:
             if _registry.observers:
                 rec = _registry.new(arr, scope)
-            else:  # `_registry.new`, inlined: this is most of the per-op cost
-                rec = _Buffer(arr)
-                rec.dead = rec.more = None
-                rec.n = 1
-                rec.nbytes = -1
-                rec.owned = True
-                rec.scope = scope
+            else:  # `_registry.new` without the observers
+                rec = _fresh(arr, scope)
                 _buffers[id(arr)] = rec
                 if len(_buffers) > _registry._sweep_at:
                     _registry.sweep()
@@ -320,13 +318,48 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
         _registry._notify("tensor_added", rec)
 
 
+def wrap_all(arrays: list[Any]) -> list[Any]:
+    """``wrap`` for every leaf of a jitted call's outputs, the per-call work done once."""
+    scope = CURRENT.get()
+    if _registry.observers:
+        return [wrap(a) for a in arrays]
+    append = scope._owned.append if scope is not None else None
+    get = _buffers.get
+    out: list[Any] = []
+    for arr in arrays:
+        if type(arr) is not ArrayImpl and type(arr) is not PRNGKeyArray:
+            out.append(wrap(arr) if isinstance(arr, Tracer) else arr)
+            continue
+        rec = get(id(arr))
+        if rec is not None and rec() is not None:  # an array tidyjax already records
+            out.append(wrap(arr))
+            continue
+        t = _new(Tensor)
+        t._array = arr
+        t._id = next(_ids)
+        rec = _fresh(arr, scope)
+        _buffers[id(arr)] = rec
+        t._rec = rec
+        if append is not None:
+            append(rec)
+        out.append(t)
+    if len(_buffers) > _registry._sweep_at:
+        _registry.sweep()
+    if scope is not None and len(scope._owned) > scope._compact_at:
+        scope._compact()
+    return out
+
+
 def wrap_borrowed(arr: Any) -> Tensor:
     """A Tensor on a caller's own raw array that came back out of a lifted call.
 
     If tidyjax records the array (it escaped from a Tensor), this is an ordinary alias. If not,
     the array is the caller's: it is counted, but tidyjax never deletes it.
     """
-    if type(arr) not in CONCRETE or _registry.lookup(arr) is not None:
+    if type(arr) not in CONCRETE:
+        return wrap(arr)
+    rec = _registry.lookup(arr)
+    if rec is not None and rec.dead is None:
         return wrap(arr)
     return _wrap_unowned(arr)
 
@@ -376,18 +409,42 @@ def dispose_tensor(t: Tensor, why: Reason) -> bool:
 
     Returns whether a buffer was deleted.
     """
-    rec = t._rec
-    if rec is None:
-        return False
-    t._rec = None
-    t._why = rec.dead if rec.dead is not None else why
-    if rec is _UNTRACKED:
-        return False
-    if rec.dead is not None:
-        _registry.unhold(rec)
-        return False
-    freed = _registry.release(rec)
-    if not freed:
+    return bool(dispose_many((t,), why))
+
+
+def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
+    """Mark each Tensor disposed, under one lock; delete each buffer whose last live holder it
+    was (and that tidyjax owns). Returns the deleted arrays."""
+    doomed: list[_registry.Buffer] = []
+    survivors: list[Tensor] = []
+    released: list[_registry.Buffer] = []
+    with _registry._lock:
+        for t in tensors:
+            rec = t._rec
+            if rec is None:
+                continue
+            t._rec = None
+            dead = rec.dead
+            t._why = why if dead is None else dead
+            if rec is _UNTRACKED:
+                continue
+            rec.n -= 1
+            if dead is None:
+                released.append(rec)
+                if rec.n <= 0:
+                    rec.dead = RELEASED
+                    doomed.append(rec)
+                else:
+                    survivors.append(t)
+    if _registry.observers:
+        for rec in released:
+            _registry._notify("tensor_removed", rec)
+    freed = []
+    for rec in doomed:
+        arr = _registry.free(rec)
+        if arr is not None:
+            freed.append(arr)
+    for t in survivors:
         forget_array(t)
     return freed
 

@@ -14,7 +14,7 @@ import jax
 
 from . import _registry
 from ._arrays import CONCRETE, PLAIN, Tracer
-from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_borrowed
+from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_all, wrap_borrowed
 
 __all__ = ["records_in", "tensors_in", "unwrap", "unwrap_args", "wrap_arrays", "wrap_tree"]
 
@@ -45,12 +45,17 @@ def walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
         return leaf(x)
     if tx in PLAIN:
         return x
-    if tx is tuple:
-        return tuple([walk(v, leaf) for v in x])
-    if tx is list:
-        return [walk(v, leaf) for v in x]
+    # Leaves are handled inline in the containers: a call per leaf is most of a walk's cost.
     if tx is dict:
-        return {k: walk(v, leaf) for k, v in x.items()}
+        return {
+            k: leaf(v) if type(v) in TENSOR_TYPES or type(v) in CONCRETE else walk(v, leaf)
+            for k, v in x.items()
+        }
+    if tx is list or tx is tuple:
+        out = [
+            leaf(v) if type(v) in TENSOR_TYPES or type(v) in CONCRETE else walk(v, leaf) for v in x
+        ]
+        return out if tx is list else tuple(out)
     if tx in _NAMEDTUPLES or _is_namedtuple(tx):
         return tx._make([walk(v, leaf) for v in x])
     if isinstance(x, (Tensor, Tracer)):
@@ -66,8 +71,17 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
     tx = type(x)
     if tx in TENSOR_TYPES:
         return x._value()
-    if tx in PLAIN and tx not in CONCRETE:
+    if tx in CONCRETE:
+        if raw is not None:
+            raw.append(x)
         return x
+    if tx in PLAIN:
+        return x
+    if tx is dict:
+        return {k: v._value() if type(v) in TENSOR_TYPES else unwrap(v, raw) for k, v in x.items()}
+    if tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
+        out = [v._value() if type(v) in TENSOR_TYPES else unwrap(v, raw) for v in x]
+        return out if tx is list else tuple(out) if tx is tuple else tx._make(out)
 
     def leaf(v: Any) -> Any:
         if isinstance(v, Tensor):
@@ -113,39 +127,67 @@ def wrap_tree(out: Any, raw: list[Any] | None = None) -> Any:
 def wrap_arrays(out: Any) -> Any:
     """``wrap_tree`` for a pytree known to hold no Tensor (a jitted function's raw outputs)."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    return treedef.unflatten([_wrap_leaf(v) for v in leaves])
+    return jax.tree_util.tree_unflatten(treedef, wrap_all(leaves))
 
 
 def tensors_in(x: Any) -> list[Tensor]:
     """Every Tensor (and Variable) in the pytree ``x``, in order."""
     out: list[Tensor] = []
-
-    def leaf(v: Any) -> Any:
-        if isinstance(v, Tensor):
-            out.append(v)
-        return v
-
-    walk(x, leaf)
+    _gather(x, out, None)
     return out
+
+
+def _gather(x: Any, tensors: list[Tensor], raws: list[Any] | None) -> None:
+    """Append the Tensors in ``x`` to ``tensors`` and, with ``raws``, its raw jax.Arrays."""
+    tx = type(x)
+    if tx in TENSOR_TYPES:
+        tensors.append(x)
+    elif tx in CONCRETE:
+        if raws is not None:
+            raws.append(x)
+    elif tx in PLAIN:
+        return
+    elif tx is dict or tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
+        for v in x.values() if tx is dict else x:
+            tv = type(v)
+            if tv in TENSOR_TYPES:  # inline: most leaves of a parameter tree
+                tensors.append(v)
+            elif tv not in PLAIN:
+                _gather(v, tensors, raws)
+            elif raws is not None and tv in CONCRETE:
+                raws.append(v)
+    else:
+
+        def leaf(v: Any) -> Any:
+            if isinstance(v, Tensor):
+                tensors.append(v)
+            elif raws is not None and type(v) in CONCRETE:
+                raws.append(v)
+            return v
+
+        walk(x, leaf)
 
 
 def records_in(x: Any) -> tuple[list[_registry.Buffer], list[Tensor]]:
     """The live buffer records reached from ``x`` (its Tensors, and raw jax.Arrays tidyjax
     records), and the live Tensors among its leaves."""
-    recs: list[_registry.Buffer] = []
     tensors: list[Tensor] = []
+    raws: list[Any] = []
+    _gather(x, tensors, raws)
+    untracked = _registry.UNTRACKED
+    recs = [
+        rec
+        for t in tensors
+        if (rec := t._rec) is not None and rec.dead is None and rec is not untracked
+    ]
+    live = tensors if len(recs) == len(tensors) else [t for t in tensors if _alive(t)]
+    for arr in raws:
+        rec = _registry.lookup(arr)
+        if rec is not None and rec.dead is None:
+            recs.append(rec)
+    return recs, live
 
-    def leaf(v: Any) -> Any:
-        if isinstance(v, Tensor):
-            rec = v._rec
-            if rec is not None and rec.dead is None and rec is not _registry.UNTRACKED:
-                recs.append(rec)
-                tensors.append(v)
-        elif type(v) in CONCRETE:
-            rec = _registry.lookup(v)
-            if rec is not None and rec.dead is None:
-                recs.append(rec)
-        return v
 
-    walk(x, leaf)
-    return recs, tensors
+def _alive(t: Tensor) -> bool:
+    rec = t._rec
+    return rec is not None and rec.dead is None and rec is not _registry.UNTRACKED

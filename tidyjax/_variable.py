@@ -35,6 +35,9 @@ class Variable(Tensor):
 
     __slots__ = ("name", "trainable")
 
+    name: str | None
+    trainable: bool
+
     def __new__(cls, value: Any, *, trainable: bool = True, name: str | None = None) -> Variable:
         if name is not None and not isinstance(name, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")

@@ -170,7 +170,7 @@ def _held_by_live_values(t: Tensor, ns: dict[str, Any]) -> bool:
 def _close_all(scope: Scope) -> None:
     from ._context import CURRENT
 
-    while (current := CURRENT.get()) is not None:
+    while isinstance(current := CURRENT.get(), Scope):
         current._close(None)
         if current is scope:
             return
@@ -197,6 +197,7 @@ def _make_magics(shell: Any) -> Any:
                 raise UsageError(f"usage: %%tidy [name] [-q]; got {line!r}")
             scoped = _CellScope(self.shell, names[0] if names else None)
             try:
+                assert self.shell is not None  # set when the extension loads
                 result = self.shell.run_cell(cell, store_history=False)
             finally:
                 scope = scoped.close()
@@ -225,6 +226,7 @@ def _make_magics(shell: Any) -> Any:
             raise UsageError("usage: %tidyjax auto on|off | %tidyjax memory | %tidyjax live")
 
         def set_auto(self, on: bool) -> None:
+            assert self.shell is not None  # set when the extension loads
             events = self.shell.events
             if on and self.auto is None:
                 self.auto = _Auto(self.shell)
