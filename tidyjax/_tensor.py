@@ -583,7 +583,9 @@ def adopt(array: jax.Array) -> Tensor:
         raise TidyjaxValueError(
             f"adopt() got a deleted jax.Array ({describe(array)}); nothing to own."
         )
-    if _registry.lookup(array) is None:
+    if array.committed and _registry.lookup(array) is None:
+        # Only a transfer (device_put, a shard view) makes a new object over a recorded
+        # buffer, and its result is committed to its device: fresh arrays skip the search.
         rec = _registry.find_alias(array)
         if rec is not None:  # another object over a buffer tidyjax records: share its record
             _registry.add_alias(rec, array)
