@@ -9,7 +9,7 @@ PUBLIC = {
     "TidyjaxTypeError", "TidyjaxValueError", "Variable", "adopt", "dispose", "dispose_variables",
     "keep", "memory", "tensor", "tidy", "lift", "jit", "grad", "value_and_grad", "vmap",
     "profile", "ProfileInfo", "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot",
-    "Snapshot", "SiteStat", "SiteDiff", "check_leaks", "LeakReport",
+    "Snapshot", "SiteStat", "SiteDiff", "check_leaks", "LeakReport", "CollectiveError",
 }  # fmt: skip
 
 
@@ -28,6 +28,7 @@ def test_exceptions_mix_in_the_builtin():
     assert issubclass(tj.ScopeError, RuntimeError)
     assert issubclass(tj.TidyjaxTypeError, TypeError)
     assert issubclass(tj.TidyjaxValueError, ValueError)
+    assert issubclass(tj.CollectiveError, (tj.TidyjaxError, RuntimeError))
     assert all(issubclass(e, tj.TidyjaxError) for e in (tj.DisposedError, tj.LeakError))
 
 

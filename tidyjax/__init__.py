@@ -7,6 +7,7 @@ buffer is freed the moment the scope ends, whatever else references the raw arra
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from ._errors import CollectiveError as CollectiveError
 from ._errors import DisposedError as DisposedError
 from ._errors import LeakError as LeakError
 from ._errors import ScopeError as ScopeError

@@ -57,6 +57,29 @@ def describe(arr: Any) -> str:
         return type(arr).__name__
 
 
+def local_nbytes(arr: Any) -> int:
+    """Logical bytes of ``arr`` held by this process: all of it, or for a global array of a
+    multi-process job, the distinct shards on this process's devices (from metadata)."""
+    if arr.is_fully_addressable:
+        return int(arr.nbytes)
+    shape = tuple(arr.shape)
+    itemsize = arr.nbytes // arr.size if arr.size else 0
+    distinct = set()
+    for index in arr.sharding.addressable_devices_indices_map(shape).values():
+        distinct.add(tuple(_bounds(sl, dim) for sl, dim in zip(index, shape, strict=False)))
+    total = 0
+    for bounds in distinct:
+        n = 1
+        for start, stop, step in bounds:
+            n *= len(range(start, stop, step))
+        total += n * itemsize
+    return total
+
+
+def _bounds(sl: Any, dim: int) -> tuple[int, int, int]:
+    return sl.indices(dim) if isinstance(sl, slice) else (0, dim, 1)
+
+
 def shard_bytes(arr: Any) -> dict[Any, int]:
     """Bytes ``arr`` holds on each of this process's devices, from its sharding alone.
 
@@ -70,7 +93,7 @@ def shard_bytes(arr: Any) -> dict[Any, int]:
     for dev, index in sharding.addressable_devices_indices_map(shape).items():
         n = 1
         for dim, sl in zip(shape, index, strict=False):
-            start, stop, step = sl.indices(dim) if isinstance(sl, slice) else (0, dim, 1)
+            start, stop, step = _bounds(sl, dim)
             n *= len(range(start, stop, step))
         out[dev] = out.get(dev, 0) + n * itemsize
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = [
+    "CollectiveError",
     "Reason",
     "DisposedError",
     "LeakError",
@@ -38,6 +39,10 @@ class TidyjaxTypeError(TidyjaxError, TypeError):
 
 class TidyjaxValueError(TidyjaxError, ValueError):
     """An argument had the right type but a wrong value (shape, dtype, name)."""
+
+
+class CollectiveError(TidyjaxError, RuntimeError):
+    """A report over all processes failed: not every process called it in time."""
 
 
 class LeakError(TidyjaxError, AssertionError):
@@ -90,6 +95,7 @@ def variable_disposed(label: str) -> Reason:
 
 
 for _cls in (
+    CollectiveError,
     DisposedError,
     ScopeError,
     TidyjaxError,

@@ -24,6 +24,7 @@ import jaxlib
 from . import _html, _registry
 from ._errors import LeakError, TidyjaxTypeError
 from ._memory import _fmt_bytes
+from ._processes import DEFAULT_TIMEOUT, gather
 from ._registry import KEPT
 from ._tensor import Tensor, _ids
 from ._trees import tensors_in
@@ -395,6 +396,38 @@ class LeakReport:
         return "\n".join(lines)
 
 
+def raise_leaks(
+    leaked: list[TensorRecord],
+    allowance: int,
+    where: str,
+    all_processes: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    checker: check_leaks | None = None,
+) -> None:
+    """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked (on any process)."""
+    report = LeakReport(leaked, where)
+    if checker is not None:
+        checker.report = report
+    if not all_processes:
+        if len(leaked) > allowance:
+            raise LeakError(str(report), report)
+        return
+    payload = {"tensors": [r.to_json() for r in leaked]}
+    per_process = [
+        [TensorRecord.from_json(d) for d in got["tensors"]]
+        for got in gather("check_leaks", payload, timeout)
+    ]
+    failing = [(i, recs) for i, recs in enumerate(per_process) if len(recs) > allowance]
+    if not failing:
+        return
+    names = ", ".join(str(i) for i, _ in failing)
+    report = LeakReport([r for _, recs in failing for r in recs], f"{where} on process(es) {names}")
+    if checker is not None:
+        checker.report = report
+    message = "\n".join(str(LeakReport(recs, f"{where} on process {i}")) for i, recs in failing)
+    raise LeakError(message, report)
+
+
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator
     """Fail when Tensors created inside are still alive at the end.
 
@@ -411,19 +444,32 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allowance: how many leaked Tensors to tolerate.
         allow_returned: in the decorator form, Tensors in the return value are not leaks.
         allow_kept: Tensors marked with :func:`tidyjax.keep` are not leaks.
+        all_processes: a collective over every process of a ``jax.distributed`` job (each
+            must run the check): a leak beyond ``allowance`` on any process fails every
+            process, and the report names the process.
+        timeout: seconds ``all_processes`` waits for every process.
 
     Raises:
         LeakError: with a :class:`LeakReport` (``err.report``) grouped by creation site. Not
             raised when the block itself raised. Tensors made by other threads meanwhile
             count too: check code that runs alone.
+        CollectiveError: with ``all_processes``, a process did not check within ``timeout``.
     """
 
     def __init__(
-        self, *, allowance: int = 0, allow_returned: bool = True, allow_kept: bool = False
+        self,
+        *,
+        allowance: int = 0,
+        allow_returned: bool = True,
+        allow_kept: bool = False,
+        all_processes: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         if not isinstance(allowance, int) or allowance < 0:
             raise TidyjaxTypeError(f"allowance must be an int >= 0, got {allowance!r}.")
         self.allowance = allowance
+        self.all_processes = all_processes
+        self.timeout = timeout
         self.allow_returned = allow_returned
         self.allow_kept = allow_kept
         self._start: int | None = None
@@ -457,10 +503,8 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
     def check(self) -> None:
         """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked."""
-        leaked = self.leaked()
-        self.report = LeakReport(leaked)
-        if len(leaked) > self.allowance:
-            raise LeakError(str(self.report), self.report)
+        raise_leaks(self.leaked(), self.allowance, "check_leaks()", self.all_processes,
+                    self.timeout, self)  # fmt: skip
 
     def __call__(self, fn: F) -> F:
         if not callable(fn) or inspect.isgeneratorfunction(fn):
@@ -469,6 +513,8 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
             "allowance": self.allowance,
             "allow_returned": self.allow_returned,
             "allow_kept": self.allow_kept,
+            "all_processes": self.all_processes,
+            "timeout": self.timeout,
         }
 
         if inspect.iscoroutinefunction(fn):

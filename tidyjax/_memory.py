@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from . import _html, _registry
+from ._processes import DEFAULT_TIMEOUT, gather
 
 __all__ = ["MemoryInfo", "memory"]
 
@@ -36,6 +37,8 @@ class MemoryInfo:
             not own (``None`` when not scanned).
         device_stats: ``Device.memory_stats()`` per device where the backend reports it
             (GPU/TPU); empty on CPU.
+        per_process: with ``memory(all_processes=True)``, each process's report in
+            process-index order (the other figures are their sums); else None.
     """
 
     __slots__ = (
@@ -44,6 +47,7 @@ class MemoryInfo:
         "num_bytes",
         "num_data_buffers",
         "num_tensors",
+        "per_process",
         "reasons",
         "unreliable",
         "untracked_arrays",
@@ -59,8 +63,10 @@ class MemoryInfo:
     untracked_arrays: int | None
     untracked_bytes: int | None
     device_stats: Mapping[Any, Mapping[str, int]]
+    per_process: tuple[MemoryInfo, ...] | None
 
     def __init__(self, **fields: Any) -> None:
+        fields.setdefault("per_process", None)
         for name in self.__slots__:
             object.__setattr__(self, name, fields[name])
 
@@ -70,7 +76,9 @@ class MemoryInfo:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MemoryInfo):
             return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+        return all(
+            getattr(self, n) == getattr(other, n) for n in self.__slots__ if n != "per_process"
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -123,19 +131,34 @@ def _memory_html(m: MemoryInfo) -> str:
     return _html.box(*parts)
 
 
-def memory(*, scan_untracked: bool = True) -> MemoryInfo:
-    """A snapshot of the Tensors, buffers and bytes tidyjax holds now.
+def memory(
+    *, scan_untracked: bool = True, all_processes: bool = False, timeout: float = DEFAULT_TIMEOUT
+) -> MemoryInfo:
+    """A snapshot of the Tensors, buffers and bytes tidyjax holds now, in this process.
+
+    In a ``jax.distributed`` job each process reports its own: its Tensors, and the bytes of
+    the shards on its own devices (a global array counts its local shards).
 
     Args:
         scan_untracked: also look through ``jax.live_arrays()`` for arrays tidyjax does not own
             and report them (costs milliseconds per ten thousand live arrays). With False,
             ``untracked_arrays`` is ``None``.
+        all_processes: a collective over every process of the job (each must call it): the
+            counts are the sums over processes, ``bytes_per_device`` covers every device, and
+            ``per_process`` holds each process's report. On a single process, ``memory()``
+            with a one-element ``per_process``.
+        timeout: seconds ``all_processes`` waits for every process.
+
+    Raises:
+        CollectiveError: with ``all_processes``, a process did not call it within ``timeout``.
 
     Example::
 
         info = tidyjax.memory()
         print(info.num_tensors, info.num_bytes)
     """
+    if all_processes:
+        return _all_processes(scan_untracked, timeout)
     recs, deleted = _registry.live()
     num_tensors = sum(max(rec.n, 0) for rec in recs + deleted)
     num_bytes = 0
@@ -179,6 +202,66 @@ def memory(*, scan_untracked: bool = True) -> MemoryInfo:
         untracked_arrays=untracked_arrays,
         untracked_bytes=untracked_bytes,
         device_stats=MappingProxyType(device_stats),
+    )
+
+
+def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
+    local = memory(scan_untracked=scan_untracked)
+    reports = [_from_json(d) for d in gather("memory", _to_json(local), timeout)]
+    per_device: dict[Any, int] = {}
+    stats: dict[Any, Mapping[str, int]] = {}
+    for r in reports:
+        for d, b in r.bytes_per_device.items():
+            per_device[d] = per_device.get(d, 0) + b
+        stats.update(r.device_stats)
+    untracked = [r.untracked_arrays for r in reports]
+    return MemoryInfo(
+        num_tensors=sum(r.num_tensors for r in reports),
+        num_data_buffers=sum(r.num_data_buffers for r in reports),
+        num_bytes=sum(r.num_bytes for r in reports),
+        bytes_per_device=MappingProxyType(per_device),
+        unreliable=any(r.unreliable for r in reports),
+        reasons=tuple(
+            reason if len(reports) == 1 else f"process {i}: {reason}"
+            for i, r in enumerate(reports)
+            for reason in r.reasons
+        ),
+        untracked_arrays=None if None in untracked else sum(u or 0 for u in untracked),
+        untracked_bytes=None if None in untracked else sum(r.untracked_bytes or 0 for r in reports),
+        device_stats=MappingProxyType(stats),
+        per_process=tuple(reports),
+    )
+
+
+def _to_json(m: MemoryInfo) -> dict[str, Any]:
+    return {
+        "num_tensors": m.num_tensors,
+        "num_data_buffers": m.num_data_buffers,
+        "num_bytes": m.num_bytes,
+        "bytes_per_device": {str(d.id): b for d, b in m.bytes_per_device.items()},
+        "reasons": list(m.reasons),
+        "untracked_arrays": m.untracked_arrays,
+        "untracked_bytes": m.untracked_bytes,
+        "device_stats": {str(d.id): dict(s) for d, s in m.device_stats.items()},
+    }
+
+
+def _from_json(d: dict[str, Any]) -> MemoryInfo:
+    devices = {dev.id: dev for dev in jax.devices()}
+    return MemoryInfo(
+        num_tensors=d["num_tensors"],
+        num_data_buffers=d["num_data_buffers"],
+        num_bytes=d["num_bytes"],
+        bytes_per_device=MappingProxyType(
+            {devices[int(k)]: b for k, b in d["bytes_per_device"].items()}
+        ),
+        unreliable=bool(d["reasons"]),
+        reasons=tuple(d["reasons"]),
+        untracked_arrays=d["untracked_arrays"],
+        untracked_bytes=d["untracked_bytes"],
+        device_stats=MappingProxyType(
+            {devices[int(k)]: MappingProxyType(s) for k, s in d["device_stats"].items()}
+        ),
     )
 
 

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ._arrays import CONCRETE, shard_bytes
+from ._arrays import CONCRETE, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, RELEASED, Reason
 
 __all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer", "Owner"]
@@ -91,7 +91,7 @@ class Buffer(weakref.ref):
             arr = self.array()
             if arr is None:
                 return 0
-            n = self.nbytes = int(arr.nbytes)
+            n = self.nbytes = local_nbytes(arr)
         return n
 
 

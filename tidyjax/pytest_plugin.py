@@ -80,12 +80,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
         owned = {t._id for rec, ts in live_holders() for t in ts if rec.scope is scope}
         leaked = [r for r in leaked if r.id not in owned]
-    if len(leaked) > allowance:
-        from ._inspect import LeakReport
+    import jax
 
-        report = LeakReport(leaked, where=f"test {item.name}")
-        item.add_report_section("call", "tidyjax leaks", str(report))
-        pytest.fail(str(report), pytrace=False)
+    from ._errors import LeakError
+    from ._inspect import raise_leaks
+
+    try:  # on a multi-process run, a leak on any process fails the test on every process
+        raise_leaks(leaked, allowance, f"test {item.name}", jax.process_count() > 1)
+    except LeakError as err:
+        item.add_report_section("call", "tidyjax leaks", str(err))
+        pytest.fail(str(err), pytrace=False)
     return result
 
 
