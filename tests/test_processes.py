@@ -142,6 +142,17 @@ TRAINING = """
     assert all(s.is_deleted() for s in shards)
     del shards
 
+    # a Variable over a global array, assigned inside a scope; donation of a global Tensor
+    v = tj.Variable(tj.adopt(global_array(np.ones((2,), np.float32), data)), name="v")
+    with tj.tidy():
+        v.assign(v * 3)
+    np.testing.assert_array_equal(np.asarray(v.array.addressable_shards[0].data), [3.0])
+    double = tj.jit(lambda a: a * 2, donate_argnums=0)
+    twice = double(v.clone())
+    assert v.is_disposed  # the clone's buffer is v's: donated, so v is gone too
+    twice.dispose()
+    tj.dispose_variables()
+
     # a leak on process 1 only fails the check on every process, naming process 1
     try:
         with tj.check_leaks(all_processes=True):
