@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent(
             w = z.clone()
         z.block_until_ready()
     except jax.errors.JaxRuntimeError as e:
-        assert "RESOURCE_EXHAUSTED" in str(e), e
+        # RESOURCE_EXHAUSTED on newer JAX; "INTERNAL: ... Out of memory" on jax 0.6
+        assert "RESOURCE_EXHAUSTED" in str(e) or "Out of memory" in str(e), e
         print("caught", type(e).__name__)
     else:
         print("allocated")  # a machine with that much memory: nothing to test

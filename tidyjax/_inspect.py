@@ -90,10 +90,16 @@ class TensorRecord:
     """One live Tensor, as :func:`live_tensors` reports it.
 
     Attributes:
-        id, shape, dtype (a string), bytes (its buffer's), devices (strings),
+        id: the Tensor's id.
+        shape: its shape.
+        dtype: its dtype, as a string.
+        bytes: its buffer's bytes.
+        devices: the devices holding it, as strings.
         scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
-            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable;
-        site: a :class:`Site` or None; kept, variable: booleans.
+            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable.
+        site: a :class:`Site` or None.
+        kept: whether it was kept.
+        variable: whether it is a Variable.
     """
 
     id: int

@@ -414,6 +414,13 @@ class _Tidy:
 
 
 tidy = _Tidy()
+"""Run code in a scope that frees every buffer it created, except what leaves it.
+
+One object, every form: ``with tidy():``, ``with tidy("name") as scope:``,
+``async with tidy():``, ``@tidy``, ``@tidy("name")`` (on ``async def`` too), and the
+TensorFlow.js form ``tidy.run(fn, *args)`` / ``tidy.run("name", fn, *args)``. See
+:class:`Scope` for what a scope reports after it exits.
+"""
 
 
 def keep(x: Any) -> Any:
