@@ -77,10 +77,11 @@ def _show(outs: list[str]) -> str:
     def keep(line: str) -> bool:  # drop XLA's and gloo's log noise
         return not line.startswith(("W0", "I0", "[Gloo]"))
 
-    return "\n".join(
-        f"--- process {i} ---\n" + "\n".join([ln for ln in out.splitlines() if keep(ln)][-60:])
-        for i, out in enumerate(outs)
-    )
+    def tail(out: str) -> str:
+        kept = [ln for ln in out.splitlines() if keep(ln)]
+        return "\n".join((kept or out.splitlines())[-60:])  # all of it when only logs came
+
+    return "\n".join(f"--- process {i} ---\n{tail(out)}" for i, out in enumerate(outs))
 
 
 TRAINING = """
@@ -119,6 +120,9 @@ TRAINING = """
             y = x.sum(axis=1, keepdims=True)
             new, loss = step(params, x, y)
             scope.keep(new)
+            # Wait for each step, as a loop that logs its loss does: CPU collectives over gloo
+            # can stall with many cross-process steps in flight on a loaded machine.
+            loss.block_until_ready()
         tj.dispose(params)
         params = new
         if i in (10, 50):
