@@ -9,10 +9,10 @@ are taken in alternation, and the ratio is of their medians, so machine noise hi
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 
+import core
 import jax
 import jax.numpy as jnp
 from _timing import per_call, side_by_side
@@ -21,36 +21,9 @@ import tidyjax as tj
 
 
 def op_overhead(number: int, rounds: int) -> None:
-    print("== Tensor op vs the same raw jax op (eager, CPU, float32[256]) ==")
-    print(f"{'op':24s} {'jax µs':>9s} {'tidyjax µs':>11s} {'ratio':>7s}")
-    x = jnp.linspace(0.0, 1.0, 256)
-    y = jnp.linspace(1.0, 2.0, 256)
-    t, u = tj.tensor(x), tj.tensor(y)
-    cases = {
-        "a + b": (lambda: x + y, lambda: t + u),
-        "a * 2.0": (lambda: x * 2.0, lambda: t * 2.0),
-        "exp(a)": (lambda: jnp.exp(x), lambda: t.exp()),
-        "a.sum()": (lambda: x.sum(), lambda: t.sum()),
-        "a[3:10]": (lambda: x[3:10], lambda: t[3:10]),
-    }
-    for name, (raw, tracked) in cases.items():
-        gc.collect()
-        r, w = side_by_side(raw, tracked, number, rounds)
-        print(f"{name:24s} {r * 1e6:9.2f} {w * 1e6:11.2f} {w / r:7.3f}")
-
-    # The same ops inside a tidy scope that frees its 100 results at exit: the whole cost.
-    def raw_block() -> None:
-        for _ in range(100):
-            x + y
-
-    def tidy_block() -> None:
-        with tj.tidy():
-            for _ in range(100):
-                t + u
-
-    r, w = side_by_side(raw_block, tidy_block, max(1, number // 100), rounds)
-    print(f"{'100 x (a + b) in tidy':24s} {r * 1e6:9.2f} {w * 1e6:11.2f} {w / r:7.3f}")
-    tj.dispose([t, u])
+    print("== Tensor ops and lifted calls vs the same raw jax, eager, CPU (benchmarks/core.py) ==")
+    print(f"{'workload':58s} {'raw µs':>10s} {'tidyjax µs':>10s} {'ratio':>7s}")
+    core.eager(number, rounds)
 
 
 def scope_cost(rounds: int) -> None:
