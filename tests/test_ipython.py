@@ -47,7 +47,7 @@ b * 100
 """,
     )
     out = capsys.readouterr().out
-    assert "tidy: freed 1 buffers (8 B); kept 4" in out  # b*100; a+100 went with `del`
+    assert "tidy: freed 1 buffer (8 B); kept 4" in out  # b*100; a+100 went with `del`
     ns = shell.user_ns
     for name in ("a", "b"):
         assert not ns[name].is_disposed

@@ -45,7 +45,7 @@ def test_quickstart_notebook():
         "b disposed after the inner tidy: True",
         "losses: [1.0, 0.25, 0.0625]",
         "it was freed when scope 'block' exited",
-        "tidy: freed 1 buffers (4 B); kept 2",
+        "tidy: freed 1 buffer (4 B); kept 2",
         "h, g alive: True True | _ disposed: True",
         "new 12 B in 1 tensors",
         "created inside check_leaks() are still alive",

@@ -42,6 +42,10 @@ _AWAITABLE_IN_SYNC = (
 )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class Scope(Tracker):
     """One ``tidy`` scope: a context manager (sync and async) and a decorator.
 
@@ -83,7 +87,7 @@ class Scope(Tracker):
         state = ("new", "open", "exited")[self._state]
         extra = ""
         if self._state == _CLOSED:
-            extra = f", freed {self.num_freed} buffers ({self.bytes_freed} bytes)"
+            extra = f", freed {_count(self.num_freed, 'buffer')} ({self.bytes_freed} bytes)"
             extra += f", handed out {self.num_handed_out}"
         return f"<tidyjax.Scope {self.path!r} {state}{extra}>"
 

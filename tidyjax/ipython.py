@@ -98,7 +98,8 @@ def _created_in(scope: Scope) -> list[Tensor]:
 
 def _summary(scope: Scope) -> str:
     return (
-        f"tidy: freed {scope.num_freed} buffers ({_fmt_bytes(scope.bytes_freed)}); "
+        f"tidy: freed {scope.num_freed} buffer{'' if scope.num_freed == 1 else 's'} "
+        f"({_fmt_bytes(scope.bytes_freed)}); "
         f"kept {scope.num_handed_out}"
     )
 
