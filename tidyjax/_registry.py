@@ -110,10 +110,10 @@ _buffers: dict[int, Buffer] = {}
 _sweep_at = 4096
 
 
-def fresh(arr: Any, scope: Any) -> Buffer:
+def fresh(arr: Any, scope: Any, callback: Any = None) -> Buffer:
     """The one constructor of a record: ``arr``'s new buffer, held by one Tensor, owned by
     ``scope``. Not yet published (``new`` publishes; the per-op path stores it itself)."""
-    rec = Buffer(arr)
+    rec = Buffer(arr, callback) if callback is not None else Buffer(arr)
     rec.dead = rec.more = None
     rec.n = 1
     rec.nbytes = -1
@@ -125,12 +125,7 @@ def fresh(arr: Any, scope: Any) -> Buffer:
 def new(arr: Any, scope: Any, owned: bool = True) -> Buffer:
     """A fresh record for ``arr`` held by one Tensor, published in the registry (and reported
     to the observers: while they watch, a record also reports its array's collection)."""
-    if observers:
-        rec = Buffer(arr, _collected)
-        rec.dead = rec.more = None
-        rec.n, rec.nbytes, rec.scope = 1, -1, scope
-    else:
-        rec = fresh(arr, scope)
+    rec = fresh(arr, scope, _collected if observers else None)
     rec.owned = owned
     _buffers[id(arr)] = rec
     if len(_buffers) > _sweep_at:
