@@ -28,10 +28,14 @@ def execute(name: str):
 def text_of(nb) -> str:
     parts = []
     for cell in nb.cells:
+        stdout = []  # a busy kernel may send one print() as several stream messages
         for out in cell.get("outputs", []):
-            parts.append(out.get("text", ""))
+            if out.get("output_type") == "stream":
+                (stdout if out.get("name") == "stdout" else parts).append(out.get("text", ""))
+                continue
             parts.append(out.get("data", {}).get("text/plain", ""))
             parts.append(out.get("data", {}).get("text/html", ""))
+        parts.append("".join(stdout))
     return "\n".join(parts)
 
 
