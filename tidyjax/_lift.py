@@ -28,7 +28,7 @@ from . import _registry
 from ._errors import TidyjaxTypeError, donated
 from ._ops import lift
 from ._tensor import Tensor, wrap
-from ._trees import tensors_in, unwrap, wrap_arrays, wrap_tree
+from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays, wrap_tree
 from ._variable import Variable
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
@@ -144,15 +144,11 @@ def _rewrapping(fn: Callable[..., Any]) -> Callable[..., Any]:
                 lambda c, a: wrap(a) if isinstance(c, Tensor) else a,
                 caller,
                 (args, kwargs),
-                is_leaf=_is_tensor,
+                is_leaf=is_tensor,
             )
         return unwrap(fn(*args, **kwargs))
 
     return inner
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
 
 
 def _call_jitted(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -25,16 +25,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from ._arrays import CONCRETE, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, RELEASED, Reason
 
-__all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer", "Owner"]
-
-
-class Owner(Protocol):
-    """Whatever can own a record: a scope (see ``_context.Tracker``) or a marker."""
+__all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer"]
 
 
 class _Marker:

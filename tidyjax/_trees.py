@@ -28,7 +28,7 @@ def _is_namedtuple(tx: type) -> bool:
     return False
 
 
-def _is_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
@@ -60,7 +60,7 @@ def walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
         return tx._make([walk(v, leaf) for v in x])
     if isinstance(x, (Tensor, Tracer)):
         return leaf(x)
-    return jax.tree_util.tree_map(lambda v: leaf(v) if _is_value(v) else v, x, is_leaf=_is_tensor)
+    return jax.tree_util.tree_map(lambda v: leaf(v) if _is_value(v) else v, x, is_leaf=is_tensor)
 
 
 def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
