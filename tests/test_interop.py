@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tidyjax as tj
+from tidyjax._arrays import CONCRETE
 import tidyjax.lax as tlax
 import tidyjax.nn as tnn
 import tidyjax.numpy as tnp
@@ -73,21 +74,27 @@ def test_random_keys_are_tracked_tensors():
     assert key.is_disposed and scope.num_freed >= 3
 
 
-def test_tensors_pass_through_jax_transformations():
+def test_raw_jax_transformations_see_plain_jax_values():
     w = tj.tensor([1.0, 2.0, 3.0])
+    seen = []
 
-    def loss(w):  # inside plain jax.grad, w is a Tensor wrapping a tracer
-        return (w * w).sum().array  # jax.grad itself needs an array out; tidyjax.grad does not
+    def loss(w):  # inside plain jax.grad, w is JAX's own tracer: nothing to track there
+        seen.append(w)
+        return (w * w).sum()
 
-    g = jax.grad(loss)(w)  # plain jax.grad: Tensor is a pytree
-    assert isinstance(g, Tensor)
+    g = jax.grad(loss)(w)  # the gradient has the input's structure: a tracked Tensor
+    assert isinstance(seen[0], jax.core.Tracer)
+    assert isinstance(g, Tensor) and not g.is_disposed
     np.testing.assert_array_equal(g.numpy(), [2.0, 4.0, 6.0])
-    doubled = jax.jit(lambda t: t * 2)(w)
-    assert isinstance(doubled, Tensor)
-    np.testing.assert_array_equal(doubled.numpy(), [2.0, 4.0, 6.0])
-    rows = jax.vmap(lambda r: r.sum())(tj.tensor(np.ones((3, 2), np.float32)))
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(w)), [2.0, 4.0, 6.0])
+    doubled = jax.jit(lambda t: t * 2)(w)  # a new output is JAX's own array
+    assert type(doubled) in CONCRETE
+    np.testing.assert_array_equal(np.asarray(doubled), [2.0, 4.0, 6.0])
+    ones = tj.tensor(np.ones((3, 2), np.float32))
+    rows = jax.vmap(lambda r: r.sum())(ones)
     np.testing.assert_array_equal(np.asarray(rows), [2.0, 2.0, 2.0])
-    assert jnp.sin(w).shape == (3,)  # __jax_array__ + pytree
+    assert jnp.sin(w).shape == (3,)  # __jax_array__
+    tj.dispose([w, g, ones])
 
 
 def test_tidyjax_transformations_take_and_return_tensors():
@@ -114,10 +121,15 @@ def test_scan_over_tensors():
     def body(carry, x):
         return carry + x, carry * x
 
-    carry, ys = jax.lax.scan(body, tj.tensor(0.0), tj.tensor([1.0, 2.0, 3.0]))
-    assert isinstance(carry, Tensor) and isinstance(ys, Tensor)
-    assert carry.item() == 6.0
-    np.testing.assert_array_equal(ys.numpy(), [0.0, 2.0, 9.0])
+    xs = tj.tensor([1.0, 2.0, 3.0])
+    carry, ys = jax.lax.scan(body, 0.0, xs)  # raw lax.scan: JAX's own arrays come back
+    assert carry.item() == 6.0 and type(ys) in CONCRETE
+    with tidy():
+        carry, ys = tj.lax.scan(body, tj.tensor(0.0), xs)  # the tidyjax form: tracked Tensors
+        assert isinstance(carry, Tensor) and isinstance(ys, Tensor)
+        np.testing.assert_array_equal(ys.numpy(), [0.0, 2.0, 9.0])
+    assert carry.is_disposed and ys.is_disposed
+    xs.dispose()
 
 
 def test_no_tracer_ever_enters_the_registry():
@@ -131,11 +143,24 @@ def test_no_tracer_ever_enters_the_registry():
 
     with tidy():
         x = tj.tensor([1.0])
-        y = f(x)
-        assert counts()[0] == 2  # the input and the output, no tracer
-    assert x.is_disposed and y.is_disposed
-    assert isinstance(seen[0].array, jax.core.Tracer)
-    assert seen[0]._rec is not None  # untracked, not disposed: never counted
+        y = f(x)  # raw jax.jit: a new output is JAX's own array, no Tensor
+        assert counts()[0] == 1  # the input only: no tracer
+    assert x.is_disposed and type(y) in CONCRETE
+    assert isinstance(seen[0], jax.core.Tracer)
+
+    @tj.jit
+    def g(t):
+        y = t.mul(2).add(1)  # inside a tidyjax transformation, results chain as Tensors
+        seen.append(y)
+        return y
+
+    with tidy():
+        x = tj.tensor([1.0])
+        y = g(x)
+        assert counts()[0] == 2
+        assert isinstance(seen[1], Tensor) and isinstance(seen[1].array, jax.core.Tracer)
+        assert seen[1]._rec is not None  # untracked, not disposed: never counted
+    assert y.is_disposed
 
 
 def test_tree_map_identity_shares_buffers_without_double_free():

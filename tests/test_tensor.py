@@ -166,13 +166,15 @@ def test_dispose_deletes_the_buffer_and_is_idempotent():
 def test_use_after_dispose_raises_disposed_error_naming_the_tensor():
     t = tj.tensor(np.zeros((3, 4), np.float32))
     t.dispose()
-    for use in (lambda: t + 1, lambda: t.sum(), lambda: t.numpy(), lambda: t.shape,
+    for use in (lambda: t + 1, lambda: t.sum(), lambda: t.numpy(), lambda: t.nbytes,
                 lambda: t.array, lambda: t[0], lambda: float(t), lambda: 1 + t):  # fmt: skip
         with pytest.raises(DisposedError) as err:
             use()
         msg = str(err.value)
         assert "float32[3,4]" in msg and "disposed explicitly" in msg and "clone()" in msg
     assert isinstance(err.value, RuntimeError)
+    # Only the data is gone: shape and dtype stay readable, as for a deleted jax.Array.
+    assert (t.shape, t.dtype, t.ndim, t.size) == ((3, 4), np.float32, 2, 12)
 
 
 def test_disposed_argument_raises_even_when_its_buffer_is_shared():

@@ -7,9 +7,11 @@ buffer is freed the moment the scope ends, whatever else references the raw arra
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from . import _interop
 from ._errors import CollectiveError as CollectiveError
 from ._errors import DisposedError as DisposedError
 from ._errors import LeakError as LeakError
+from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import ScopeError as ScopeError
 from ._errors import TidyjaxError as TidyjaxError
 from ._errors import TidyjaxTypeError as TidyjaxTypeError
@@ -29,6 +31,9 @@ from ._lift import value_and_grad as value_and_grad
 from ._lift import vmap as vmap
 from ._memory import MemoryInfo as MemoryInfo
 from ._memory import memory as memory
+from ._oom import OOMHolder as OOMHolder
+from ._oom import OOMReport as OOMReport
+from ._oom import oom_report as oom_report
 from ._ops import install_tensor_methods as _install_tensor_methods
 from ._ops import lift as lift
 from ._profile import KernelRecord as KernelRecord
@@ -41,12 +46,23 @@ from ._scope import tidy as tidy
 from ._tensor import Tensor as Tensor
 from ._tensor import adopt as adopt
 from ._tensor import tensor as tensor
+from ._timeline import Timeline as Timeline
+from ._timeline import timeline as timeline
 from ._variable import Variable as Variable
+from ._trees import arrays as arrays
+from ._trees import is_tensor as is_tensor
+from ._trees import tensors as tensors
 from ._variable import dispose_variables as dispose_variables
 from .ipython import load_ipython_extension as load_ipython_extension
 from .ipython import unload_ipython_extension as unload_ipython_extension
 
 _install_tensor_methods()
+_interop.install()
+
+from . import lax as lax  # noqa: E402 - the lifted namespaces need the Tensor methods above
+from . import nn as nn  # noqa: E402
+from . import numpy as numpy  # noqa: E402
+from . import random as random  # noqa: E402
 
 try:
     __version__ = _version("tidyjax")

@@ -30,7 +30,34 @@ def _key_array_class() -> type:
 
 PRNGKeyArray: type = _key_array_class()
 
-__all__ = ["CONCRETE", "PLAIN", "ArrayImpl", "PRNGKeyArray", "Tracer", "describe", "is_concrete"]
+
+def _jax_operator_codes() -> frozenset[Any]:
+    """The code objects of ``jax.Array``'s binary operators.
+
+    Such an operator converts an operand that has ``__jax_array__`` and computes the result
+    itself; ``Tensor.__jax_array__`` answers these callers with the Tensor, so the operator
+    returns NotImplemented and Python calls the Tensor's reflected operator (``raw * t`` is a
+    tracked Tensor, like ``t * raw``). Private to JAX: tests/test_interop.py fails loudly when
+    the operators move.
+    """
+    try:
+        methods = importlib.import_module("jax._src.numpy.array_methods")
+    except ImportError:  # pragma: no cover - a jax layout we do not know
+        return frozenset()
+    codes = {
+        fn.__code__
+        for name, fn in vars(methods).items()
+        if name.startswith("_operator_") and hasattr(fn, "__code__")
+    }
+    defer = getattr(methods, "_defer_to_unrecognized_arg", None)  # JAX before 0.7
+    if defer is not None:
+        codes.add(defer("+", lambda a, b: None).__code__)
+    return frozenset(codes)
+
+
+JAX_OPERATORS: frozenset[Any] = _jax_operator_codes()
+
+__all__ = ["CONCRETE", "JAX_OPERATORS", "PLAIN", "ArrayImpl", "PRNGKeyArray", "Tracer", "describe", "is_concrete"]
 
 #: The concrete array classes a Tensor owns; anything else it wraps (a tracer) is untracked.
 CONCRETE: frozenset[type] = frozenset({ArrayImpl, PRNGKeyArray})

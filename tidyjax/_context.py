@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ._registry import Buffer
 
-__all__ = ["CURRENT", "Tracker"]
+__all__ = ["CURRENT", "TRACING", "Tracker"]
 
 
 class Tracker:
@@ -55,3 +55,10 @@ class Tracker:
 CURRENT: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar(  # noqa: UP045
     "tidyjax_scope", default=None
 )
+
+#: True while a tidyjax transformation (``tidyjax.jit``/``grad``/``value_and_grad``/``vmap``) runs
+#: the user's function on tracers: there, results stay Tensors wrapping tracers, so Tensor-only
+#: methods (``t.relu()``, ``t.add(u)``) chain. Elsewhere (inside raw ``jax.jit``, ``jax.grad``,
+#: ``lax.scan``, Equinox and Flax transformations) an op on a traced Tensor hands back JAX's own
+#: tracer: JAX needs plain traced values out of a function it transforms.
+TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("tidyjax_tracing", default=False)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib
@@ -23,13 +24,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.errors import JaxRuntimeError
 
 from . import _registry
-from ._errors import TidyjaxTypeError, donated
+from ._errors import TidyjaxTypeError, TidyjaxValueError, donated
+from ._oom import raise_if_oom
 from ._ops import lift
-from ._tensor import Tensor, wrap
+from ._arrays import CONCRETE, Tracer, describe
+from ._context import TRACING
+from ._tensor import Tensor, kind, shell, wrap
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays, wrap_tree
-from ._variable import Variable
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
 
@@ -41,14 +46,79 @@ def _flatten(t: Tensor) -> tuple[tuple[Any], None]:
     return (t._value(),), None
 
 
-def _unflatten(_aux: None, children: Sequence[Any]) -> Tensor:
-    return wrap(children[0])
+def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
+    """A rebuilt Tensor node: what JAX put in place of the array decides what comes back.
+
+    * a concrete array: a Tensor tracked by the current scope (a buffer a live Tensor holds is
+      shared, ref-counted);
+    * a tracer: the tracer itself (inside a tidyjax transformation: an untracked Tensor shell);
+    * data a tree map computed (a number, a shape tuple, a string, a NumPy array from
+      ``jax.device_get``, a ``ShapeDtypeStruct``): the value itself, as for a plain array;
+    * anything else (``None`` from ``eqx.partition``, booleans of a mask or filter, a library's
+      per-leaf objects): an untracked Tensor shell around it, so the tree keeps its structure
+      and maps, merges and zips with the tree it came from.
+    """
+    child = children[0]
+    if type(child) in CONCRETE or isinstance(child, Tracer):
+        return wrap(child)
+    if type(child) in _DATA:
+        return child
+    return shell(child)
 
 
+#: Values a tree map hands back in place of a Tensor as themselves (exact types: ``bool`` and
+#: named tuples are masks and library objects, which keep their Tensor node).
+_DATA: frozenset[type] = frozenset(
+    {int, float, complex, str, bytes, tuple, np.ndarray, jax.ShapeDtypeStruct, np.dtype}
+    | {type(np.dtype("float32")), np.float32, np.float64, np.int32, np.int64}
+)
+
+
+# One node type for Tensors and Variables (a Variable is a Tensor with a flag), so a tree of
+# Variables and the gradient tree computed for it map together. Rebuilding gives plain Tensors:
+# a new variable is never made behind the user's back.
 jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
-# A Variable flattens like a Tensor; rebuilding one (tree_map, optax updates, grads) gives a plain
-# Tensor: a new variable is never made behind the user's back.
-jax.tree_util.register_pytree_node(Variable, _flatten, _unflatten)  # type: ignore[arg-type]
+
+
+def _not_an_array(t: Tensor) -> Any:
+    """JAX asked for the abstract value of a Tensor: a JAX function that takes only jax.Arrays
+    (``jax.lax.*`` and ``jax.random.*`` called eagerly) got one. Say what to call instead."""
+    fn = _jax_caller()
+    # A ValueError, as JAX's own error here is: JAX rewraps a TypeError in a message of its own.
+    raise TidyjaxValueError(
+        f"{fn} got a tidyjax {kind(t)} {describe(t._array)}, but it takes jax.Arrays only. "
+        f"Call the tidyjax form (tidyjax.lax.*, tidyjax.random.*: a tracked Tensor comes back), "
+        f"pass t.array, or wrap the function with tidyjax.lift."
+    )
+
+
+def _jax_caller() -> str:
+    """The JAX function the user called, from the stack (e.g. ``jax.lax.exp``)."""
+    frame = sys._getframe(2)
+    name = "a JAX function"
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("jax."):
+            parts = module.split(".")
+            package = parts[2] if parts[1] == "_src" and len(parts) > 2 else parts[1]
+            name = f"jax.{package}.{frame.f_code.co_name}"
+        elif name != "a JAX function":
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    return name
+
+
+# JAX looks a value's type up in these tables before it raises a message about __jax_array__
+# that names no fix. Private to JAX, and they moved between versions: tests/test_interop.py fails
+# loudly if a Tensor passed to jax.lax no longer gets the error above.
+_JAX_TYPE_TABLES = (
+    ("jax._src.core", "pytype_aval_mappings"),
+    ("jax._src.dtypes", "canonicalize_value_handlers"),  # JAX 0.7+
+    ("jax._src.interpreters.xla", "canonicalize_dtype_handlers"),  # JAX before 0.7
+)
+for _module, _table in _JAX_TYPE_TABLES:
+    with contextlib.suppress(ImportError, AttributeError):
+        getattr(importlib.import_module(_module), _table)[Tensor] = _not_an_array
 
 
 # -- namespaces ------------------------------------------------------------------------------
@@ -115,46 +185,45 @@ def lifted_namespace(
 # -- transformations -------------------------------------------------------------------------
 
 
-def _unwrapping(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Inside a transformation, return plain jax values: JAX needs arrays (grad needs a scalar)."""
-
-    @functools.wraps(fn)
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        return unwrap(fn(*args, **kwargs))
-
-    return inner
-
-
-# The arguments of the tidyjax.jit calls now running, as the caller passed them. tidyjax.jit hands
-# JAX plain arrays (JAX flattens those in C++; a Tensor costs a Python callback per leaf), and
-# the traced function puts Tensors back where the caller had them.
+# The arguments of the tidyjax transformation calls now running, as the caller passed them. A
+# tidyjax transformation hands JAX plain arrays (JAX flattens those in C++; a Tensor costs a Python
+# callback per leaf), and the traced function puts Tensors back where the caller had them.
 _CALLER_ARGS: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar(
-    "tidyjax_jit_args", default=None
+    "tidyjax_transform_args", default=None
 )
 
 
-def _rewrapping(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``_unwrapping``, with Tensors (wrapping tracers) where the caller passed Tensors."""
+def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a tidyjax transformation traces it: Tensors (wrapping tracers) where the caller
+    passed Tensors, results chaining as Tensors, and plain jax values out (JAX needs arrays)."""
 
     @functools.wraps(fn)
     def inner(*args: Any, **kwargs: Any) -> Any:
         caller = _CALLER_ARGS.get()
         if caller is not None:
             args, kwargs = jax.tree_util.tree_map(
-                lambda c, a: wrap(a) if isinstance(c, Tensor) else a,
+                lambda c, a: (c if a is c._array else shell(a)) if isinstance(c, Tensor) else a,
                 caller,
                 (args, kwargs),
                 is_leaf=is_tensor,
             )
-        return unwrap(fn(*args, **kwargs))
+        token = TRACING.set(True)
+        try:
+            return unwrap(fn(*args, **kwargs))
+        finally:
+            TRACING.reset(token)
 
     return inner
 
 
-def _call_jitted(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call a JAX transformation of ``_traced(fn)`` on plain arrays; ``fn`` gets Tensors back."""
     token = _CALLER_ARGS.set((args, kwargs))
     try:
-        return jitted(*unwrap(args), **unwrap(kwargs))
+        return transformed(*unwrap(args), **unwrap(kwargs))
+    except JaxRuntimeError as e:  # out of memory: name the holders; else untouched
+        raise_if_oom(e, getattr(transformed, "__name__", "function"), args)
+        raise
     finally:
         _CALLER_ARGS.reset(token)
 
@@ -179,14 +248,14 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
     if fn is None:
         return functools.partial(jit, **jit_kwargs)
     _check(fn, "jit")
-    jitted = jax.jit(_rewrapping(fn), **jit_kwargs)
+    jitted = jax.jit(_traced(fn), **jit_kwargs)
     donate_nums = _as_tuple(jit_kwargs.get("donate_argnums"))
     donate_names = _as_tuple(jit_kwargs.get("donate_argnames"))
     if not (donate_nums or donate_names):
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return wrap_arrays(_call_jitted(jitted, args, kwargs))
+            return wrap_arrays(_call(jitted, args, kwargs))
 
         call.lower = jitted.lower  # type: ignore[attr-defined]
         return call
@@ -203,7 +272,7 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
             i = positions.get(n, len(args))
             if n not in kwargs and i < len(args):
                 donated.append(args[i])
-        out = _call_jitted(jitted, args, kwargs)
+        out = _call(jitted, args, kwargs)
         _mark_donated(donated, name)
         return wrap_arrays(out)
 
@@ -241,27 +310,27 @@ def grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
     Tensors too.
     """
     _check(fn, "grad")
-    transformed = jax.grad(_unwrapping(fn), **grad_kwargs)
+    transformed = jax.grad(_traced(fn), **grad_kwargs)
     return _wrapping(transformed, fn)
 
 
 def value_and_grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
     """``jax.value_and_grad`` taking Tensors, returning ``(value, grad)`` as tracked Tensors."""
     _check(fn, "value_and_grad")
-    transformed = jax.value_and_grad(_unwrapping(fn), **grad_kwargs)
+    transformed = jax.value_and_grad(_traced(fn), **grad_kwargs)
     return _wrapping(transformed, fn)
 
 
 def vmap(fn: Callable[..., Any], /, **vmap_kwargs: Any) -> Callable[..., Any]:
     """``jax.vmap`` that takes Tensors and returns tracked Tensors."""
     _check(fn, "vmap")
-    transformed = jax.vmap(_unwrapping(fn), **vmap_kwargs)
+    transformed = jax.vmap(_traced(fn), **vmap_kwargs)
     return _wrapping(transformed, fn)
 
 
 def _wrapping(transformed: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return wrap_tree(transformed(*args, **kwargs))
+        return wrap_arrays(_call(transformed, args, kwargs))
 
     return call

@@ -17,12 +17,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import _registry
+from . import _html, _registry
 from ._context import CURRENT, Tracker
-from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, scope_exited
+from ._arrays import describe
+from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
 from ._registry import KEPT, VARIABLE
 from ._tensor import dispose_many, forget_array
-from ._trees import records_in, tensors_in
+from ._trees import _gather, records_in, tensors_in
 
 __all__ = ["Scope", "dispose", "keep", "tidy"]
 
@@ -87,9 +88,12 @@ class Scope(Tracker):
         state = ("new", "open", "exited")[self._state]
         extra = ""
         if self._state == _CLOSED:
-            extra = f", freed {_count(self.num_freed, 'buffer')} ({self.bytes_freed} bytes)"
-            extra += f", handed out {self.num_handed_out}"
+            extra = f", freed {_count(self.num_freed, 'buffer')} "
+            extra += f"({_html.fmt_bytes(self.bytes_freed)}), handed out {self.num_handed_out}"
         return f"<tidyjax.Scope {self.path!r} {state}{extra}>"
+
+    def _repr_html_(self) -> str:
+        return _scope_html(self)
 
     @property
     def num_created(self) -> int:
@@ -123,6 +127,9 @@ class Scope(Tracker):
             self.path = f"{parent.path}/{self.name or '<tidy>'}"
         self._token = CURRENT.set(self)
         self._state = _OPEN
+        if _registry.observers:  # a timeline draws scopes as bands
+            for observer in list(_registry.observers):
+                observer.event("scope_enter", self)
         return self
 
     def _close(self, result: Any = None) -> None:
@@ -147,6 +154,9 @@ class Scope(Tracker):
         self._state = _CLOSED
         self._token = None
         self._free(result)
+        if _registry.observers:
+            for observer in list(_registry.observers):
+                observer.event("scope_exit", self)
 
     def _free(self, result: Any) -> None:
         recs, tensors = records_in(result)
@@ -255,6 +265,25 @@ class Scope(Tracker):
         if self._state != _NEW:
             raise ScopeError(f"scope {self.path!r} is already in use; decorate with tidy(name).")
         return _decorate(fn, self.name)
+
+
+@_html.never_raises
+def _scope_html(s: Scope) -> str:
+    esc = _html.esc
+    title = f"<b>Scope</b> {esc(repr(s.path))} "
+    if s._state == _NEW:
+        return _html.box(title, _html.dim("not entered yet"))
+    peak = s.peak_bytes
+    header = ["buffers created", "freed", "bytes freed", "handed out", "peak"]
+    row = [
+        s.num_created,
+        s.num_freed if s._state == _CLOSED else "",
+        esc(_html.fmt_bytes(s.bytes_freed)) if s._state == _CLOSED else "",
+        s.num_handed_out if s._state == _CLOSED else "",
+        esc(_html.fmt_bytes(peak)) if peak is not None else _html.dim("not measured"),
+    ]
+    state = "exited" if s._state == _CLOSED else "open"
+    return _html.box(title, _html.dim(state), _html.table(header, [row], numeric=range(5)))
 
 
 def _check_function(fn: Any, what: str) -> None:
@@ -443,10 +472,31 @@ def keep(x: Any) -> Any:
 
 
 def dispose(x: Any) -> None:
-    """Dispose every Tensor and Variable in the pytree ``x``; other leaves are ignored.
+    """Dispose every Tensor and Variable in the pytree ``x``, and delete every raw
+    ``jax.Array`` in it that no live Tensor holds; other leaves are ignored.
 
     Example::
 
         tidyjax.dispose([a, b, {"c": c}])
+
+    Raises:
+        TidyjaxValueError: ``x`` holds a raw ``jax.Array`` whose buffer a live Tensor or
+            Variable holds (nothing is disposed): dispose that Tensor instead.
     """
-    dispose_many(tensors_in(x), DISPOSED)
+    tensors: list[Any] = []
+    raws: list[Any] = []
+    _gather(x, tensors, raws)
+    for arr in raws:
+        if arr.is_deleted():
+            continue
+        rec = _registry.lookup(arr) or _registry.find_alias(arr)
+        if rec is not None and rec.dead is None:
+            raise TidyjaxValueError(
+                f"dispose() got a raw jax.Array {describe(arr)} whose buffer a live Tensor "
+                "holds; dispose that Tensor (its buffer is freed with its last holder), or "
+                "tidyjax.adopt() the array first."
+            )
+    dispose_many(tensors, DISPOSED)
+    for arr in raws:
+        if not arr.is_deleted():
+            arr.delete()

@@ -8,7 +8,9 @@ class by ``_ops.install_tensor_methods()``.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
+import sys
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -16,10 +18,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.errors import JaxRuntimeError
 
 from . import _html, _registry
-from ._arrays import CONCRETE, ArrayImpl, PRNGKeyArray, Tracer, describe
-from ._context import CURRENT
+from ._arrays import CONCRETE, JAX_OPERATORS, ArrayImpl, PRNGKeyArray, Tracer, describe
+from ._context import CURRENT, TRACING
 from ._errors import (
     DISPOSED,
     RELEASED,
@@ -28,6 +31,7 @@ from ._errors import (
     TidyjaxTypeError,
     TidyjaxValueError,
 )
+from ._oom import raise_if_oom
 
 __all__ = ["Tensor", "adopt", "tensor"]
 
@@ -52,7 +56,7 @@ class Tensor:
         b.dispose()
     """
 
-    __slots__ = ("__weakref__", "_array", "_id", "_kept", "_rec", "_why")
+    __slots__ = ("__weakref__", "_array", "_id", "_kept", "_rec", "_var", "_why")
 
     # numpy defers to our reflected operators (``np_array + t`` gives a Tensor), as with jax.Array.
     __array_priority__ = 100
@@ -62,9 +66,10 @@ class Tensor:
     _rec: _registry.Buffer | None  # None once this Tensor is disposed
     _why: Reason
     _kept: bool  # set by tidyjax.keep: no scope disposes this object (unset: False)
+    _var: Any  # a Variable's name and trainable flag (see _variable.py; unset: a plain Tensor)
 
     def __new__(cls, data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
-        return wrap(_copy_in(data, dtype, device))
+        return tensor(data, dtype, device=device)
 
     def __del__(self) -> None:
         # The one place a collected Tensor is noticed: its record has one holder fewer. The
@@ -110,7 +115,46 @@ class Tensor:
 
         Idempotent: disposing twice does nothing.
         """
-        dispose_tensor(self, DISPOSED)
+        if getattr(self, "_var", None) is None:
+            dispose_tensor(self, DISPOSED)
+        else:
+            from ._variable import dispose_variable
+
+            dispose_variable(self)
+
+    # -- Variables (a Variable is a Tensor carrying ``_var``; see _variable.py) -------------
+
+    @property
+    def name(self) -> str | None:
+        """A Variable's name; None for a plain Tensor or an unnamed Variable."""
+        var = getattr(self, "_var", None)
+        return var.name if var is not None else None
+
+    @name.setter
+    def name(self, value: str | None) -> None:
+        from ._variable import variable_info
+
+        if value is not None and not isinstance(value, str):
+            raise TidyjaxTypeError(f"Variable name must be a str, got {type(value).__name__}.")
+        variable_info(self, "name").name = value
+
+    @property
+    def trainable(self) -> bool:
+        """Whether a Variable is trainable; False for a plain Tensor."""
+        var = getattr(self, "_var", None)
+        return var.trainable if var is not None else False
+
+    @trainable.setter
+    def trainable(self, value: bool) -> None:
+        from ._variable import variable_info
+
+        variable_info(self, "trainable").trainable = bool(value)
+
+    def assign(self, value: Any) -> Tensor:
+        """Replace a Variable's value (see :class:`Variable`); plain Tensors are immutable."""
+        from ._variable import assign
+
+        return assign(self, value)
 
     def clone(self) -> Tensor:
         """A new Tensor sharing this one's buffer (no copy); each must be disposed on its own."""
@@ -118,21 +162,23 @@ class Tensor:
 
     # -- shape and metadata ----------------------------------------------------------------
 
+    # Shape and dtype stay readable after dispose: only the data is gone.
+
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self._value().shape)
+        return tuple(self._array.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self._value().dtype
+        return self._array.dtype  # type: ignore[no-any-return]
 
     @property
     def ndim(self) -> int:
-        return int(self._value().ndim)
+        return len(self._array.shape)
 
     @property
     def size(self) -> int:
-        return int(self._value().size)
+        return math.prod(self._array.shape)
 
     @property
     def nbytes(self) -> int:
@@ -183,7 +229,11 @@ class Tensor:
             )
         return np.array(self._value(), dtype=dtype)
 
-    def __jax_array__(self) -> jax.Array:
+    def __jax_array__(self) -> Any:
+        if sys._getframe(1).f_code in JAX_OPERATORS:
+            # A jax.Array's operator (``raw * t``) asks first: answering with the Tensor makes it
+            # return NotImplemented, so Python calls our reflected operator: a tracked result.
+            return self
         return self._value()
 
     def item(self, *args: Any) -> Any:
@@ -222,13 +272,16 @@ class Tensor:
         return format(self._value(), spec)
 
     def __repr__(self) -> str:
-        name = type(self).__name__
+        name = kind(self)
         if self.is_disposed:
             return f"<{name} {describe(self._array)} id={self._id}: disposed, {reason(self)}>"
         text = repr(self._array)
-        if text.startswith("Array("):
+        if text.startswith("Array(") and text.endswith(")"):
             text = text[len("Array(") : -1]
-        return f"{name}({text})"
+        elif text.startswith("Array("):  # a PRNG key: "Array((), dtype=key<fry>) overlaying:\n…"
+            return f"{name}{text[len('Array') :]}"
+        label = self.name
+        return f"{name}(name={label!r}, {text})" if label else f"{name}({text})"
 
     def __str__(self) -> str:
         if self.is_disposed:
@@ -250,35 +303,52 @@ class Tensor:
     # -- copying and pickling (each copy is a Tensor the registry counts) -------------------
 
     def __copy__(self) -> Tensor:
-        return self.clone()
+        var = getattr(self, "_var", None)
+        if var is None:
+            return self.clone()
+        from ._variable import Variable
+
+        return Variable(self, name=var.name, trainable=var.trainable)  # shares the buffer
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
-        return tensor(self._value())
+        fn, args = self.__reduce__()
+        return fn(*args)  # type: ignore[no-any-return]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (tensor, (np.array(self._value()),))
+        var = getattr(self, "_var", None)
+        if var is None:
+            return (tensor, (np.array(self._value()),))
+        from ._variable import restore_variable
+
+        return (restore_variable, (np.array(self._value()), var.name, var.trainable))
 
 
 Tensor.__module__ = "tidyjax"
 
-#: Tensor and its subclasses (Variable adds itself), for exact-type checks on hot paths.
-TENSOR_TYPES: set[type] = {Tensor}
+#: The Tensor type, for exact-type checks on hot paths (a Variable is a Tensor with a flag).
+TENSOR_TYPES: frozenset[type] = frozenset({Tensor})
+
+
+def kind(t: Tensor) -> str:
+    """``"Variable"`` or ``"Tensor"``, for messages."""
+    return "Variable" if getattr(t, "_var", None) is not None else "Tensor"
 
 
 # -- the per-op path ---------------------------------------------------------------------------
 
 
-def wrap(arr: Any) -> Tensor:
+def wrap(arr: Any) -> Any:
     """A new Tensor holding ``arr``: the buffer is recorded and owned by the current scope.
 
     ``arr`` is a new buffer (the usual op result: a fresh record, owned by the innermost scope)
-    or an array object tidyjax already records (an alias: the record gains a holder). Tracers
-    and other non-concrete values get an untracked Tensor: no tracer is ever counted.
+    or an array object tidyjax already records (an alias: the record gains a holder). A tracer is
+    never counted: it comes back as it is, or as an untracked Tensor shell while a tidyjax
+    transformation traces (see ``_context.TRACING``).
     """
-    t = _new(Tensor)
-    t._array = arr
-    t._id = next(_ids)
     if type(arr) is ArrayImpl or type(arr) is PRNGKeyArray:
+        t = _new(Tensor)
+        t._array = arr
+        t._id = next(_ids)
         rec = _buffers.get(id(arr))
         if rec is not None:
             first = rec()
@@ -302,8 +372,19 @@ def wrap(arr: Any) -> Tensor:
         else:
             t._rec = rec
             _join(t, rec, scope)
-    else:
-        t._rec = _UNTRACKED
+        return t
+    if isinstance(arr, Tracer) and not TRACING.get():
+        return arr
+    return shell(arr)
+
+
+def shell(value: Any) -> Tensor:
+    """An untracked Tensor around a value tidyjax never counts: a tracer, or a placeholder
+    (``None``) where a pytree's structure must keep a Tensor node."""
+    t = _new(Tensor)
+    t._array = value
+    t._id = next(_ids)
+    t._rec = _UNTRACKED
     return t
 
 
@@ -482,7 +563,7 @@ def disposed_error(t: Tensor) -> DisposedError:
     why = reason(t)
     hint = why.hint if isinstance(why, Reason) else DISPOSED.hint
     return DisposedError(
-        f"{type(t).__name__} {describe(t._array)} (id {t._id}) is disposed: {why}. {hint}"
+        f"{kind(t)} {describe(t._array)} (id {t._id}) is disposed: {why}. {hint}"
     )
 
 
@@ -494,7 +575,7 @@ def scope_path(t: Tensor) -> str | None:
 
 @_html.never_raises
 def _tensor_html(t: Tensor) -> str:
-    name = type(t).__name__
+    name = kind(t)
     label = getattr(t, "name", None)
     title = f"<b>{name}</b>" + (f" {_html.esc(repr(label))}" if label else "")
     if t.is_disposed:
@@ -503,13 +584,47 @@ def _tensor_html(t: Tensor) -> str:
     arr = t._array
     if type(arr) not in CONCRETE:
         return _html.box(title, " ", _html.dim(f"wrapping {type(arr).__name__}: {arr!r}"))
-    devices = ", ".join(sorted(str(d) for d in arr.devices()))
     rec = t._rec
     path = scope_path(t)
     owner = rec.scope if rec is not None else None
     where = f" · scope {path!r}" if path else " · kept" if owner is _registry.KEPT else ""
-    info = f"{describe(arr)} · {devices} · {int(arr.nbytes)} B · id {t._id}{where}"
-    return _html.box(title, " ", _html.dim(info), _html.values_preview(arr))
+    info = (
+        f"{describe(arr)} · {_html.fmt_bytes(int(arr.nbytes))} · {_placement(arr)} · "
+        f"id {t._id}{where}"
+    )
+    devices = ", ".join(sorted(str(d) for d in arr.devices()))
+    line = f'<span class="d" title="{_html.esc(devices)}">{_html.esc(info)}</span>'
+    if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):  # its values are the key data
+        values = _html.line(_html.dim("key data")) + _html.values_preview(jax.random.key_data(arr))
+    else:
+        values = _html.values_preview(arr)
+    return _html.box(title, " ", line, values)
+
+
+def _placement(arr: Any) -> str:
+    """Where the buffer lives: one device, or how it is split over a mesh and the bytes that
+    each device holds (``sharded P('x') over mesh x=8 · 32 B per device on 8 devices``)."""
+    from ._arrays import shard_bytes
+
+    devices = arr.devices()
+    if len(devices) == 1:
+        return str(next(iter(devices)))
+    sharding = arr.sharding
+    spec = getattr(sharding, "spec", None)
+    if sharding.is_fully_replicated:
+        how = "replicated"
+    elif spec is not None:
+        how = "sharded P(" + ", ".join(repr(p) for p in spec) + ")"
+    else:
+        how = f"sharded ({type(sharding).__name__})"
+    shape = getattr(getattr(sharding, "mesh", None), "shape", None)
+    if shape:
+        how += " over mesh " + " × ".join(f"{axis}={n}" for axis, n in shape.items())  # noqa: RUF001
+    sizes = sorted(set(shard_bytes(arr).values()))
+    each = _html.fmt_bytes(sizes[0])
+    if len(sizes) > 1:
+        each += f" to {_html.fmt_bytes(sizes[-1])}"
+    return f"{how} · {each} per device on {_html.count(len(devices), 'device')}"
 
 
 # -- construction ------------------------------------------------------------------------------
@@ -537,8 +652,15 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
                 "the same length. Pad the rows, or make one Tensor per row."
             ) from e
         raise TidyjaxValueError(f"tensor() cannot make an array from {data!r:.60}: {e}") from e
+    except JaxRuntimeError as e:  # out of memory: name the holders; else untouched
+        raise_if_oom(e, "tensor", (data,))
+        raise
     if device is not None:
-        arr = jax.device_put(arr, device)
+        try:
+            arr = jax.device_put(arr, device)
+        except JaxRuntimeError as e:
+            raise_if_oom(e, "tensor", (data,))
+            raise
     return arr
 
 
@@ -558,7 +680,8 @@ def tensor(data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
         TidyjaxValueError: ``data`` is a ragged nested sequence.
         DisposedError: ``data`` is a disposed Tensor.
     """
-    return wrap(_copy_in(data, dtype, device))
+    arr = _copy_in(data, dtype, device)
+    return wrap(arr) if type(arr) in CONCRETE else shell(arr)  # a traced copy: an untracked shell
 
 
 def adopt(array: jax.Array) -> Tensor:

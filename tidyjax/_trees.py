@@ -16,7 +16,10 @@ from . import _registry
 from ._arrays import CONCRETE, PLAIN, Tracer
 from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_all, wrap_borrowed
 
-__all__ = ["records_in", "tensors_in", "unwrap", "unwrap_args", "wrap_arrays", "wrap_tree"]
+__all__ = [
+    "arrays", "is_tensor", "records_in", "tensors", "tensors_in", "unwrap", "unwrap_args",
+    "wrap_arrays", "wrap_tree",
+]  # fmt: skip
 
 _NAMEDTUPLES: set[type] = set()
 
@@ -29,7 +32,31 @@ def _is_namedtuple(tx: type) -> bool:
 
 
 def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a tidyjax Tensor (a Variable included).
+
+    For tree functions that should stop at Tensors: ``jax.tree.map(f, tree, is_leaf=is_tensor)``
+    hands ``f`` the Tensors themselves rather than their arrays.
+    """
     return isinstance(x, Tensor)
+
+
+def arrays(tree: Any) -> Any:
+    """``tree`` with every Tensor (and Variable) replaced by its ``jax.Array``: for libraries
+    that want plain arrays (checkpointing, serialization). The Tensors stay as they are.
+
+    Raises:
+        DisposedError: a Tensor in ``tree`` is disposed.
+    """
+    return unwrap(tree)
+
+
+def tensors(tree: Any) -> Any:
+    """``tree`` with every ``jax.Array`` in it replaced by a Tensor tracked by the current scope
+    (the scope owns the arrays from now on, as with :func:`tidyjax.adopt`); Tensors stay.
+
+    The way back from :func:`arrays`: ``state = tidyjax.tensors(restore(...))``.
+    """
+    return wrap_tree(tree)
 
 
 def _is_value(x: Any) -> bool:

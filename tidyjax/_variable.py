@@ -7,10 +7,10 @@ import weakref
 from typing import Any
 
 from . import _registry
-from ._arrays import CONCRETE
+from ._arrays import CONCRETE, describe
 from ._context import Tracker
 from ._errors import VARIABLES_DISPOSED, TidyjaxTypeError, TidyjaxValueError, variable_disposed
-from ._tensor import TENSOR_TYPES, Tensor, _copy_in, _ids, dispose_tensor
+from ._tensor import Tensor, _copy_in, _ids, dispose_tensor
 
 __all__ = ["Variable", "dispose_variables"]
 
@@ -19,12 +19,34 @@ _variables_lock = threading.Lock()
 _prune_at = [1024]  # collected Variables' entries are pruned when the dict doubles
 
 
-class Variable(Tensor):
+class _VarInfo:
+    """What makes a Tensor a Variable: its name and whether it is trainable."""
+
+    __slots__ = ("name", "trainable")
+
+    def __init__(self, name: str | None, trainable: bool) -> None:
+        self.name = name
+        self.trainable = trainable
+
+
+class _VariableType(type):
+    """``isinstance(x, Variable)``: x is a Tensor carrying a variable flag."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return getattr(obj, "_var", None) is not None
+
+
+class Variable(Tensor, metaclass=_VariableType):
     """A Tensor whose value can be replaced with :meth:`assign`; never freed by a scope.
 
     Built from a Tensor, it shares that Tensor's buffer (two tensors, one data buffer); from any
     other data (including a raw ``jax.Array``) it holds a copy. Use it in ops like a Tensor; the
     results are plain Tensors. Free it with :meth:`dispose` or :func:`dispose_variables`.
+
+    A Variable *is* a :class:`Tensor` carrying a variable flag (``isinstance(v, Variable)`` is
+    true, ``type(v)`` is ``Tensor``): JAX sees one pytree node type, so a tree of Variables maps
+    together with its gradients and optax updates (``optax.apply_updates(variables, updates)``).
+    ``pickle`` and ``copy.deepcopy`` give back a Variable with the same name and ``trainable``.
 
     Example::
 
@@ -33,85 +55,98 @@ class Variable(Tensor):
             w.assign(w - 0.1 * grad)   # the old buffer is freed, the new one survives the scope
     """
 
-    __slots__ = ("name", "trainable")
+    __slots__ = ()
 
-    name: str | None
-    trainable: bool
-
-    def __new__(cls, value: Any, *, trainable: bool = True, name: str | None = None) -> Variable:
+    def __new__(  # type: ignore[misc]
+        cls, value: Any, *, trainable: bool = True, name: str | None = None
+    ) -> Variable:
         if name is not None and not isinstance(name, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")
         arr = _value_of(value, "Variable()")
-        v = object.__new__(cls)
+        v = object.__new__(Tensor)
         v._array = arr
         v._id = next(_ids)
         v._rec = _hold(arr, value)
-        v.trainable = bool(trainable)
-        v.name = name
+        v._var = _VarInfo(name, bool(trainable))
         with _variables_lock:
             if len(_variables) > _prune_at[0]:
                 for key in [k for k, r in _variables.items() if r() is None]:
                     del _variables[key]
                 _prune_at[0] = max(1024, 2 * len(_variables))
             _variables[v._id] = weakref.ref(v)
-        return v
-
-    def assign(self, value: Any) -> Variable:
-        """Replace the value; shape and dtype must match. Returns the Variable.
-
-        The old buffer is freed unless another live Tensor still uses it. A Tensor value is shared,
-        not copied, so it may be a temporary of the current scope. A Variable whose buffer was
-        donated to a jitted function may be assigned its new value.
-
-        Raises:
-            TidyjaxValueError: the shape differs.
-            TidyjaxTypeError: the dtype differs.
-            DisposedError: this Variable or ``value`` is disposed.
-        """
-        if self._rec is None:  # disposed; a donated variable (rec.dead) may take a new value
-            self._value()
-        old = self._array
-        new = _value_of(value, f"{self._label()}.assign()")
-        if tuple(new.shape) != tuple(old.shape):
-            raise TidyjaxValueError(
-                f"{self._label()}.assign() got shape {tuple(new.shape)}, but the variable has "
-                f"shape {tuple(old.shape)}; a Variable's shape is fixed. Reshape the value or "
-                "make a new Variable."
-            )
-        if new.dtype != old.dtype:
-            raise TidyjaxTypeError(
-                f"{self._label()}.assign() got dtype {new.dtype}, but the variable has dtype "
-                f"{old.dtype}; cast with value.astype({str(old.dtype)!r})."
-            )
-        old_rec = self._rec
-        if old_rec is not None and old_rec is _registry.lookup(new) and old_rec.dead is None:
-            self._array = new  # the same buffer (v.assign(v), a clone, a same-dtype astype)
-            return self
-        rec = _hold(new, value)
-        self._array = new
-        self._rec = rec
-        if old_rec is not None and old_rec.dead is None:
-            _registry.release(old_rec)  # freed unless another live Tensor holds it
-        return self
-
-    def dispose(self) -> None:
-        """Free the variable now (its buffer too, unless a live Tensor shares it). Idempotent."""
-        dispose_tensor(self, variable_disposed(self._label()))
-        with _variables_lock:
-            _variables.pop(self._id, None)
-
-    def _label(self) -> str:
-        return f"Variable {self.name!r}" if self.name else f"Variable (id {self._id})"
-
-    def __repr__(self) -> str:
-        base = super().__repr__()
-        if self.name and not self.is_disposed:
-            return base.replace("Variable(", f"Variable(name={self.name!r}, ", 1)
-        return base
+        return v  # type: ignore[return-value]
 
 
 Variable.__module__ = "tidyjax"
-TENSOR_TYPES.add(Variable)
+
+
+def variable_info(t: Tensor, what: str) -> _VarInfo:
+    """``t``'s variable flag, or a clear error for a plain Tensor."""
+    var = getattr(t, "_var", None)
+    if var is None:
+        raise TidyjaxTypeError(
+            f"Tensor {describe(t._array)} (id {t._id}) is not a Variable, so it has no {what} "
+            f"to set; make one with tidyjax.Variable(t, {what}=...)."
+        )
+    return var
+
+
+def assign(self: Tensor, value: Any) -> Tensor:
+    """Replace a Variable's value; shape and dtype must match. Returns the Variable.
+
+    The old buffer is freed unless another live Tensor still uses it. A Tensor value is shared,
+    not copied, so it may be a temporary of the current scope. A Variable whose buffer was
+    donated to a jitted function may be assigned its new value.
+
+    Raises:
+        TidyjaxTypeError: this is a plain Tensor (Tensors are immutable), or the dtype differs.
+        TidyjaxValueError: the shape differs.
+        DisposedError: this Variable or ``value`` is disposed.
+    """
+    variable_info(self, "value to assign")
+    if self._rec is None:  # disposed; a donated variable (rec.dead) may take a new value
+        self._value()
+    label = _label(self)
+    old = self._array
+    new = _value_of(value, f"{label}.assign()")
+    if tuple(new.shape) != tuple(old.shape):
+        raise TidyjaxValueError(
+            f"{label}.assign() got shape {tuple(new.shape)}, but the variable has "
+            f"shape {tuple(old.shape)}; a Variable's shape is fixed. Reshape the value or "
+            "make a new Variable."
+        )
+    if new.dtype != old.dtype:
+        raise TidyjaxTypeError(
+            f"{label}.assign() got dtype {new.dtype}, but the variable has dtype "
+            f"{old.dtype}; cast with value.astype({str(old.dtype)!r})."
+        )
+    old_rec = self._rec
+    if old_rec is not None and old_rec is _registry.lookup(new) and old_rec.dead is None:
+        self._array = new  # the same buffer (v.assign(v), a clone, a same-dtype astype)
+        return self
+    rec = _hold(new, value)
+    self._array = new
+    self._rec = rec
+    if old_rec is not None and old_rec.dead is None:
+        _registry.release(old_rec)  # freed unless another live Tensor holds it
+    return self
+
+
+def dispose_variable(v: Tensor) -> None:
+    """Free a Variable now (its buffer too, unless a live Tensor shares it). Idempotent."""
+    dispose_tensor(v, variable_disposed(_label(v)))
+    with _variables_lock:
+        _variables.pop(v._id, None)
+
+
+def _label(v: Tensor) -> str:
+    name = v.name
+    return f"Variable {name!r}" if name else f"Variable (id {v._id})"
+
+
+def restore_variable(data: Any, name: str | None, trainable: bool) -> Tensor:
+    """Unpickling: a Variable again, owned by no scope."""
+    return Variable(data, name=name, trainable=trainable)
 
 
 def _hold(arr: Any, value: Any) -> _registry.Buffer:
@@ -125,7 +160,7 @@ def _hold(arr: Any, value: Any) -> _registry.Buffer:
         return _registry.new(arr, _registry.VARIABLE)
     _registry.join(rec)
     owner = rec.scope
-    if isinstance(owner, Tracker) and isinstance(value, Tensor) and type(value) is Tensor:
+    if isinstance(owner, Tracker) and isinstance(value, Tensor) and not isinstance(value, Variable):
         owner._aliases.append(weakref.ref(value))
     rec.scope = _registry.VARIABLE
     return rec
