@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 
 import pytest
 
@@ -15,6 +16,11 @@ def _line_of(marker: str) -> int:
     """The line number of the line in this file that contains ``marker``."""
     lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
     return next(i for i, line in enumerate(lines, 1) if marker in line)
+
+
+# Sites name files relative to the working directory when they lie under it.
+HERE = os.path.relpath(__file__)
+HERE = __file__ if HERE.startswith(os.pardir) else HERE
 
 
 def make_pair():
@@ -47,7 +53,7 @@ def test_snapshot_compare_to_sorts_by_size_change_and_round_trips_json(tmp_path)
     after = tj.snapshot()
     diffs = after.compare_to(before)
     assert [d.bytes_diff for d in diffs] == [400, 24]
-    assert str(diffs[0]).startswith(f"{__file__}:{_line_of('SITE:big')} in test_snapshot")
+    assert str(diffs[0]).startswith(f"{HERE}:{_line_of('SITE:big')} in test_snapshot")
     assert (diffs[1].count, diffs[1].count_diff) == (3, 3)
     assert "+24 B" in str(diffs[1])
     stats = after.statistics()
@@ -74,9 +80,9 @@ def test_check_leaks_reports_the_right_file_and_line():
     report = err.value.report
     assert len(report) == 1 and report.num_bytes == 8
     (group,) = report.groups
-    assert group.site == f"{__file__}:{_line_of('SITE:make_pair')} in make_pair"
+    assert group.site == f"{HERE}:{_line_of('SITE:make_pair')} in make_pair"
     assert group.count == 1 and group.shapes == {"float32[2]": 1}
-    assert "1 tensor(s) (8 B) created inside check_leaks() are still alive" in str(err.value)
+    assert "1 tensor (8 B) created inside check_leaks() is still alive" in str(err.value)
     assert isinstance(err.value, AssertionError)
     kept_by_mistake.dispose()
 
@@ -165,10 +171,34 @@ def test_plugin_marker_fails_a_leaking_test_with_a_grouped_report(pytester):
     result.stdout.fnmatch_lines(
         [
             "*test_leaky*",
-            "*1 tensor(s) (12 B) created inside test test_leaky are still alive:*",
-            "*test_leaks.py:7 in make: 1 tensor(s), 12 B [[]float32[[]3[]][]]*",
+            "*1 tensor (12 B) created inside test test_leaky is still alive:*",
+            "*test_leaks.py:7 in make: 1 tensor, 12 B [[]float32[[]3[]][]]*",
         ]
     )
+
+
+def test_plugin_prints_a_leak_report_once(pytester):
+    pytester.makepyfile(test_leaks=LEAKY_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "test_leaky")
+    result.assert_outcomes(failed=1, deselected=5)
+    report = [ln for ln in result.stdout.lines if "is still alive" in ln]
+    assert len([ln for ln in report if not ln.startswith("FAILED")]) == 1  # + pytest's summary
+
+
+def test_plugin_bad_allowance_fails_the_test_with_a_clear_message(pytester):
+    pytester.makepyfile(
+        test_bad="""
+import pytest
+
+@pytest.mark.no_tensor_leaks(allowance="x")
+def test_bad():
+    pass
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no_tensor_leaks(allowance=...) takes a number of Tensors*'x'*"])
+    assert "ValueError" not in result.stdout.str()
 
 
 def test_plugin_flag_applies_to_every_test(pytester):

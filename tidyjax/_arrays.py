@@ -57,7 +57,16 @@ def _jax_operator_codes() -> frozenset[Any]:
 
 JAX_OPERATORS: frozenset[Any] = _jax_operator_codes()
 
-__all__ = ["CONCRETE", "JAX_OPERATORS", "PLAIN", "ArrayImpl", "PRNGKeyArray", "Tracer", "describe", "is_concrete"]
+__all__ = [
+    "CONCRETE",
+    "JAX_OPERATORS",
+    "PLAIN",
+    "ArrayImpl",
+    "PRNGKeyArray",
+    "Tracer",
+    "describe",
+    "is_concrete",
+]
 
 #: The concrete array classes a Tensor owns; anything else it wraps (a tracer) is untracked.
 CONCRETE: frozenset[type] = frozenset({ArrayImpl, PRNGKeyArray})

@@ -54,16 +54,19 @@ class _Finder(importlib.abc.MetaPathFinder):
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None:
-                loader = spec.loader
-                exec_module = loader.exec_module
-
-                def exec_and_hook(module: ModuleType) -> None:
-                    exec_module(module)
-                    hook(module)
-
-                loader.exec_module = exec_and_hook  # type: ignore[method-assign]
+                spec.loader.exec_module = _then(spec.loader.exec_module, hook)  # type: ignore[method-assign,assignment]
                 return spec
         return None
+
+
+def _then(
+    exec_module: Callable[[ModuleType], None], hook: Callable[[ModuleType], None]
+) -> Callable[[ModuleType], None]:
+    def exec_and_hook(module: ModuleType) -> None:
+        exec_module(module)
+        hook(module)
+
+    return exec_and_hook
 
 
 def install() -> None:

@@ -28,13 +28,13 @@ import numpy as np
 from jax.errors import JaxRuntimeError
 
 from . import _registry
+from ._arrays import CONCRETE, Tracer, describe
+from ._context import TRACING
 from ._errors import TidyjaxTypeError, TidyjaxValueError, donated
 from ._oom import raise_if_oom
 from ._ops import lift
-from ._arrays import CONCRETE, Tracer, describe
-from ._context import TRACING
 from ._tensor import Tensor, kind, shell, wrap
-from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays, wrap_tree
+from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
 

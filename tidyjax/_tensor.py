@@ -170,7 +170,7 @@ class Tensor:
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self._array.dtype  # type: ignore[no-any-return]
+        return self._array.dtype
 
     @property
     def ndim(self) -> int:
@@ -312,7 +312,7 @@ class Tensor:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         fn, args = self.__reduce__()
-        return fn(*args)  # type: ignore[no-any-return]
+        return fn(*args)
 
     def __reduce__(self) -> tuple[Any, ...]:
         var = getattr(self, "_var", None)

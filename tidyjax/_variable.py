@@ -14,7 +14,7 @@ from ._tensor import Tensor, _copy_in, _ids, dispose_tensor
 
 __all__ = ["Variable", "dispose_variables"]
 
-_variables: dict[int, weakref.ref[Variable]] = {}
+_variables: dict[int, weakref.ref[Tensor]] = {}
 _variables_lock = threading.Lock()
 _prune_at = [1024]  # collected Variables' entries are pruned when the dict doubles
 
@@ -57,7 +57,7 @@ class Variable(Tensor, metaclass=_VariableType):
 
     __slots__ = ()
 
-    def __new__(  # type: ignore[misc]
+    def __new__(
         cls, value: Any, *, trainable: bool = True, name: str | None = None
     ) -> Variable:
         if name is not None and not isinstance(name, str):

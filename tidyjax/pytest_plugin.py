@@ -56,12 +56,28 @@ def _settings(item: pytest.Item) -> int | None:
         return None
     default = config.getoption("--tidyjax-leak-allowance")
     if default is None:
-        default = int(config.getini("tidyjax_leak_allowance") or 0)
+        default = _allowance(
+            config.getini("tidyjax_leak_allowance") or 0, "ini tidyjax_leak_allowance"
+        )
     if marker is not None:
-        if marker.args:
-            return int(marker.args[0])
-        return int(marker.kwargs.get("allowance", default))
+        value = marker.args[0] if marker.args else marker.kwargs.get("allowance", default)
+        return _allowance(value, f"@pytest.mark.{_MARKER}(allowance=...)")
     return default
+
+
+def _allowance(value: Any, where: str) -> int:
+    """``value`` as a leak allowance, or fail the test saying what is wrong and where."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0 or isinstance(value, (bool, float)):
+        pytest.fail(
+            f"tidyjax: {where} takes a number of Tensors, a non-negative int; got {value!r}. "
+            f"Write e.g. @pytest.mark.{_MARKER}(allowance=2).",
+            pytrace=False,
+        )
+    return n
 
 
 @pytest.hookimpl(wrapper=True)
@@ -88,9 +104,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     try:  # on a multi-process run, a leak on any process fails the test on every process
         raise_leaks(leaked, allowance, f"test {item.name}", jax.process_count() > 1)
     except LeakError as err:
-        item.add_report_section("call", "tidyjax leaks", str(err))
-        pytest.fail(str(err), pytrace=False)
-    return result
+        report = str(err)
+    else:
+        return result
+    pytest.fail(report, pytrace=False)  # outside the except: the report is printed once
 
 
 @pytest.fixture
