@@ -14,7 +14,7 @@ import pytest
 
 import tidyjax as tj
 from tidyjax import DisposedError, Tensor, Variable, tidy
-from tidyjax._arrays import CONCRETE, JAX_OPERATORS
+from tidyjax._arrays import CONCRETE, JAX_KEY_CHECKS, JAX_OPERATORS
 
 from .conftest import counts
 
@@ -152,8 +152,14 @@ def test_raw_lax_on_a_tensor_names_the_tidyjax_form():
     t = tj.tensor([0.0, 1.0])
     with pytest.raises(tj.TidyjaxValueError, match=r"jax\.lax\.exp got a tidyjax Tensor"):
         jax.lax.exp(t)
-    with pytest.raises(tj.TidyjaxValueError, match=r"tidyjax\.lax"):
+    with pytest.raises(tj.TidyjaxValueError, match=r"Call tidyjax\.lax\.add instead"):
         jax.lax.add(t, t)
+    key = tj.random.key(0)  # a typed key Tensor: JAX checks it as raw key data
+    with pytest.raises(tj.TidyjaxValueError, match=r"Call tidyjax\.random\.normal instead"):
+        jax.random.normal(key, (2,))
+    assert JAX_KEY_CHECKS, "JAX's PRNG key-data check moved: update _arrays._jax_key_check_codes"
+    assert tj.random.normal(key, (2,)).shape == (2,)
+    key.dispose()
     np.testing.assert_allclose(tj.lax.exp(t).numpy(), np.exp([0.0, 1.0]), rtol=1e-6)
     t.dispose()
 

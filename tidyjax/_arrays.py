@@ -57,6 +57,22 @@ def _jax_operator_codes() -> frozenset[Any]:
 
 JAX_OPERATORS: frozenset[Any] = _jax_operator_codes()
 
+
+def _jax_key_check_codes() -> frozenset[Any]:
+    """The code of JAX's check of raw PRNG key data, which reads ``.ndim`` of what
+    ``jax.random.*`` was given: a typed key Tensor answers it with an error naming the fix.
+    Private to JAX (it moved in 0.7): tests/test_pytrees.py fails loudly when it moves again."""
+    codes = set()
+    for module in ("jax._src.random.prng", "jax._src.prng"):
+        try:
+            codes.add(importlib.import_module(module)._check_prng_key_data.__code__)
+        except (ImportError, AttributeError):
+            continue
+    return frozenset(codes)
+
+
+JAX_KEY_CHECKS: frozenset[Any] = _jax_key_check_codes()
+
 __all__ = [
     "CONCRETE",
     "JAX_OPERATORS",

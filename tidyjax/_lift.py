@@ -28,12 +28,12 @@ import numpy as np
 from jax.errors import JaxRuntimeError
 
 from . import _registry
-from ._arrays import CONCRETE, Tracer, describe
+from ._arrays import CONCRETE, Tracer
 from ._context import TRACING
-from ._errors import TidyjaxTypeError, TidyjaxValueError, donated
+from ._errors import TidyjaxTypeError, donated
 from ._oom import raise_if_oom
 from ._ops import lift
-from ._tensor import Tensor, kind, shell, wrap
+from ._tensor import Tensor, refused_by_jax, shell, wrap
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
@@ -80,36 +80,8 @@ _DATA: frozenset[type] = frozenset(
 jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
 
 
-def _not_an_array(t: Tensor) -> Any:
-    """JAX asked for the abstract value of a Tensor: a JAX function that takes only jax.Arrays
-    (``jax.lax.*`` and ``jax.random.*`` called eagerly) got one. Say what to call instead."""
-    fn = _jax_caller()
-    # A ValueError, as JAX's own error here is: JAX rewraps a TypeError in a message of its own.
-    raise TidyjaxValueError(
-        f"{fn} got a tidyjax {kind(t)} {describe(t._array)}, but it takes jax.Arrays only. "
-        f"Call the tidyjax form (tidyjax.lax.*, tidyjax.random.*: a tracked Tensor comes back), "
-        f"pass t.array, or wrap the function with tidyjax.lift."
-    )
-
-
-def _jax_caller() -> str:
-    """The JAX function the user called, from the stack (e.g. ``jax.lax.exp``)."""
-    frame = sys._getframe(2)
-    name = "a JAX function"
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.startswith("jax."):
-            parts = module.split(".")
-            package = parts[2] if parts[1] == "_src" and len(parts) > 2 else parts[1]
-            name = f"jax.{package}.{frame.f_code.co_name}"
-        elif name != "a JAX function":
-            break
-        frame = frame.f_back  # type: ignore[assignment]
-    return name
-
-
 # JAX looks a value's type up in these tables before it raises a message about __jax_array__
-# that names no fix. Private to JAX, and they moved between versions: tests/test_interop.py fails
+# that names no fix; ``refused_by_jax`` raises one that does. Private to JAX, and they moved between versions: tests/test_interop.py fails
 # loudly if a Tensor passed to jax.lax no longer gets the error above.
 _JAX_TYPE_TABLES = (
     ("jax._src.core", "pytype_aval_mappings"),
@@ -118,7 +90,7 @@ _JAX_TYPE_TABLES = (
 )
 for _module, _table in _JAX_TYPE_TABLES:
     with contextlib.suppress(ImportError, AttributeError):
-        getattr(importlib.import_module(_module), _table)[Tensor] = _not_an_array
+        getattr(importlib.import_module(_module), _table)[Tensor] = refused_by_jax
 
 
 # -- namespaces ------------------------------------------------------------------------------

@@ -21,7 +21,15 @@ import numpy as np
 from jax.errors import JaxRuntimeError
 
 from . import _html, _registry
-from ._arrays import CONCRETE, JAX_OPERATORS, ArrayImpl, PRNGKeyArray, Tracer, describe
+from ._arrays import (
+    CONCRETE,
+    JAX_KEY_CHECKS,
+    JAX_OPERATORS,
+    ArrayImpl,
+    PRNGKeyArray,
+    Tracer,
+    describe,
+)
 from ._context import CURRENT, TRACING
 from ._errors import (
     DISPOSED,
@@ -174,6 +182,8 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
+        if type(self._array) is PRNGKeyArray and sys._getframe(1).f_code in JAX_KEY_CHECKS:
+            refused_by_jax(self)  # jax.random.* got a key Tensor: name the fix
         return len(self._array.shape)
 
     @property
@@ -562,9 +572,37 @@ def disposed_error(t: Tensor) -> DisposedError:
     """The error for using ``t`` after it was disposed: what, why, and how to avoid it."""
     why = reason(t)
     hint = why.hint if isinstance(why, Reason) else DISPOSED.hint
-    return DisposedError(
-        f"{kind(t)} {describe(t._array)} (id {t._id}) is disposed: {why}. {hint}"
+    return DisposedError(f"{kind(t)} {describe(t._array)} (id {t._id}) is disposed: {why}. {hint}")
+
+
+def refused_by_jax(t: Tensor) -> Any:
+    """The error for a Tensor given to a JAX function that takes only jax.Arrays (``jax.lax.*``
+    and ``jax.random.*`` called eagerly): what happened and what to call instead.
+
+    A ValueError, as JAX's own error there is: JAX rewraps a TypeError in a message of its own.
+    """
+    fn = _jax_caller()
+    form = f"tidyjax{fn[3:]}" if fn.startswith(("jax.lax.", "jax.random.")) else "tidyjax.lift(fn)"
+    raise TidyjaxValueError(
+        f"{fn} got a tidyjax {kind(t)} {describe(t._array)}, but it takes jax.Arrays only. "
+        f"Call {form} instead (a tracked Tensor comes back), or pass t.array."
     )
+
+
+def _jax_caller() -> str:
+    """The JAX function the user called, from the stack (e.g. ``jax.lax.exp``)."""
+    frame: Any = sys._getframe(2)
+    name = "a JAX function"
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("jax."):
+            parts = module.split(".")
+            package = parts[2] if parts[1] == "_src" and len(parts) > 2 else parts[1]
+            name = f"jax.{package}.{frame.f_code.co_name}"
+        elif name != "a JAX function":
+            break
+        frame = frame.f_back
+    return name
 
 
 def scope_path(t: Tensor) -> str | None:
