@@ -81,8 +81,9 @@ jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
 
 
 # JAX looks a value's type up in these tables before it raises a message about __jax_array__
-# that names no fix; ``refused_by_jax`` raises one that does. Private to JAX, and they moved between versions: tests/test_interop.py fails
-# loudly if a Tensor passed to jax.lax no longer gets the error above.
+# that names no fix; ``refused_by_jax`` raises one that does. Private to JAX, and they moved
+# between versions: tests/test_pytrees.py fails loudly if a Tensor given to jax.lax no longer
+# gets that error.
 _JAX_TYPE_TABLES = (
     ("jax._src.core", "pytype_aval_mappings"),
     ("jax._src.dtypes", "canonicalize_value_handlers"),  # JAX 0.7+
