@@ -51,12 +51,14 @@ def test_quickstart_notebook():
         "it was freed when scope 'block' exited",
         "tidy: freed 1 buffer (4 B); kept 2",
         "h, g alive: True True | _ disposed: True",
-        "new 12 B in 1 tensors",
-        "created inside check_leaks() are still alive",
+        "new 12 B in 1 tensor,",
+        "created inside check_leaks() is still alive",
         "0 tensors, 0 buffers, 0 B",
     ]:
         assert expected in out, expected
     assert "<table" in out  # rich displays rendered as HTML
+    # creation sites name cells as IPython does, not by the kernel's temporary cell files
+    assert "In[" in out and "ipykernel_" not in out
 
 
 def test_training_loop_notebook_is_flat_under_tidy_and_plots():
@@ -66,8 +68,19 @@ def test_training_loop_notebook_is_flat_under_tidy_and_plots():
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
+def test_plain_jax_notebook_grows_without_the_extension_and_is_flat_with_it():
+    pytest.importorskip("optax")
+    nb = execute("plain_jax.ipynb")
+    out = text_of(nb)
+    assert "without tidyjax: 5.5 MiB -> 5.5 MiB -> 6.5 MiB -> 7.5 MiB (growing: True)" in out
+    assert "with %%tidy: 5.5 MiB -> 5.5 MiB -> 5.5 MiB -> 5.5 MiB (flat: True)" in out
+    assert "with auto mode: 5.5 MiB -> 5.5 MiB -> 5.5 MiB -> 5.5 MiB (flat: True)" in out
+    assert out.count("tidy: freed 2 jax arrays (1.0 MiB)") == 3  # the previous run's w and loss
+    assert "jax arrays deleted by tidyjax, held only by the output history" in out
+
+
 def test_committed_notebooks_carry_outputs_from_a_real_run():
-    for name in ("quickstart.ipynb", "training_loop.ipynb"):
+    for name in ("quickstart.ipynb", "training_loop.ipynb", "plain_jax.ipynb"):
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.execution_count for c in code), name

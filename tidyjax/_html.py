@@ -1,23 +1,74 @@
-"""Light HTML for Jupyter's rich display: plain tables and bars, inline styles, no JavaScript.
+"""Light HTML for Jupyter's rich display: plain tables and bars, one small style sheet, no script.
 
 Each tidyjax object's ``_repr_html_`` calls one function here. None of them may raise: a
 display that fails must still show something.
+
+Colours come from JupyterLab's CSS variables (``--jp-content-font-color1``,
+``--jp-layout-color2``, ...) with fallbacks for a light page, and dark ones under
+``prefers-color-scheme: dark`` or a host's dark-theme marker (VS Code, PyData Sphinx,
+JupyterLab), as xarray does; dim and red text are mixed from the text colour itself, so they
+keep their contrast in any theme. Numbers are right-aligned tabular figures that never wrap.
+
+This module is also the one place that formats byte counts and counted nouns, so that every
+display and message says ``16.0 MiB`` and ``1 tensor`` alike.
 """
 
 from __future__ import annotations
 
 import functools
 import html
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-_BOX = "font-family:monospace;font-size:12px;line-height:1.4"
-_TABLE = "border-collapse:collapse;font-family:monospace;font-size:12px"
-_CELL = "padding:1px 8px;border-bottom:1px solid #ddd;text-align:left"
-_DIM = "color:#777"
-_BAD = "color:#b00020"
+_DARK = (
+    "--tjx-fg:var(--jp-content-font-color1,#e8e8e8);"
+    "--tjx-track:var(--jp-layout-color2,#424242);"
+    "--tjx-line:var(--jp-border-color2,#4a4a4a);"
+    "--tjx-fill:var(--jp-brand-color1,#64b5f6);"
+    "--tjx-red:var(--jp-error-color1,#ef5350)"
+)
+_LIGHT = (
+    "--tjx-fg:var(--jp-content-font-color1,#1a1a1a);"
+    "--tjx-track:var(--jp-layout-color2,#e6e6e6);"
+    "--tjx-line:var(--jp-border-color2,#d4d4d4);"
+    "--tjx-fill:var(--jp-brand-color1,#1976d2);"
+    "--tjx-red:var(--jp-error-color1,#d32f2f)"
+)
+_DARK_HOSTS = (
+    "body.vscode-dark .tjx,html[data-theme=dark] .tjx,body[data-theme=dark] .tjx,"
+    "body[data-jp-theme-light=false] .tjx"
+)
+_LIGHT_HOSTS = (
+    "body.vscode-light .tjx,html[data-theme=light] .tjx,body[data-theme=light] .tjx,"
+    "body[data-jp-theme-light=true] .tjx"
+)
+# Inside JupyterLab the --jp-* variables decide; the fallbacks serve other hosts. Dim and red
+# text mix the text colour in (a browser without color-mix() shows the plain text colour).
+STYLE = (
+    "<style>"
+    f".tjx{{{_LIGHT};color:var(--tjx-fg);font-family:var(--jp-code-font-family,monospace);"
+    "font-size:12px;line-height:1.4}"
+    f"@media (prefers-color-scheme:dark){{.tjx{{{_DARK}}}}}"
+    f"{_DARK_HOSTS}{{{_DARK}}}{_LIGHT_HOSTS}{{{_LIGHT}}}"
+    ".tjx table{border-collapse:collapse;table-layout:auto;margin:2px 0;color:inherit;"
+    "background:transparent;font-size:inherit}"
+    ".tjx th,.tjx td{padding:1px 8px;border:0;border-bottom:1px solid var(--tjx-line);"
+    "text-align:left;vertical-align:top;color:inherit}"
+    ".tjx th{font-weight:bold}"
+    ".tjx .n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}"
+    ".tjx .d{color:var(--tjx-fg);color:color-mix(in srgb,var(--tjx-fg) 72%,transparent)}"
+    ".tjx .r{font-weight:bold;color:var(--tjx-fg);"
+    "color:color-mix(in srgb,var(--tjx-red) 62%,var(--tjx-fg))}"
+    ".tjx .bar{display:inline-block;height:10px;background:var(--tjx-track);"
+    "vertical-align:middle}"
+    ".tjx .bar>div{height:10px;background:var(--tjx-fill)}"
+    ".tjx pre{margin:2px 0;padding:0;background:transparent;color:inherit;"
+    "font-size:inherit;line-height:inherit}"
+    ".tjx summary{cursor:pointer}"
+    "</style>"
+)
 
 
 def never_raises(fn: Callable[..., str]) -> Callable[..., str]:
@@ -37,39 +88,79 @@ def never_raises(fn: Callable[..., str]) -> Callable[..., str]:
     return safe
 
 
+# -- words and numbers -------------------------------------------------------------------------
+
+
+def fmt_bytes(n: float) -> str:
+    """``512 B``, ``1.5 KiB``, ``16.0 MiB``: the one byte format of every display and message."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def signed_bytes(n: float) -> str:
+    """``+12 B``, ``-1.0 KiB``, ``0 B``: a change in bytes."""
+    if n == 0:
+        return "0 B"
+    return ("+" if n > 0 else "-") + fmt_bytes(abs(n))
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``0 tensors``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def esc(x: object) -> str:
     return html.escape(str(x))
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    head = "".join(f'<th style="{_CELL}">{esc(h)}</th>' for h in header)
+# -- pieces ------------------------------------------------------------------------------------
+
+
+def table(
+    header: Sequence[str], rows: Iterable[Sequence[object]], numeric: Collection[int] = ()
+) -> str:
+    """A table of already-escaped cells; the columns in ``numeric`` are right-aligned numbers."""
+    cls = [' class="n"' if i in numeric else "" for i in range(len(header))]
+    head = "".join(f"<th{c}>{esc(h)}</th>" for c, h in zip(cls, header, strict=True))
     body = "".join(
-        "<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td{c}>{v}</td>" for c, v in zip(cls, row, strict=False)) + "</tr>"
+        for row in rows
     )
-    return f'<table style="{_TABLE}"><tr>{head}</tr>{body}</table>'
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def bar(fraction: float, width: int = 160) -> str:
+def bar(fraction: float, width: int = 120) -> str:
+    """A horizontal bar ``fraction`` full; callers scale every bar of one column alike."""
     px = max(0, min(width, round(fraction * width)))
-    return (
-        f'<div style="width:{width}px;height:10px;background:#eee;display:inline-block">'
-        f'<div style="width:{px}px;height:10px;background:#4a7fd6"></div></div>'
-    )
+    return f'<div class="bar" style="width:{width}px"><div style="width:{px}px"></div></div>'
 
 
 def box(*parts: str) -> str:
-    return f'<div style="{_BOX}">' + "".join(parts) + "</div>"
+    """The outer element of every display, with the style sheet."""
+    return STYLE + '<div class="tjx">' + "".join(parts) + "</div>"
+
+
+def line(*parts: str) -> str:
+    return "<div>" + "".join(parts) + "</div>"
 
 
 def dim(text: object) -> str:
-    return f'<span style="{_DIM}">{esc(text)}</span>'
+    return f'<span class="d">{esc(text)}</span>'
 
 
 def bad(text: object) -> str:
-    return f'<span style="{_BAD}">{esc(text)}</span>'
+    return f'<span class="r">{esc(text)}</span>'
+
+
+def details(summary: str, body: str) -> str:
+    """A folded section: ``summary`` (escaped HTML) shows, ``body`` opens on a click."""
+    return f"<details><summary>{summary}</summary>{body}</details>"
 
 
 def values_preview(arr: Any) -> str:
     """A few of an array's values (NumPy's summarised print), escaped."""
     text = np.array2string(np.asarray(arr), threshold=24, edgeitems=3, precision=4)
-    return f'<pre style="margin:2px 0">{esc(text)}</pre>'
+    return f"<pre>{esc(text)}</pre>"

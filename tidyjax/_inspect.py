@@ -14,6 +14,7 @@ import gc
 import inspect
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -22,20 +23,25 @@ import jax
 import jaxlib
 
 from . import _html, _registry
+from ._arrays import local_nbytes
 from ._errors import LeakError, TidyjaxTypeError
-from ._memory import _fmt_bytes
+from ._html import count as _count
+from ._html import fmt_bytes as _fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._registry import KEPT
 from ._tensor import Tensor, _ids
 from ._trees import tensors_in
+from ._watch import watched
 
 __all__ = [
     "LeakReport",
     "Site",
     "SiteDiff",
+    "SiteDiffList",
     "SiteStat",
     "Snapshot",
     "TensorRecord",
+    "TensorRecordList",
     "check_leaks",
     "live_tensors",
     "snapshot",
@@ -50,7 +56,12 @@ _SKIP = (
 
 
 class Site:
-    """Where a Tensor's array was created: the first frame outside tidyjax and JAX."""
+    """Where a Tensor's array was created: the first frame outside tidyjax and JAX.
+
+    ``file`` is the path as Python knows it; ``str(site)`` names a notebook cell as IPython's
+    tracebacks do (``In[3], line 2 in <module>``) and a file by its path relative to the
+    working directory (``train.py:12 in step``).
+    """
 
     __slots__ = ("file", "function", "line")
 
@@ -58,7 +69,10 @@ class Site:
         self.file, self.line, self.function = file, line, function
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
+        cell = _cell_name(self.file)
+        if cell is not None:
+            return f"{cell}, line {self.line} in {self.function}"
+        return f"{_short_path(self.file)}:{self.line} in {self.function}"
 
     def __repr__(self) -> str:
         return f"Site({self.file!r}, {self.line}, {self.function!r})"
@@ -74,9 +88,43 @@ class Site:
         return hash((self.file, self.line, self.function))
 
 
+def _cell_name(file: str) -> str | None:
+    """``In[3]`` for the file IPython compiled cell 3 into; None for any other file.
+
+    Asks the running shell's compiler (IPython's own mapping, also behind its tracebacks'
+    ``Cell In[3]``). Without IPython imported there is no cell: nothing is imported here.
+    """
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        compiler = ipython.get_ipython().compile
+        fmt = getattr(compiler, "format_code_name", None)  # IPython 8.0 and later
+        if fmt is not None:
+            named = fmt(file)
+            return None if named is None else str(named[1])
+        n = compiler._filename_map.get(file)
+        return None if n is None else f"In[{n}]"
+    except Exception:  # no shell, or a compiler of another kind
+        return None
+
+
+def _short_path(file: str) -> str:
+    """``file`` relative to the working directory when it lies under it."""
+    if not os.path.isabs(file):
+        return file
+    try:
+        rel = os.path.relpath(file)
+    except (OSError, ValueError):  # no working directory, or another drive
+        return file
+    return file if rel.startswith(os.pardir) else rel
+
+
 def creation_site(arr: Any) -> Site | None:
     """The user frame that created ``arr``, from JAX's creation traceback."""
     tb = getattr(arr, "traceback", None)
+    if tb is None:  # a typed PRNG key: its key data array has the traceback
+        tb = getattr(getattr(arr, "_base_array", None), "traceback", None)
     if tb is None:
         return None
     for frame in tb.frames:
@@ -96,10 +144,13 @@ class TensorRecord:
         bytes: its buffer's bytes.
         devices: the devices holding it, as strings.
         scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
-            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable.
+            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
+            array that only a watched object holds (no Tensor: ``id`` is 0).
         site: a :class:`Site` or None.
         kept: whether it was kept.
         variable: whether it is a Variable.
+        name: its path in an object registered with :func:`tidyjax.watch`
+            (``"model.layers[0].kernel"``), else None.
     """
 
     id: int
@@ -112,10 +163,11 @@ class TensorRecord:
     kept: bool
     variable: bool
     _buffer: int  # tensors with equal values share one device buffer
+    name: str | None = None
 
     def __repr__(self) -> str:
         return (
-            f"TensorRecord(id={self.id}, {self.dtype}{list(self.shape)}, {self.bytes} B, "
+            f"TensorRecord(id={self.id}, {self.dtype}{list(self.shape)}, {_fmt_bytes(self.bytes)}, "
             f"scope={self.scope!r}, site={str(self.site) if self.site else None!r}"
             f"{', kept' if self.kept else ''}{', variable' if self.variable else ''})"
         )
@@ -135,6 +187,7 @@ class TensorRecord:
             "kept": self.kept,
             "variable": self.variable,
             "buffer": self._buffer,
+            "name": self.name,
         }
 
     @classmethod
@@ -145,6 +198,7 @@ class TensorRecord:
             devices=tuple(d["devices"]), scope=d["scope"], kept=d["kept"],
             variable=d["variable"], _buffer=d.get("buffer", d["id"]),
             site=None if s is None else Site(s["file"], s["line"], s["function"]),
+            name=d.get("name"),
         )  # fmt: skip
 
 
@@ -171,7 +225,7 @@ def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
     return holders(recs + deleted)
 
 
-def _record(t: Tensor, rec: _registry.Buffer) -> TensorRecord:
+def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str]) -> TensorRecord:
     from ._variable import Variable
 
     arr = t._array
@@ -194,14 +248,66 @@ def _record(t: Tensor, rec: _registry.Buffer) -> TensorRecord:
         kept=owner is KEPT,
         variable=variable,
         _buffer=id(rec),
+        name=names.get(id(arr)) if names else None,
     )
 
 
-def live_tensors() -> list[TensorRecord]:
-    """A record of every live Tensor and Variable, oldest first."""
-    out = [_record(t, rec) for rec, ts in live_holders() for t in ts]
+def _watched_record(arr: Any, name: str) -> TensorRecord:
+    """An array only a watched object holds: no Tensor, so id 0 and scope ``<watched>``."""
+    return TensorRecord(
+        id=0,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        bytes=local_nbytes(getattr(arr, "_base_array", arr)),
+        devices=tuple(sorted(str(d) for d in arr.devices())),
+        scope="<watched>",
+        site=creation_site(arr),
+        kept=False,
+        variable=False,
+        _buffer=id(arr),
+        name=name,
+    )
+
+
+class TensorRecordList(list[TensorRecord]):
+    """A list of :class:`TensorRecord` that shows itself as a table in Jupyter."""
+
+    def _repr_html_(self) -> str:
+        return _records_html(self)
+
+
+def live_tensors() -> TensorRecordList:
+    """A record of every live Tensor and Variable, oldest first (a list).
+
+    With objects registered by :func:`tidyjax.watch`, the arrays they hold come first (id 0,
+    scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
+    """
+    names: dict[int, str] = {}
+    raw: list[TensorRecord] = []
+    for found in watched().values():
+        for path, arr in found:
+            if id(arr) not in names:
+                names[id(arr)] = path
+                if _registry.lookup(arr) is None:
+                    raw.append(_watched_record(arr, path))
+    out = [_record(t, rec, names) for rec, ts in live_holders() for t in ts]
     out.sort(key=lambda r: r.id)
-    return out
+    return TensorRecordList(raw + out)
+
+
+@_html.never_raises
+def _records_html(records: list[TensorRecord]) -> str:
+    esc = _html.esc
+    head = f"<b>{esc(_count(len(records), 'live tensor'))}</b>"
+    if not records:
+        return _html.box(head)
+    rows = [
+        (r.id, esc(f"{r.dtype}{list(r.shape)}".replace(" ", "")), esc(_fmt_bytes(r.bytes)),
+         esc(", ".join(r.devices)), esc(r.scope), esc(r.site) if r.site else _html.dim("unknown"))
+        for r in records
+    ]  # fmt: skip
+    header = ["id", "tensor", "bytes", "devices", "scope", "created at"]
+    return _html.box(head, _html.table(header, rows, numeric={0, 2}))
 
 
 # -- grouping by site ------------------------------------------------------------------------
@@ -221,7 +327,7 @@ class SiteStat:
 
     def __str__(self) -> str:
         shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
-        return f"{self.site}: {self.count} tensor(s), {_fmt_bytes(self.bytes)} [{shapes}]"
+        return f"{self.site}: {_count(self.count, 'tensor')}, {_fmt_bytes(self.bytes)} [{shapes}]"
 
     def __repr__(self) -> str:
         return f"SiteStat({self.site!r}, count={self.count}, bytes={self.bytes})"
@@ -240,7 +346,7 @@ class SiteDiff:
         sign = "+" if self.bytes_diff >= 0 else "-"
         return (
             f"{self.site}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
-            f"{self.count} tensor(s) ({self.count_diff:+d})"
+            f"{_count(self.count, 'tensor')} ({self.count_diff:+d})"
         )
 
     def __repr__(self) -> str:
@@ -280,14 +386,14 @@ class Snapshot:
         self.taken_at = time.time() if taken_at is None else taken_at
 
     def __repr__(self) -> str:
-        return f"<Snapshot of {len(self.records)} tensors>"
+        return f"<Snapshot of {_count(len(self.records), 'tensor')}>"
 
     def _repr_html_(self) -> str:
-        return _stats_html(f"{len(self.records)} live tensors", self.statistics())
+        return _stats_html(_count(len(self.records), "live tensor"), self.statistics())
 
     def __str__(self) -> str:
         return "\n".join(
-            [f"{len(self.records)} live tensors"] + [f"  {s}" for s in self.statistics()]
+            [_count(len(self.records), "live tensor")] + [f"  {s}" for s in self.statistics()]
         )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -297,8 +403,8 @@ class Snapshot:
         """One :class:`SiteStat` per creation site, largest first."""
         return sorted(_group(self.records).values(), key=lambda s: (-s.bytes, -s.count, s.site))
 
-    def compare_to(self, old: Snapshot) -> list[SiteDiff]:
-        """Per-site differences from ``old``, the largest change in bytes first."""
+    def compare_to(self, old: Snapshot) -> SiteDiffList:
+        """Per-site differences from ``old``, the largest change in bytes first (a list)."""
         if not isinstance(old, Snapshot):
             raise TidyjaxTypeError(f"compare_to() takes a Snapshot, got {type(old).__name__}.")
         new_g, old_g = _group(self.records), _group(old.records)
@@ -310,7 +416,7 @@ class Snapshot:
             if (count, nbytes) != (ocount, obytes):
                 diffs.append(SiteDiff(site, count, count - ocount, nbytes, nbytes - obytes))
         diffs.sort(key=lambda d: (-abs(d.bytes_diff), -abs(d.count_diff), d.site))
-        return diffs
+        return SiteDiffList(diffs)
 
     # -- export: JSON, schema in README ("Snapshot files") ----------------------------------
 
@@ -342,16 +448,41 @@ def snapshot() -> Snapshot:
     return Snapshot(live_tensors())
 
 
-def _stats_html(title: str, stats: list[SiteStat]) -> str:
+class SiteDiffList(list[SiteDiff]):
+    """What :meth:`Snapshot.compare_to` returns: a list of :class:`SiteDiff` that shows itself
+    as a table in Jupyter."""
+
+    def _repr_html_(self) -> str:
+        return _diffs_html(self)
+
+
+@_html.never_raises
+def _diffs_html(diffs: list[SiteDiff]) -> str:
+    esc = _html.esc
+    if not diffs:
+        return _html.box("<b>no change</b> between the snapshots")
+    head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
+    rows = [
+        (esc(d.site), d.count, f"{d.count_diff:+d}", esc(_fmt_bytes(d.bytes)),
+         esc(_html.signed_bytes(d.bytes_diff)))
+        for d in diffs
+    ]  # fmt: skip
+    header = ["created at", "tensors", "change", "bytes", "change"]
+    return _html.box(head, _html.table(header, rows, numeric={1, 2, 3, 4}))
+
+
+def _stats_html(title: str, stats: list[SiteStat], bad: bool = False, note: str = "") -> str:
     @_html.never_raises
     def build(_: object) -> str:
+        esc = _html.esc
         rows = [
-            (_html.esc(s.site), s.count, _html.esc(_fmt_bytes(s.bytes)),
-             _html.esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
+            (esc(s.site), s.count, esc(_fmt_bytes(s.bytes)),
+             esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
             for s in stats
         ]  # fmt: skip
-        table = _html.table(["created at", "tensors", "bytes", "shapes"], rows)
-        return _html.box(f"<b>{_html.esc(title)}</b>", table if rows else "")
+        head = _html.bad(title) if bad else f"<b>{esc(title)}</b>"
+        table = _html.table(["created at", "tensors", "bytes", "shapes"], rows, numeric={1, 2})
+        return _html.box(head, table if rows else "", _html.line(_html.dim(note)) if note else "")
 
     return build(None)
 
@@ -383,23 +514,33 @@ class LeakReport:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
+        if not self.records:
+            return _stats_html(f"no leaks after {self.where}", [])
         return _stats_html(
-            f"leak: {len(self.records)} tensor(s), {_fmt_bytes(self.num_bytes)} still alive "
-            f"after {self.where}",
+            f"leak: {_count(len(self.records), 'tensor')}, {_fmt_bytes(self.num_bytes)} still "
+            f"alive after {self.where}",
             self.groups,
+            bad=True,
+            note=_LEAK_FIX,
         )
 
     def __str__(self) -> str:
+        n = len(self.records)
+        if not n:
+            return f"no leaks: no Tensor created inside {self.where} is still alive."
         lines = [
-            f"{len(self.records)} tensor(s) ({_fmt_bytes(self.num_bytes)}) created inside "
-            f"{self.where} are still alive:"
+            f"{_count(n, 'tensor')} ({_fmt_bytes(self.num_bytes)}) created inside "
+            f"{self.where} {'is' if n == 1 else 'are'} still alive:"
         ]
         lines += [f"  {g}" for g in self.groups]
-        lines.append(
-            "Dispose them, create them inside a tidy scope that frees them, or allow them "
-            "(check_leaks(allowance=N), checker.allow(t))."
-        )
+        lines.append(_LEAK_FIX)
         return "\n".join(lines)
+
+
+_LEAK_FIX = (
+    "Dispose them, create them inside a tidy scope that frees them, or allow them "
+    "(check_leaks(allowance=N), checker.allow(t))."
+)
 
 
 def raise_leaks(
@@ -411,13 +552,30 @@ def raise_leaks(
     checker: check_leaks | None = None,
 ) -> None:
     """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked (on any process)."""
+    __tracebackhide__ = True  # IPython and pytest show the user's frames, not tidyjax's
+    error = leak_error(leaked, allowance, where, all_processes, timeout, checker)
+    if error is not None:
+        raise error
+
+
+def leak_error(
+    leaked: list[TensorRecord],
+    allowance: int,
+    where: str,
+    all_processes: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    checker: check_leaks | None = None,
+) -> LeakError | None:
+    """The :class:`LeakError` to raise if more than ``allowance`` Tensors leaked, or None.
+
+    Returned, not raised, so that the frame raising it is the caller's: the fewer tidyjax
+    frames in a traceback, the fewer IPython shows (it always shows the innermost one).
+    """
     report = LeakReport(leaked, where)
     if checker is not None:
         checker.report = report
     if not all_processes:
-        if len(leaked) > allowance:
-            raise LeakError(str(report), report)
-        return
+        return LeakError(str(report), report) if len(leaked) > allowance else None
     payload = {"tensors": [r.to_json() for r in leaked]}
     per_process = [
         [TensorRecord.from_json(d) for d in got["tensors"]]
@@ -425,13 +583,14 @@ def raise_leaks(
     ]
     failing = [(i, recs) for i, recs in enumerate(per_process) if len(recs) > allowance]
     if not failing:
-        return
+        return None
     names = ", ".join(str(i) for i, _ in failing)
-    report = LeakReport([r for _, recs in failing for r in recs], f"{where} on process(es) {names}")
+    processes = "process" if len(failing) == 1 else "processes"
+    report = LeakReport([r for _, recs in failing for r in recs], f"{where} on {processes} {names}")
     if checker is not None:
         checker.report = report
     message = "\n".join(str(LeakReport(recs, f"{where} on process {i}")) for i, recs in failing)
-    raise LeakError(message, report)
+    return LeakError(message, report)
 
 
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator
@@ -493,8 +652,9 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
-        if exc_type is None:
-            self.check()
+        __tracebackhide__ = True
+        if exc_type is None and (error := self._error()) is not None:
+            raise error
 
     def leaked(self) -> list[TensorRecord]:
         """The Tensors made since entering that are alive and not allowed."""
@@ -509,8 +669,13 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
     def check(self) -> None:
         """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked."""
-        raise_leaks(self.leaked(), self.allowance, "check_leaks()", self.all_processes,
-                    self.timeout, self)  # fmt: skip
+        __tracebackhide__ = True
+        if (error := self._error()) is not None:
+            raise error
+
+    def _error(self) -> LeakError | None:
+        return leak_error(self.leaked(), self.allowance, "check_leaks()", self.all_processes,
+                          self.timeout, self)  # fmt: skip
 
     def __call__(self, fn: F) -> F:
         if not callable(fn) or inspect.isgeneratorfunction(fn):
@@ -527,6 +692,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
+                __tracebackhide__ = True
                 with check_leaks(**settings) as checker:
                     result = await fn(*args, **kwargs)
                     if self.allow_returned:
@@ -537,6 +703,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
             with check_leaks(**settings) as checker:
                 result = fn(*args, **kwargs)
                 if self.allow_returned:

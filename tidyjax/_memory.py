@@ -9,17 +9,14 @@ from typing import Any
 import jax
 
 from . import _html, _registry
+from ._arrays import local_nbytes
+from ._html import count as _count
+from ._html import fmt_bytes as _fmt_bytes  # the one byte format; other modules import it here
+from ._oom import failed
 from ._processes import DEFAULT_TIMEOUT, gather
+from ._watch import watched as _watched
 
 __all__ = ["MemoryInfo", "memory"]
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 class MemoryInfo:
@@ -39,6 +36,9 @@ class MemoryInfo:
             (GPU/TPU); empty on CPU.
         per_process: with ``memory(all_processes=True)``, each process's report in
             process-index order (the other figures are their sums); else None.
+        watched: bytes held by each object registered with :func:`tidyjax.watch`, by name
+            (each buffer once per name). Counted apart: not in ``untracked_*``; a Tensor inside
+            a watched object also counts in ``num_bytes``.
     """
 
     __slots__ = (
@@ -52,6 +52,7 @@ class MemoryInfo:
         "unreliable",
         "untracked_arrays",
         "untracked_bytes",
+        "watched",
     )
 
     num_tensors: int
@@ -64,9 +65,11 @@ class MemoryInfo:
     untracked_bytes: int | None
     device_stats: Mapping[Any, Mapping[str, int]]
     per_process: tuple[MemoryInfo, ...] | None
+    watched: Mapping[str, int]
 
     def __init__(self, **fields: Any) -> None:
         fields.setdefault("per_process", None)
+        fields.setdefault("watched", MappingProxyType({}))
         for name in self.__slots__:
             object.__setattr__(self, name, fields[name])
 
@@ -97,38 +100,73 @@ class MemoryInfo:
         return _memory_html(self)
 
     def __str__(self) -> str:
-        lines = [
-            f"{self.num_tensors} tensors, {self.num_data_buffers} buffers, "
-            f"{_fmt_bytes(self.num_bytes)}"
-        ]
+        lines = [_headline(self)]
         lines += [
             f"  {d}: {_fmt_bytes(b)}"
             for d, b in sorted(self.bytes_per_device.items(), key=lambda kv: str(kv[0]))
         ]
+        if self.untracked_arrays:
+            lines.append(f"  untracked: {_untracked(self)}")
         if self.unreliable:
             lines += [f"  unreliable: {r}" for r in self.reasons]
         return "\n".join(lines)
 
 
+def _headline(m: MemoryInfo) -> str:
+    return (
+        f"{_count(m.num_tensors, 'tensor')}, {_count(m.num_data_buffers, 'buffer')}, "
+        f"{_fmt_bytes(m.num_bytes)}"
+    )
+
+
+def _untracked(m: MemoryInfo) -> str:
+    return (
+        f"{_count(m.untracked_arrays or 0, 'jax array')} not owned by tidyjax, "
+        f"{_fmt_bytes(m.untracked_bytes or 0)}"
+    )
+
+
 @_html.never_raises
 def _memory_html(m: MemoryInfo) -> str:
-    head = (
-        f"<b>tidyjax memory</b>: {m.num_tensors} tensors, {m.num_data_buffers} buffers, "
-        f"{_html.esc(_fmt_bytes(m.num_bytes))}"
-    )
-    top = max(m.bytes_per_device.values(), default=0) or 1
-    rows = [
-        (_html.esc(d), _html.esc(_fmt_bytes(b)), _html.bar(b / top))
-        for d, b in sorted(m.bytes_per_device.items(), key=lambda kv: str(kv[0]))
-    ]
-    for d, stats in m.device_stats.items():
-        used, limit = stats.get("bytes_in_use", 0), stats.get("bytes_limit", 0)
-        if limit:
-            text = f"{_fmt_bytes(used)} of {_fmt_bytes(limit)}"
-            rows.append((_html.esc(f"{d} (all of JAX)"), _html.esc(text), _html.bar(used / limit)))
-    parts = [head, _html.table(["device", "bytes", ""], rows)]
-    parts += [f"<div>{_html.bad('unreliable')}: {_html.esc(r)}</div>" for r in m.reasons]
-    return _html.box(*parts)
+    """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
+    untracked arrays' row) against the largest of them; JAX's own totals against each
+    device's limit."""
+    head = f"<b>tidyjax memory</b>: {_html.esc(_headline(m))}"
+    stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
+    devices = sorted(set(m.bytes_per_device) | set(stats), key=str)
+    untracked = m.untracked_arrays or 0
+    parts = [head]
+    if not m.bytes_per_device and not m.num_data_buffers:
+        parts.append(_html.line("nothing tracked: no live tensors"))
+    if not devices and not untracked:
+        return _html.box(*parts, *_reasons(m))
+    top = max([*m.bytes_per_device.values(), (m.untracked_bytes or 0) if untracked else 0]) or 1
+    header = ["device", "tidyjax bytes", ""]
+    if stats:
+        header += ["in use (all of JAX)", "limit", ""]
+    rows: list[list[str]] = []
+    for d in devices:
+        b = m.bytes_per_device.get(d, 0)
+        row = [_html.esc(d), _html.esc(_fmt_bytes(b)), _html.bar(b / top)]
+        if stats:
+            s = stats.get(d)
+            if s:
+                used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
+                row += [_html.esc(_fmt_bytes(used)), _html.esc(_fmt_bytes(limit)),
+                        _html.bar(used / limit)]  # fmt: skip
+            else:
+                row += ["", "", ""]
+        rows.append(row)
+    if untracked:
+        b = m.untracked_bytes or 0
+        label = f"untracked: {_count(untracked, 'jax array')} (not tidyjax)"
+        rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top)])
+    numeric = {1, 3, 4} if stats else {1}
+    return _html.box(*parts, _html.table(header, rows, numeric), *_reasons(m))
+
+
+def _reasons(m: MemoryInfo) -> list[str]:
+    return [_html.line(_html.bad("unreliable"), ": ", _html.esc(r)) for r in m.reasons]
 
 
 def memory(
@@ -168,21 +206,25 @@ def memory(
         for dev, b in _registry.device_bytes(rec).items():
             per_device[dev] = per_device.get(dev, 0) + b
     deleted_outside = len(deleted)
+    watched = _watched()
+    watched_bytes = {name: sum(_own_bytes(a) for _, a in found) for name, found in watched.items()}
 
     reasons: list[str] = []
     if deleted_outside:
         reasons.append(
-            f"{deleted_outside} buffer(s) held by live Tensors were deleted outside tidyjax "
+            f"{_count(deleted_outside, 'buffer')} held by live Tensors "
+            f"{'was' if deleted_outside == 1 else 'were'} deleted outside tidyjax "
             "(jax.Array.delete() or donation through raw jax.jit); those Tensors are unusable."
         )
     untracked_arrays = untracked_bytes = None
     if scan_untracked:
-        untracked_arrays, untracked_bytes = _scan_untracked(recs)
+        untracked_arrays, untracked_bytes = _scan_untracked(recs, _ids(watched))
         if untracked_arrays:
             reasons.append(
-                f"{untracked_arrays} jax array(s) ({_fmt_bytes(untracked_bytes or 0)}) alive in "
-                "this process are not owned by tidyjax; wrap them with tidyjax.adopt() or "
-                "delete them to make the figures complete."
+                f"{_count(untracked_arrays, 'jax array')} ({_fmt_bytes(untracked_bytes or 0)}) "
+                f"alive in this process {'is' if untracked_arrays == 1 else 'are'} not owned by "
+                "tidyjax; wrap them with tidyjax.adopt(), delete them, or tidyjax.watch() the "
+                "object holding them (a model, an optimizer) to make the figures complete."
             )
     device_stats: dict[Any, Mapping[str, int]] = {}
     for dev in jax.local_devices():
@@ -202,7 +244,18 @@ def memory(
         untracked_arrays=untracked_arrays,
         untracked_bytes=untracked_bytes,
         device_stats=MappingProxyType(device_stats),
+        watched=MappingProxyType(watched_bytes),
     )
+
+
+def _own_bytes(arr: Any) -> int:
+    return local_nbytes(getattr(arr, "_base_array", arr))
+
+
+def _ids(watched: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
+    """The ids of the watched arrays, as ``jax.live_arrays()`` lists them (a typed PRNG key
+    appears there as its array of words)."""
+    return {id(getattr(a, "_base_array", a)) for found in watched.values() for _, a in found}
 
 
 def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
@@ -230,7 +283,16 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
         untracked_bytes=None if None in untracked else sum(r.untracked_bytes or 0 for r in reports),
         device_stats=MappingProxyType(stats),
         per_process=tuple(reports),
+        watched=MappingProxyType(_sum_watched(reports)),
     )
+
+
+def _sum_watched(reports: list[MemoryInfo]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in reports:
+        for name, b in r.watched.items():
+            out[name] = out.get(name, 0) + b
+    return out
 
 
 def _to_json(m: MemoryInfo) -> dict[str, Any]:
@@ -243,6 +305,7 @@ def _to_json(m: MemoryInfo) -> dict[str, Any]:
         "untracked_arrays": m.untracked_arrays,
         "untracked_bytes": m.untracked_bytes,
         "device_stats": {str(d.id): dict(s) for d, s in m.device_stats.items()},
+        "watched": dict(m.watched),
     }
 
 
@@ -262,34 +325,40 @@ def _from_json(d: dict[str, Any]) -> MemoryInfo:
         device_stats=MappingProxyType(
             {devices[int(k)]: MappingProxyType(s) for k, s in d["device_stats"].items()}
         ),
+        watched=MappingProxyType(d.get("watched", {})),
     )
 
 
-def _scan_untracked(recs: list[_registry.Buffer]) -> tuple[int, int]:
-    """Count jax arrays alive in the process whose buffers tidyjax does not record.
+def _scan_untracked(recs: list[_registry.Buffer], watched: set[int]) -> tuple[int, int]:
+    """How many jax arrays alive in the process tidyjax neither records nor watches, and their
+    bytes."""
+    arrays = find_untracked(recs, watched)
+    return len(arrays), sum(int(a.nbytes) for a in arrays)
+
+
+def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
+    """The jax arrays alive in the process whose buffers tidyjax does not record, less those
+    a watched object holds (``watched``: their ids; by default, found now).
 
     An array object tidyjax never saw may still be a view of a recorded buffer (a shard from
     ``addressable_shards``, a raw ``device_put`` to the same device): those are recognised by
-    address, read only from buffers that are ready.
+    address, read only from buffers that are ready. An array whose computation failed (out of
+    memory) holds nothing and is skipped: JAX calls it ready, but reading its address aborts.
     """
+    if watched is None:
+        watched = _ids(_watched())
     candidates = []
     for platform in {d.platform for d in jax.local_devices()}:
         for arr in jax.live_arrays(platform):
-            if _registry.lookup(arr) is None:
+            if _registry.lookup(arr) is None and id(arr) not in watched and not failed(arr):
                 candidates.append(arr)
     if not candidates:
-        return 0, 0
+        return []
     owned: set[Any] = set()
     for rec in recs:
         for a in rec.arrays():
-            key = _registry.same_buffer_key(a)
+            key = None if failed(a) else _registry.same_buffer_key(a)
             if key:
                 owned.add(key)
                 owned.update((p,) for p in key)  # its per-shard views
-    count = nbytes = 0
-    for arr in candidates:
-        if _registry.same_buffer_key(arr) in owned:
-            continue
-        count += 1
-        nbytes += int(arr.nbytes)
-    return count, nbytes
+    return [arr for arr in candidates if _registry.same_buffer_key(arr) not in owned]

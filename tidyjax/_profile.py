@@ -112,15 +112,27 @@ class ProfileInfo:
         )
 
     def __str__(self) -> str:
-        lines = [
-            f"new {_fmt_bytes(self.new_bytes)} in {self.new_tensors} tensors, "
-            f"peak {_fmt_bytes(self.peak_bytes)}, {len(self._kernels)} kernels"
-        ]
-        lines += [
-            f"  {k.name:16s} +{k.bytes_added:>8d} B  total {k.total_bytes_snapshot:>8d} B  "
-            f"{k.wall_time_ms:8.3f} ms  {k.input_shapes} -> {k.output_shapes}"
-            for k in self._kernels
-        ]
+        lines = [_headline(self)]
+        stats = _per_kernel(self._kernels)
+        if stats:
+            lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
+                         f"{'other calls':>12s} {'net bytes':>10s}")  # fmt: skip
+            lines += [
+                f"  {s.name:16s} {s.calls:>6d} {_ms(s.first_ms):>21s} "
+                f"{_ms(s.rest_ms) if s.calls > 1 else '-':>12s} "
+                f"{_html.signed_bytes(s.net_bytes):>10s}"
+                for s in stats
+            ]
+            lines.append(f"  per op{_log_note(len(self._kernels))}:")
+            for i, k in _log(self._kernels):
+                if k is None:
+                    lines.append(f"    ... {_html.count(i, 'op')} not shown ...")
+                    continue
+                lines.append(
+                    f"    {i:>5d} {k.name:16s} {_html.signed_bytes(k.bytes_added):>10s}  total "
+                    f"{_fmt_bytes(k.total_bytes_snapshot):>10s} {_ms(k.wall_time_ms):>11s}  "
+                    f"{k.input_shapes} -> {k.output_shapes}"
+                )
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -141,21 +153,101 @@ class ProfileInfo:
         _observer.close(self)
 
 
+#: The per-op log shows this many ops at each end of a longer run.
+LOG_EDGE = 50
+
+
+@dataclasses.dataclass(slots=True)
+class _KernelStat:
+    name: str
+    calls: int
+    first_ms: float  # the first call: compiling happens there
+    rest_ms: float  # every later call together
+    net_bytes: int
+    net_tensors: int
+
+
+def _per_kernel(kernels: list[KernelRecord]) -> list[_KernelStat]:
+    """One row per kernel, the most time first."""
+    out: dict[str, _KernelStat] = {}
+    for k in kernels:
+        s = out.get(k.name)
+        if s is None:
+            out[k.name] = _KernelStat(k.name, 1, k.wall_time_ms, 0.0, k.bytes_added,
+                                      k.tensors_added)  # fmt: skip
+        else:
+            s.calls += 1
+            s.rest_ms += k.wall_time_ms
+            s.net_bytes += k.bytes_added
+            s.net_tensors += k.tensors_added
+    return sorted(out.values(), key=lambda s: -(s.first_ms + s.rest_ms))
+
+
+def _log(kernels: list[KernelRecord]) -> list[tuple[int, KernelRecord | None]]:
+    """The ops to list, numbered from 1; ``(n, None)`` stands for ``n`` ops left out."""
+    n = len(kernels)
+    if n <= 2 * LOG_EDGE:
+        return list(enumerate(kernels, 1))
+    return [
+        *enumerate(kernels[:LOG_EDGE], 1),
+        (n - 2 * LOG_EDGE, None),
+        *enumerate(kernels[-LOG_EDGE:], n - LOG_EDGE + 1),
+    ]
+
+
+def _log_note(n: int) -> str:
+    if n <= 2 * LOG_EDGE:
+        return f" ({_html.count(n, 'op')})"
+    return f" ({n} ops; the first and last {LOG_EDGE} shown)"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.3f} ms"
+
+
+def _headline(p: ProfileInfo) -> str:
+    return (
+        f"new {_fmt_bytes(p.new_bytes)} in {_html.count(p.new_tensors, 'tensor')}, "
+        f"peak {_fmt_bytes(p.peak_bytes)}, {_html.count(len(p._kernels), 'op')} of "
+        f"{_html.count(len(p.kernel_names), 'kernel')}"
+    )
+
+
 @_html.never_raises
 def _profile_html(p: ProfileInfo) -> str:
-    head = (
-        f"<b>profile</b>: new {_html.esc(_fmt_bytes(p.new_bytes))} in {p.new_tensors} tensors, "
-        f"peak {_html.esc(_fmt_bytes(p.peak_bytes))}, {len(p._kernels)} kernels"
-    )
-    rows = [
-        (_html.esc(k.name), k.bytes_added, k.total_bytes_snapshot, k.tensors_added,
-         k.total_tensors_snapshot, _html.esc(k.input_shapes), _html.esc(k.output_shapes),
-         f"{k.wall_time_ms:.3f}")
-        for k in p._kernels
-    ]  # fmt: skip
-    header = ["kernel", "bytes added", "total bytes", "tensors added", "total tensors",
-              "inputs", "outputs", "ms"]  # fmt: skip
-    return _html.box(head, _html.table(header, rows) if rows else "")
+    """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
+    esc = _html.esc
+    head = f"<b>profile</b>: {esc(_headline(p))}"
+    stats = _per_kernel(p._kernels)
+    if not stats:
+        return _html.box(head)
+    summary = _html.table(
+        ["kernel", "calls", "first call (compile)", "other calls", "per other call",
+         "net bytes", "net tensors"],
+        [(esc(s.name), s.calls, esc(_ms(s.first_ms)),
+          esc(_ms(s.rest_ms)) if s.calls > 1 else "",
+          esc(_ms(s.rest_ms / (s.calls - 1))) if s.calls > 1 else "",
+          esc(_html.signed_bytes(s.net_bytes)), f"{s.net_tensors:+d}")
+         for s in stats],
+        numeric=range(1, 7),
+    )  # fmt: skip
+    rows: list[tuple[object, ...]] = []
+    for i, k in _log(p._kernels):
+        if k is None:
+            rows.append(("", _html.dim(f"... {_html.count(i, 'op')} not shown ...")))
+            continue
+        rows.append((i, esc(k.name), esc(_html.signed_bytes(k.bytes_added)),
+                     esc(_fmt_bytes(k.total_bytes_snapshot)), f"{k.tensors_added:+d}",
+                     k.total_tensors_snapshot, esc(k.input_shapes), esc(k.output_shapes),
+                     f"{k.wall_time_ms:.3f}"))  # fmt: skip
+    log = _html.table(
+        ["#", "kernel", "bytes added", "total bytes", "tensors added", "total tensors",
+         "inputs", "outputs", "ms"],
+        rows,
+        numeric={0, 2, 3, 4, 5, 8},
+    )  # fmt: skip
+    fold = _html.details(esc(f"per op{_log_note(len(p._kernels))}"), log)
+    return _html.box(head, summary, fold)
 
 
 # The context tokens of open profiles, by id (ProfileInfo keeps only its results).

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry
-from ._context import CURRENT, Tracker
 from ._arrays import describe
+from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
 from ._registry import KEPT, VARIABLE
 from ._tensor import dispose_many, forget_array
-from ._trees import _gather, records_in, tensors_in
+from ._trees import _gather, records_in
 
 __all__ = ["Scope", "dispose", "keep", "tidy"]
 
