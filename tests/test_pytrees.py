@@ -219,3 +219,13 @@ def test_dispose_deletes_a_raw_array_no_tensor_holds_and_refuses_one_that_does()
         tj.dispose([t.array])
     assert not t.is_disposed and not t.array.is_deleted()  # nothing was disposed
     tj.dispose(t)
+
+
+def test_a_buffer_deleted_underneath_raises_disposed_error_saying_so():
+    t = tj.tensor([1.0, 2.0])
+    t.array.delete()
+    for use in (lambda: t + 1, lambda: t * t, lambda: t.sum(), lambda: tj.numpy.sin(t),
+                lambda: t.numpy(), lambda: tj.jit(lambda a: a * 2)(t)):  # fmt: skip
+        with pytest.raises(DisposedError, match="deleted outside tidyjax"):
+            use()
+    assert t.is_disposed and t.shape == (2,)

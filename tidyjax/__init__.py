@@ -48,11 +48,13 @@ from ._tensor import adopt as adopt
 from ._tensor import tensor as tensor
 from ._timeline import Timeline as Timeline
 from ._timeline import timeline as timeline
-from ._variable import Variable as Variable
 from ._trees import arrays as arrays
 from ._trees import is_tensor as is_tensor
 from ._trees import tensors as tensors
+from ._variable import Variable as Variable
 from ._variable import dispose_variables as dispose_variables
+from ._watch import unwatch as unwatch
+from ._watch import watch as watch
 from .ipython import load_ipython_extension as load_ipython_extension
 from .ipython import unload_ipython_extension as unload_ipython_extension
 

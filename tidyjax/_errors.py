@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from jax.errors import JaxRuntimeError
+
 __all__ = [
     "CollectiveError",
     "Reason",
     "DisposedError",
     "LeakError",
+    "OutOfMemoryError",
     "ScopeError",
     "TidyjaxError",
     "TidyjaxTypeError",
@@ -53,6 +56,20 @@ class LeakError(TidyjaxError, AssertionError):
 
     def __init__(self, message: str, report: object = None) -> None:
         super().__init__(message)
+        self.report = report
+
+
+class OutOfMemoryError(TidyjaxError, MemoryError, JaxRuntimeError):
+    """JAX could not allocate (``RESOURCE_EXHAUSTED``); raised from JAX's own error.
+
+    The message says what was asked for and which live arrays hold the memory, by creation site
+    and scope; ``err.report`` holds the same as data (a :class:`tidyjax.OOMReport`). Still a
+    ``jax.errors.JaxRuntimeError`` whose message holds JAX's, so code that caught JAX's error
+    (a smaller batch on ``RESOURCE_EXHAUSTED``) catches this one.
+    """
+
+    def __init__(self, message: str, report: object = None, code: int | None = None) -> None:
+        JaxRuntimeError.__init__(self, message, code)  # its message, as JAX's __str__ reads it
         self.report = report
 
 
@@ -102,6 +119,7 @@ for _cls in (
     TidyjaxTypeError,
     TidyjaxValueError,
     LeakError,
+    OutOfMemoryError,
 ):
     _cls.__module__ = "tidyjax"
 del _cls

@@ -25,13 +25,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.errors import JaxRuntimeError
 
 from . import _registry
 from ._arrays import CONCRETE, Tracer
 from ._context import TRACING
 from ._errors import TidyjaxTypeError, donated
-from ._oom import raise_if_oom
+from ._oom import raise_for
 from ._ops import lift
 from ._tensor import Tensor, refused_by_jax, shell, wrap
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
@@ -194,8 +193,8 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     token = _CALLER_ARGS.set((args, kwargs))
     try:
         return transformed(*unwrap(args), **unwrap(kwargs))
-    except JaxRuntimeError as e:  # out of memory: name the holders; else untouched
-        raise_if_oom(e, getattr(transformed, "__name__", "function"), args)
+    except RuntimeError as e:  # out of memory: name the holders; else untouched
+        raise_for(e, getattr(transformed, "__name__", "function"), args)
         raise
     finally:
         _CALLER_ARGS.reset(token)

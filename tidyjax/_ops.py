@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from ._arrays import CONCRETE, ArrayImpl
 from ._errors import TidyjaxTypeError
+from ._oom import guard_waits, raise_for
 from ._registry import UNTRACKED
 from ._tensor import TENSOR_TYPES, Tensor, disposed_error, wrap, wrap_transfer
 from ._trees import unwrap, unwrap_args, wrap_tree
@@ -66,7 +67,11 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         args = tuple([unwrap(a, raw) for a in args])
         if kwargs:
             kwargs = {k: unwrap(v, raw) for k, v in kwargs.items()}
-        out = fn(*args, **kwargs)
+        try:
+            out = fn(*args, **kwargs)
+        except RuntimeError as e:  # out of memory: name the holders; else untouched
+            raise_for(e, name, args)
+            raise
         if transfer and type(out) in CONCRETE and not any(out is r for r in raw):
             return wrap_transfer(out, tuple(v for v in args if type(v) in CONCRETE))
         return wrap_tree(out, raw)
@@ -89,7 +94,11 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
                 vals.append(a)
             else:
                 return call(*args)
-        out = fn(*vals)
+        try:
+            out = fn(*vals)
+        except RuntimeError as e:
+            raise_for(e, name, args)
+            raise
         if type(out) is ArrayImpl:
             return wrap(out)
         return wrap_tree(out)
@@ -133,16 +142,20 @@ def _binary(op: Callable[[Any, Any], Any], reflected: bool) -> Callable[[Tensor,
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         to = type(other)
-        if to in TENSOR_TYPES:
-            orec = other._rec
-            if orec is None or orec.dead is not None:
-                raise disposed_error(other)
-            if rec is not UNTRACKED and orec is not UNTRACKED:
-                return wrap(jitted(self._array, other._array))
-            return wrap(plain(self._array, other._array))
-        if to is float and rec is not UNTRACKED:
-            return wrap(jitted(self._array, other))
-        return wrap_tree(plain(self._array, other))
+        try:  # free while nothing is raised (CPython 3.11)
+            if to in TENSOR_TYPES:
+                orec = other._rec
+                if orec is None or orec.dead is not None:
+                    raise disposed_error(other)
+                if rec is not UNTRACKED and orec is not UNTRACKED:
+                    return wrap(jitted(self._array, other._array))
+                return wrap(plain(self._array, other._array))
+            if to is float and rec is not UNTRACKED:
+                return wrap(jitted(self._array, other))
+            return wrap_tree(plain(self._array, other))
+        except RuntimeError as e:
+            raise_for(e, op.__name__, (other, self) if reflected else (self, other))
+            raise
 
     return method
 
@@ -154,9 +167,13 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
         rec = self._rec
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
-        if rec is UNTRACKED:
-            return wrap(op(self._array))
-        return wrap(jitted(self._array))
+        try:
+            if rec is UNTRACKED:
+                return wrap(op(self._array))
+            return wrap(jitted(self._array))
+        except RuntimeError as e:
+            raise_for(e, op.__name__, (self,))
+            raise
 
     return method
 
@@ -165,7 +182,11 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
     rec = self._rec
     if rec is None or rec.dead is not None:
         raise disposed_error(self)
-    return wrap(self._array[unwrap(index)])
+    try:
+        return wrap(self._array[unwrap(index)])
+    except RuntimeError as e:
+        raise_for(e, "getitem", (self, index))
+        raise
 
 
 def _method(fn: Callable[..., Any], name: str, jit_plain: bool) -> Callable[..., Any]:
@@ -179,9 +200,13 @@ def _method(fn: Callable[..., Any], name: str, jit_plain: bool) -> Callable[...,
         rec = self._rec
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
-        if rec is UNTRACKED:
-            return wrap_tree(fn(self._array))
-        return wrap_tree(plain(self._array))
+        try:
+            if rec is UNTRACKED:
+                return wrap_tree(fn(self._array))
+            return wrap_tree(plain(self._array))
+        except RuntimeError as e:
+            raise_for(e, name, (self,))
+            raise
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Like ``{getattr(fn, '__module__', 'jax')}.{name}``; returns tracked Tensors."
@@ -253,6 +278,7 @@ def install_tensor_methods() -> None:
     Tensor.at.__doc__ = (  # type: ignore[attr-defined]
         "Functional updates, as ``jax.Array.at``: ``t.at[0].set(5.0)`` returns a new Tensor."
     )
+    guard_waits(Tensor)  # .numpy(), .item(), float(t)...: an out-of-memory error names the holders
 
 
 class _At:
@@ -278,6 +304,10 @@ class _AtIndex:
 
         def update(*args: Any, **kwargs: Any) -> Any:
             kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-            return wrap_tree(fn(*unwrap_args(args), **kwargs))
+            try:
+                return wrap_tree(fn(*unwrap_args(args), **kwargs))
+            except RuntimeError as e:
+                raise_for(e, f"at[...].{name}", args)
+                raise
 
         return update

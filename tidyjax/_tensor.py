@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.errors import JaxRuntimeError
 
 from . import _html, _registry
 from ._arrays import (
@@ -39,7 +38,7 @@ from ._errors import (
     TidyjaxTypeError,
     TidyjaxValueError,
 )
-from ._oom import raise_if_oom
+from ._oom import raise_for
 
 __all__ = ["Tensor", "adopt", "tensor"]
 
@@ -690,14 +689,14 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
                 "the same length. Pad the rows, or make one Tensor per row."
             ) from e
         raise TidyjaxValueError(f"tensor() cannot make an array from {data!r:.60}: {e}") from e
-    except JaxRuntimeError as e:  # out of memory: name the holders; else untouched
-        raise_if_oom(e, "tensor", (data,))
+    except RuntimeError as e:  # out of memory: name the holders; else untouched
+        raise_for(e, "tensor", (data,))
         raise
     if device is not None:
         try:
             arr = jax.device_put(arr, device)
-        except JaxRuntimeError as e:
-            raise_if_oom(e, "tensor", (data,))
+        except RuntimeError as e:
+            raise_for(e, "tensor", (data,))
             raise
     return arr
 

@@ -1,0 +1,477 @@
+"""Out-of-memory errors that say what holds the memory: ``OutOfMemoryError``, ``oom_report``.
+
+When JAX cannot allocate, it raises a ``JaxRuntimeError`` whose message starts with
+``RESOURCE_EXHAUSTED`` (``INTERNAL: ... Out of memory`` when an op reads an array whose own
+allocation failed). tidyjax's call sites (operators, lifted calls, ``tensor()``, the
+transformations, the Tensor methods that wait for a value) catch it and call
+:func:`raise_if_oom`, which raises :class:`OutOfMemoryError` from it with an :class:`OOMReport`:
+what was asked for, and the largest live holders by creation site and scope, tidyjax's and the
+untracked arrays' apart. Any other error passes through untouched.
+
+Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
+raised), and the reporting modules (``_inspect``, ``_memory``, ``_timeline``) are imported when a
+report is built, so the per-op modules can import this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import importlib
+import inspect
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
+
+from jax.errors import JaxRuntimeError
+
+from . import _html
+from ._arrays import CONCRETE, describe
+from ._errors import OutOfMemoryError, TidyjaxTypeError
+
+__all__ = [
+    "OOMHolder", "OOMReport", "failed", "guard_waits", "oom_report", "raise_for", "raise_if_oom",
+]  # fmt: skip
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: How many holder rows of each kind (tidyjax's, untracked) a message lists.
+TOP = 8
+# Where JAX says how many bytes it wanted: CPU "allocating 400 bytes", GPU "while trying to
+# allocate 400 bytes", the BFC allocator "8.00GiB (rounded to 8589934592)" and "(8589934592B)".
+_REQUESTED = re.compile(r"(\d+) ?bytes|rounded to (\d+)|\((\d+)B\)")
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is JAX's out-of-memory error (not already tidyjax's)."""
+    if not isinstance(err, JaxRuntimeError) or isinstance(err, OutOfMemoryError):
+        return False
+    text = str(err)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+
+def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
+    """Raise :class:`OutOfMemoryError` from ``err`` if it is JAX's out-of-memory error.
+
+    Returns (doing nothing) for any other error: the caller then re-raises it untouched::
+
+        try:
+            out = fn(*args)
+        except JaxRuntimeError as e:
+            raise_if_oom(e, name, args)
+            raise
+
+    Args:
+        err: the error JAX raised.
+        what: the op, function or block that was running (``"add"``, ``"jax.numpy.zeros"``).
+        operands: its arguments, described by dtype and shape in the message.
+    """
+    if is_oom(err):
+        _raise(err, what, operands)
+
+
+def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
+    """Raise tidyjax's error for JAX's runtime error ``err`` in an op; return for any other
+    (the caller re-raises it untouched).
+
+    Out of memory: :class:`OutOfMemoryError`. An operand Tensor whose buffer was deleted
+    behind tidyjax's back (``t.array.delete()``): :class:`DisposedError` saying so.
+    """
+    raise_if_oom(err, what, operands)
+    if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
+        from ._registry import check
+        from ._tensor import disposed_error
+        from ._trees import tensors_in
+
+        for t in tensors_in(operands):
+            rec = t._rec
+            arr = t._array
+            if rec is not None and rec.dead is None and getattr(arr, "is_deleted", bool)():
+                check(rec)
+                raise disposed_error(t) from err
+
+
+def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
+    report = build_report(err, _call_text(what, operands))
+    raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+_SCOPE_MARKERS = {"": ", outside every scope", "<kept>": ", kept", "<variable>": ", a Variable"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OOMHolder:
+    """Live arrays created at one site and freed by one scope, as an :class:`OOMReport` lists them.
+
+    Attributes:
+        site: where they were created (``"train.py:12 in step"``), or ``"<unknown site>"``.
+        scope: the scope path that frees them (``"train/step"``), ``""`` outside every scope,
+            ``"<kept>"``, ``"<variable>"``; ``"<untracked>"`` for arrays tidyjax does not own.
+        bytes: their buffers' bytes, each shared buffer once.
+        count: how many Tensors (or untracked arrays).
+        shapes: ``{"float32[1024,1024]": 2, ...}``.
+        tracked: False for arrays tidyjax does not own (``jax.live_arrays()`` minus its own).
+    """
+
+    site: str
+    scope: str
+    bytes: int
+    count: int
+    shapes: Mapping[str, int]
+    tracked: bool
+
+    def __str__(self) -> str:
+        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
+        noun = "tensor" if self.tracked else "array"
+        where = (
+            "" if not self.tracked else _SCOPE_MARKERS.get(self.scope, f", scope {self.scope!r}")
+        )
+        return (
+            f"{_html.fmt_bytes(self.bytes)} in {_html.count(self.count, noun)} created at "
+            f"{self.site}{where} [{shapes}]"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OOMReport:
+    """What an :class:`OutOfMemoryError` knows: the request, and who holds the memory.
+
+    ``str(report)`` is the error's message.
+
+    Attributes:
+        what: the op or block that ran out (``"add(Tensor float32[4096,1], ...)"``).
+        requested: the bytes JAX could not allocate, read from its message (None if it gave none).
+        tracked_bytes: bytes of the buffers tidyjax tracks (as ``memory().num_bytes``, less
+            arrays whose computation failed: those hold nothing).
+        untracked_bytes, untracked_arrays: jax arrays alive that tidyjax does not own.
+        device: the device with the most memory in use, where ``memory_stats()`` reports one
+            (GPU, TPU); None on CPU.
+        limit, in_use: that device's ``bytes_limit`` and ``bytes_in_use`` (all of JAX), or None.
+        holders: :class:`OOMHolder` rows, largest first: tidyjax's (``tracked``) and untracked.
+        failed: arrays alive whose computation failed (not counted), described.
+        files: the open timeline's page and JSON, saved with the error (else empty).
+        jax_message: JAX's own message.
+        problems: what went wrong while reporting (a timeline not saved), one sentence each.
+    """
+
+    what: str
+    requested: int | None
+    tracked_bytes: int
+    untracked_bytes: int
+    untracked_arrays: int
+    device: str | None
+    limit: int | None
+    in_use: int | None
+    holders: tuple[OOMHolder, ...]
+    failed: tuple[str, ...]
+    files: tuple[str, ...]
+    jax_message: str
+    problems: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        fmt, count = _html.fmt_bytes, _html.count
+        asked = "" if self.requested is None else f" could not allocate {fmt(self.requested)}"
+        if "RESOURCE_EXHAUSTED" not in self.jax_message:  # an op read an array that had failed
+            asked += " (an earlier computation it depends on failed)"
+        lines = [f"Out of memory: {self.what}{asked}. JAX said: {self.jax_message.strip()}"]
+        if self.limit is not None:
+            lines.append(
+                f"Device {self.device}: {fmt(self.in_use or 0)} in use of {fmt(self.limit)} "
+                "(all of JAX)."
+            )
+        tracked = [h for h in self.holders if h.tracked]
+        n = sum(h.count for h in tracked)
+        lines.append(
+            f"tidyjax holds {fmt(self.tracked_bytes)} in {count(n, 'tensor')}"
+            + ("; the largest, by creation site and scope:" if tracked else ".")
+        )
+        lines += [f"  {h}" for h in tracked[:TOP]]
+        if len(tracked) > TOP:
+            lines.append(f"  ... and {count(len(tracked) - TOP, 'more site')}")
+        untracked = [h for h in self.holders if not h.tracked]
+        lines.append(
+            f"Untracked (jax arrays tidyjax does not own): {fmt(self.untracked_bytes)} in "
+            f"{count(self.untracked_arrays, 'array')}"
+            + ("; the largest, by creation site:" if untracked else ".")
+        )
+        lines += [f"  {h}" for h in untracked[:TOP]]
+        if len(untracked) > TOP:
+            lines.append(f"  ... and {count(len(untracked) - TOP, 'more site')}")
+        if self.failed:
+            lines.append(
+                f"Not counted: {count(len(self.failed), 'array')} whose computation failed, "
+                f"holding no memory: {', '.join(self.failed[:TOP])}."
+            )
+        if self.files:
+            lines.append(f"The open timeline was saved: {', '.join(self.files)}.")
+        lines += self.problems
+        lines.append(
+            "To fit: free the largest holders above (dispose them, or return less from the scope "
+            "that holds them), wrap untracked arrays with tidyjax.adopt() so a scope frees them, "
+            "or make this request smaller (a smaller batch or shape)."
+        )
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+def requested_bytes(message: str) -> int | None:
+    """The bytes JAX's out-of-memory message says it could not allocate, or None."""
+    m = _REQUESTED.search(message)
+    if m is None:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+def build_report(err: BaseException, what: str) -> OOMReport:
+    """The report for ``err``; a report that itself fails still gives the request and says why."""
+    message = str(err)
+    files, problems = _save_timeline()
+    try:
+        return dataclasses.replace(
+            _holders_report(), what=what, requested=requested_bytes(message),
+            files=files, jax_message=message, problems=problems,
+        )  # fmt: skip
+    except Exception as e:  # a broken report must not hide the out-of-memory error
+        problem = f"(The list of holders failed: {type(e).__name__}: {e}.)"
+        return OOMReport(what, requested_bytes(message), 0, 0, 0, None, None, None, (), (),
+                         files, message, (*problems, problem))  # fmt: skip
+
+
+def _holders_report() -> OOMReport:
+    """The holders now, each list largest first; ``what`` and the message are filled in later."""
+    from . import _registry
+    from ._inspect import TensorRecord, creation_site, live_tensors
+    from ._memory import find_untracked, memory
+
+    recs, _ = _registry.live()
+    broken = [rec for rec in recs if any(failed(a) for a in rec.arrays())]
+    broken_ids = {id(rec) for rec in broken}
+    info = memory(scan_untracked=False)
+    tracked = [r for r in live_tensors() if r._buffer not in broken_ids]
+    raw = find_untracked(recs)
+    as_records = [
+        TensorRecord(id=0, shape=tuple(a.shape), dtype=str(a.dtype), bytes=int(a.nbytes),
+                     devices=(), scope="<untracked>", site=creation_site(a), kept=False,
+                     variable=False, _buffer=id(a))
+        for a in raw
+    ]  # fmt: skip
+    holders = _rows(tracked, tracked=True) + _rows(as_records, tracked=False)
+    device = limit = in_use = None
+    stats = [(d, s) for d, s in info.device_stats.items() if s.get("bytes_limit")]
+    if stats:
+        dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
+        device, limit, in_use = str(dev), int(s["bytes_limit"]), int(s.get("bytes_in_use", 0))
+    return OOMReport(
+        what="",
+        requested=None,
+        tracked_bytes=info.num_bytes - sum(rec.size() for rec in broken),
+        untracked_bytes=sum(int(a.nbytes) for a in raw),
+        untracked_arrays=len(raw),
+        device=device,
+        limit=limit,
+        in_use=in_use,
+        holders=tuple(holders),
+        failed=tuple(f"{describe(rec.array())} ({_html.fmt_bytes(rec.size())})" for rec in broken),
+        files=(),
+        jax_message="",
+    )
+
+
+def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
+    """One row per (scope, creation site), largest first: ``snapshot()``'s grouping per scope."""
+    from ._inspect import _group
+
+    by_scope: dict[str, list[Any]] = {}
+    for r in records:
+        by_scope.setdefault(r.scope, []).append(r)
+    rows = [
+        OOMHolder(stat.site, scope, stat.bytes, stat.count, stat.shapes, tracked)
+        for scope, rs in by_scope.items()
+        for stat in _group(rs).values()
+    ]
+    rows.sort(key=lambda h: (-h.bytes, -h.count, h.site, h.scope))
+    return rows
+
+
+def failed(arr: Any) -> bool:
+    """Whether ``arr``'s computation failed: an out-of-memory error JAX raises only when the
+    array is waited for. JAX calls such a buffer ready, and reading its address or values aborts
+    the process, so reports ask this first. Never waits for an array still being computed."""
+    base = getattr(arr, "_base_array", arr)  # a typed PRNG key's array of words
+    try:
+        if base.is_deleted() or not base.is_ready():
+            return False
+        base.block_until_ready()
+    except JaxRuntimeError:
+        return True
+    return False
+
+
+# -- what was running --------------------------------------------------------------------------
+
+
+def _call_text(what: str, operands: tuple[Any, ...]) -> str:
+    if not operands:
+        return what
+    shown = ", ".join(_operand(x) for x in operands[:4])
+    return f"{what}({shown}{', ...' if len(operands) > 4 else ''})"
+
+
+def _operand(x: Any) -> str:
+    """An argument as a message shows it: arrays (Tensors, jax, NumPy) by dtype and shape."""
+    if (hasattr(x, "shape") and hasattr(x, "dtype")) or hasattr(x, "_array"):
+        return describe(getattr(x, "_array", x))
+    if isinstance(x, (int, float, complex, bool, str, type(None), tuple)):
+        text = repr(x)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return type(x).__name__
+
+
+# -- the timeline ------------------------------------------------------------------------------
+
+
+def _save_timeline() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Save the open timeline's JSON and page; (the files, what went wrong)."""
+    try:
+        timeline = importlib.import_module("tidyjax._timeline").active()
+    except Exception:  # no timeline module (yet): nothing is recorded
+        return (), ()
+    if timeline is None:
+        return (), ()
+    folder = os.environ.get("TIDYJAX_OOM_DIR") or os.getcwd()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    base = os.path.join(os.path.abspath(folder), f"tidyjax-oom-{stamp}")
+    files: list[str] = []
+    problems: list[str] = []
+    for path, save in ((base + ".html", "save_html"), (base + ".json", "dump")):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            getattr(timeline, save)(path)
+            files.append(path)
+        except Exception as e:  # the out-of-memory error matters more than a file
+            problems.append(f"The open timeline could not be saved to {path}: {e}.")
+    return tuple(files), tuple(problems)
+
+
+# -- waiting for a value -----------------------------------------------------------------------
+
+#: Tensor methods that wait for the value: where an allocation that failed asynchronously (as
+#: it can on a GPU, or in a large CPU computation) surfaces. Each first waits on the buffer:
+#: JAX raises for a failed buffer there, where reading its values would abort the process.
+WAITS = (
+    "block_until_ready", "numpy", "item", "tolist", "__array__", "__bool__", "__float__",
+    "__int__", "__index__", "__complex__", "__format__",
+)  # fmt: skip
+
+
+def guard_waits(cls: type) -> None:
+    """Make ``cls``'s waiting methods (and ``to``) raise :class:`OutOfMemoryError` for JAX's
+    out-of-memory error. Off the per-op path: each of them waits for, or moves, a buffer."""
+    for name in (*WAITS, "to"):
+        method = cls.__dict__.get(name)
+        if method is not None and not hasattr(method, "_oom_guarded"):
+            setattr(cls, name, _guarded(method, name, wait=name in WAITS))
+
+
+def _guarded(method: Callable[..., Any], name: str, wait: bool) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            rec = self._rec
+            if wait and rec is not None and rec.dead is None and type(self._array) in CONCRETE:
+                self._array.block_until_ready()
+            return method(self, *args, **kwargs)
+        except RuntimeError as e:
+            if is_oom(e):
+                _raise(e, _waited_text(self, name), ())
+            raise_for(e, name, (self,))
+            raise
+
+    guarded._oom_guarded = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _waited_text(t: Any, name: str) -> str:
+    from ._inspect import creation_site
+
+    site = creation_site(t._array)
+    made = f", computed at {site}" if site is not None else ""
+    return f"Tensor.{name}() on Tensor {describe(t._array)} (id {t._id}{made})"
+
+
+# -- oom_report --------------------------------------------------------------------------------
+
+
+class _OOMReporting:
+    """The object ``oom_report()`` returns: a context manager, and a decorator."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: str | None) -> None:
+        self.label = label
+
+    def __enter__(self) -> _OOMReporting:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and is_oom(exc):
+            _raise(exc, f"in oom_report({self.label!r})" if self.label else "in oom_report()", ())
+
+    def __call__(self, fn: F) -> F:
+        if not callable(fn) or inspect.isgeneratorfunction(fn):
+            raise TidyjaxTypeError(
+                f"@oom_report decorates a plain or async function, got {type(fn).__name__}."
+            )
+        label = self.label or getattr(fn, "__qualname__", type(fn).__name__)
+        reporting = _OOMReporting(label)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with reporting:
+                    return await fn(*args, **kwargs)
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with reporting:
+                return fn(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+
+def oom_report(label: str | Callable[..., Any] | None = None) -> Any:
+    """Turn JAX's out-of-memory error inside into an :class:`OutOfMemoryError` naming what holds
+    memory, around any code, raw JAX included. Other errors pass through untouched.
+
+    Forms::
+
+        with tidyjax.oom_report():
+            y = jax.numpy.zeros((10**13,))
+
+        with tidyjax.oom_report("load batch"):   # the message names the block
+            ...
+
+        @tidyjax.oom_report                      # or @tidyjax.oom_report("train step")
+        def step(params, batch): ...
+
+    Raises:
+        OutOfMemoryError: from JAX's ``RESOURCE_EXHAUSTED`` error, with ``.report``.
+        TidyjaxTypeError: ``label`` is neither a string nor a function.
+    """
+    if callable(label):
+        return _OOMReporting(None)(label)
+    if label is not None and not isinstance(label, str):
+        raise TidyjaxTypeError(
+            f"oom_report() takes a label (str) or a function, got {type(label).__name__}."
+        )
+    return _OOMReporting(label)

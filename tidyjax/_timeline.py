@@ -1,0 +1,911 @@
+"""``timeline()``: every allocation, free and scope of tidyjax-tracked memory, in order.
+
+While a :class:`Timeline` records it is one of the registry's observers (``_registry.observers``,
+the list ``profile()`` uses): each buffer added, freed or collected, and each scope entered or
+exited (``_scope`` reports those only while an observer listens), becomes one immutable
+:class:`TimelineEvent`. With no timeline open nothing here runs: the registry and the scopes pay
+the one truthiness check of ``observers`` they paid before. Replaying the events (``live_at``)
+gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
+
+The page (``to_html``) is drawn by ``_timeline_html``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import gc
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, TypeVar, overload
+
+from . import _html, _registry, _timeline_html
+from ._arrays import shard_bytes
+from ._context import CURRENT
+from ._errors import TidyjaxTypeError, TidyjaxValueError
+from ._inspect import Site, SiteStat, Snapshot, TensorRecord, creation_site, holders
+from ._memory import _fmt_bytes
+from ._registry import KEPT, VARIABLE
+from ._tensor import Tensor
+
+__all__ = ["Timeline", "TimelineEvent", "active", "timeline"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
+KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
+FORMAT, VERSION = "tidyjax.timeline", 1
+
+
+class TimelineEvent(NamedTuple):
+    """One change to tidyjax-tracked memory, as a :class:`Timeline` records it (immutable).
+
+    Attributes:
+        kind: ``"alloc"``, ``"free"``, ``"scope_enter"`` or ``"scope_exit"``.
+        time: seconds on ``time.perf_counter()``'s clock (monotonic).
+        bytes: the buffer's logical bytes, as ``memory().num_bytes`` counts them (0 for scopes).
+        device: the device holding the buffer (``str(device)``), several joined by ``","``.
+        site: the :class:`tidyjax.Site` that created its array, or None.
+        scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
+            ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
+            ``"free"``. For scope events, the scope's path.
+        shape, dtype: the buffer's shape and dtype (``()`` and ``""`` for scopes).
+        tensors: ids of the Tensors seen holding the buffer: the one that created it at
+            ``"alloc"``, every one seen at ``"free"``.
+        buffer: the buffer's number in this timeline, the same in its alloc and its free; for
+            scope events, the scope's number, the same in its enter and its exit.
+        name: for scope events, the scope's own name.
+        per_device: ``(device, bytes)`` for each device holding a shard or copy, as
+            ``memory().bytes_per_device`` counts them.
+    """
+
+    kind: str
+    time: float
+    bytes: int
+    device: str
+    site: Site | None
+    scope: str
+    shape: tuple[int, ...]
+    dtype: str
+    tensors: tuple[int, ...]
+    buffer: int
+    name: str = ""
+    per_device: tuple[tuple[str, int], ...] = ()
+
+
+# One lock for every timeline: events arrive from any thread, and reentrantly when a collection
+# runs a finalizer (a Tensor's __del__, a weak reference's callback) inside a handler.
+_lock = threading.RLock()
+_recording: list[Timeline] = []  # open timelines, in the order they started
+
+# Caches of what an allocation reports, filled as arrays are seen.
+_sites: dict[Any, Site | None] = {}  # JAX creation traceback -> first user frame
+_dtypes: dict[Any, str] = {}
+_device_names: dict[Any, str] = {}
+_one_device: dict[Any, str] = {}  # sharding on one local device -> its name
+_holder_names: dict[Any, tuple[str, ...]] = {}  # code -> its locals that may be the Tensor
+# Shared values, so that a million events hold a few thousand of these, not a million.
+_one_placement: dict[tuple[str, int], tuple[tuple[str, int]]] = {}
+_shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _shape(arr: Any) -> tuple[int, ...]:
+    shape = tuple(arr.shape)
+    same = _shapes.get(shape)
+    if same is None:
+        if len(_shapes) > 65536:
+            _shapes.clear()
+        same = _shapes[shape] = shape
+    return same
+
+
+_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HOLDER_NAMES = ("t", "v", "self")
+_NO_ARRAY = object()  # matches no Tensor's array
+
+
+def _site_of(arr: Any) -> Site | None:
+    tb = getattr(arr, "traceback", None)
+    if tb is None:
+        return None
+    try:
+        return _sites[tb]
+    except KeyError:
+        if len(_sites) > 65536:
+            _sites.clear()
+        site = _sites[tb] = creation_site(arr)
+        return site
+    except TypeError:  # a jaxlib whose tracebacks do not hash
+        return creation_site(arr)
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _dtypes.get(dtype)
+    if name is None:
+        name = _dtypes[dtype] = str(dtype)
+    return name
+
+
+def _device_name(device: Any) -> str:
+    name = _device_names.get(device)
+    if name is None:
+        name = _device_names[device] = str(device)
+    return name
+
+
+def _placement(arr: Any, nbytes: int) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """The device label and the bytes on each device, from the sharding (no buffer is read)."""
+    try:
+        sharding = arr.sharding
+        name = _one_device.get(sharding)
+        if name is None:
+            devices = sharding.device_set
+            if len(devices) == 1 and sharding.is_fully_addressable:
+                if len(_one_device) > 4096:
+                    _one_device.clear()
+                name = _one_device[sharding] = _device_name(next(iter(devices)))
+        if name:
+            key = (name, nbytes)
+            one = _one_placement.get(key)
+            if one is None:
+                if len(_one_placement) > 65536:
+                    _one_placement.clear()
+                one = _one_placement[key] = (key,)
+            return name, one
+        pairs = tuple(sorted((_device_name(d), b) for d, b in shard_bytes(arr).items()))
+    except Exception:  # an array kind without a sharding: no device to report
+        return "", ()
+    return ",".join(n for n, _ in pairs), pairs
+
+
+def _owner(owner: Any) -> str:
+    if owner is KEPT:
+        return "<kept>"
+    if owner is VARIABLE:
+        return "<variable>"
+    return getattr(owner, "path", "") if owner is not None else ""
+
+
+def _holder(rec: Any, arr: Any) -> int:
+    """The id of the Tensor being made on ``rec`` now, found in tidyjax's calling frames.
+
+    The registry reports a record, not the Tensor (it keeps no holders, to stay cheap): the
+    Tensor is a local (``t``, ``v`` or ``self``) of a tidyjax frame a few levels up. Only frames
+    of tidyjax's own files that have such a local are read; 0 when none is found.
+    """
+    f: Any = sys._getframe(1)
+    for _ in range(10):
+        if f is None:
+            break
+        code = f.f_code
+        if not code.co_filename.startswith(_OWN):
+            break  # the caller's code: the Tensor was made below it
+        if code in _NOT_HOLDERS:
+            f = f.f_back
+            continue
+        names = _holder_names.get(code)
+        if names is None:
+            names = _holder_names[code] = tuple(n for n in _HOLDER_NAMES if n in code.co_varnames)
+        if names:
+            local = f.f_locals
+            for n in names:
+                v = local.get(n)
+                if isinstance(v, Tensor):
+                    if getattr(v, "_rec", None) is rec or getattr(v, "_array", None) is arr:
+                        return v._id
+                    if code.co_name == "assign":  # Variable.assign: the new buffer is its own
+                        return v._id
+        f = f.f_back
+    return 0
+
+
+def _record(ev: TimelineEvent) -> TensorRecord:
+    return TensorRecord(
+        id=ev.tensors[0] if ev.tensors else 0,
+        shape=ev.shape,
+        dtype=ev.dtype,
+        bytes=ev.bytes,
+        devices=tuple(d for d, _ in ev.per_device),
+        scope=ev.scope,
+        site=ev.site,
+        kept=ev.scope == "<kept>",
+        variable=ev.scope == "<variable>",
+        _buffer=ev.buffer,
+    )
+
+
+class Timeline:
+    """Every allocation, free and scope of tidyjax-tracked memory while it recorded.
+
+    Made by :func:`timeline`. It records while entered (``with``, or a function it decorates);
+    entering it again later continues it, reconciling what changed in between. Each event is a
+    :class:`TimelineEvent`; beyond ``max_events`` the oldest are dropped (``dropped`` counts
+    them) and the replay starts from what they left alive.
+
+    Attributes:
+        max_events: the most events kept.
+        dropped: how many older events were dropped.
+        peak_bytes: the most tidyjax bytes alive at any moment while recording (all devices).
+        peak_time: when that peak was first reached (``time.perf_counter()``'s clock).
+        started_at: Unix time when recording first started; ``start_time``, ``stop_time``: on
+            ``time.perf_counter()``'s clock (``stop_time`` is None while recording).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_base",
+        "_bytes",
+        "_depth",
+        "_events",
+        "_last",
+        "_live",
+        "_loaded",
+        "_next",
+        "_peak_live",
+        "_peak_seq",
+        "_scopes",
+        "_seq",
+        "_watch",
+        "dropped",
+        "max_events",
+        "peak_bytes",
+        "peak_time",
+        "start_time",
+        "started_at",
+        "stop_time",
+    )
+
+    def __init__(self, max_events: int = 1_000_000) -> None:
+        self.max_events = max_events
+        self._events: collections.deque[TimelineEvent] = collections.deque()
+        self.dropped = 0
+        self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
+        self._live: dict[int, list[Any]] = {}  # id(rec) -> [rec, alloc event, Tensor ids]
+        self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
+        self._scopes: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._next = 0  # the last buffer or scope number given
+        self._seq = 0  # events appended, dropped ones included
+        self._bytes = 0
+        self._last = 0.0  # the latest event time: times never go back
+        self._depth = 0
+        self._loaded = False
+        self.peak_bytes = 0
+        self.peak_time = 0.0
+        self._peak_seq = -1  # the event that reached the peak (-1: none yet)
+        self._peak_live: list[TimelineEvent] | None = None  # set when that event is dropped
+        self.started_at: float | None = None
+        self.start_time: float | None = None
+        self.stop_time: float | None = None
+
+    # -- what was recorded ------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[TimelineEvent]:
+        """The events kept, oldest first."""
+        with _lock:
+            return list(self._events)
+
+    @property
+    def recording(self) -> bool:
+        """Whether the timeline is recording now."""
+        return self._depth > 0
+
+    def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
+        """What dropped events left alive, and the events kept: together, the whole replay."""
+        with _lock:
+            return list(self._base.values()), list(self._events)
+
+    def live_at(self, time: float) -> list[TensorRecord]:
+        """The buffers alive at ``time`` (``time.perf_counter()``'s clock), oldest first.
+
+        One :class:`tidyjax.TensorRecord` per buffer (a shared buffer once): ``id`` is the Tensor
+        that created it (0 if unknown), ``scope`` its owner when allocated. Their bytes add up to
+        what ``memory().num_bytes`` reported at that moment.
+
+        Raises:
+            TidyjaxValueError: ``time`` is before the events kept, and older ones were dropped.
+        """
+        base, events = self._window()
+        if self.dropped and events and time < events[0].time:
+            if time == self.peak_time and self._peak_live is not None:
+                return [_record(ev) for ev in self._peak_live]
+            raise TidyjaxValueError(
+                f"the timeline cannot replay {time!r}: the {self.dropped} oldest events were "
+                f"dropped and the events kept start at {events[0].time!r}. Record with a larger "
+                "tidyjax.timeline(max_events=...)."
+            )
+        state = {ev.buffer: ev for ev in base}
+        for ev in events:
+            if ev.time > time:
+                break
+            if ev.kind == ALLOC:
+                state[ev.buffer] = ev
+            elif ev.kind == FREE:
+                state.pop(ev.buffer, None)
+        return [_record(ev) for _, ev in sorted(state.items())]
+
+    def top_sites(self, at: float | None = None, n: int = 10) -> list[SiteStat]:
+        """The creation sites holding the most bytes at ``at`` (default: the peak), largest
+        first, as :class:`tidyjax.SiteStat` (count, bytes, shapes)."""
+        moment = self.peak_time if at is None else at
+        return Snapshot(self.live_at(moment)).statistics()[:n]
+
+    def __repr__(self) -> str:
+        state = "recording" if self._depth else "stopped"
+        if self._loaded:
+            state = "loaded"
+        at = ""
+        if self.start_time is not None and self.peak_bytes:
+            at = f" at {_timeline_html.elapsed(self.peak_time - self.start_time)}"
+        return (
+            f"<tidyjax.Timeline {len(self._events)} events ({self.dropped} dropped), "
+            f"peak {_fmt_bytes(self.peak_bytes)}{at}, {state}>"
+        )
+
+    # -- the page ---------------------------------------------------------------------------
+
+    def to_html(self, *, top: int = 10) -> str:
+        """The self-contained HTML page: live bytes over time by creation site (the ``top``
+        largest, the rest as "other"), scopes as bands, the peak and what was alive then."""
+        return _timeline_html.page(self, top=top)
+
+    def save_html(self, path: str | os.PathLike[str], *, top: int = 10) -> None:
+        """Write :meth:`to_html` to ``path`` (UTF-8)."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_html(top=top))
+
+    def _repr_html_(self) -> str:
+        return _fragment(self)
+
+    # -- files ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The timeline as JSON data (format ``"tidyjax.timeline"``, version 1; see
+        :class:`_Codec` for the layout)."""
+        base, events = self._window()
+        peak_live = self._peak_live
+        codec = _Codec()
+        with _collection_paused():
+            return self._encode(codec, base, events, peak_live)
+
+    def _encode(
+        self,
+        codec: _Codec,
+        base: list[TimelineEvent],
+        events: list[TimelineEvent],
+        peak_live: list[TimelineEvent] | None,
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "started_at": self.started_at,
+            "start_time": self.start_time,
+            "stop_time": self.stop_time,
+            "max_events": self.max_events,
+            "dropped": self.dropped,
+            "peak_bytes": self.peak_bytes,
+            "peak_time": self.peak_time,
+            "events": codec.encode(events),
+            "base": codec.encode(base),
+            "peak_live": None if peak_live is None else codec.encode(peak_live),
+        }
+        out.update(codec.tables())
+        return out
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the timeline as JSON (read it back with :meth:`load`, or draw it with
+        ``python -m tidyjax view FILE``)."""
+        data = self.to_json()
+        text = json.dumps(data, separators=(",", ":"))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Timeline:
+        """Read a timeline written by :meth:`dump`.
+
+        Raises:
+            TidyjaxValueError: the file is not JSON, or not a tidyjax timeline of a format
+                version this tidyjax reads; the message says which.
+        """
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise TidyjaxValueError(f"{path} is not a JSON file ({e}).") from e
+        return cls.from_json(data, where=str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "the data") -> Timeline:
+        """A timeline from :meth:`to_json`'s data (see :meth:`load` for the errors)."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise TidyjaxValueError(
+                f'{where} is not a tidyjax timeline (no "format": {FORMAT!r}); write one with '
+                "Timeline.dump(path)."
+            )
+        if data.get("version") != VERSION:
+            raise TidyjaxValueError(
+                f"{where} is a tidyjax timeline of format version {data.get('version')!r}; "
+                f"this tidyjax reads version {VERSION}. Upgrade tidyjax to read it."
+            )
+        try:
+            with _collection_paused():
+                return cls._decode(data, where)
+        except TidyjaxValueError:
+            raise
+        except KeyError as e:
+            raise TidyjaxValueError(f"{where} is a tidyjax timeline without {e}.") from e
+        except (TypeError, ValueError, IndexError, AttributeError) as e:
+            raise TidyjaxValueError(f"{where} is a malformed tidyjax timeline ({e}).") from e
+
+    @classmethod
+    def _decode(cls, data: dict[str, Any], where: str) -> Timeline:
+        codec = _Codec.read(data)
+        tl = cls(int(data["max_events"]))
+        tl._events.extend(codec.decode(data["events"], where, "event"))
+        tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
+        if data.get("peak_live") is not None:
+            tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
+        tl.dropped = int(data["dropped"])
+        tl.peak_bytes = int(data["peak_bytes"])
+        tl.peak_time = float(data["peak_time"])
+        tl.started_at = data["started_at"]
+        tl.start_time = data["start_time"]
+        tl.stop_time = data["stop_time"]
+        tl._seq = len(tl._events) + tl.dropped
+        tl._loaded = True
+        return tl
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> Timeline:
+        """A timeline of one moment: each buffer of ``snapshot`` allocated in Tensor id order,
+        so a snapshot draws on the same page (``python -m tidyjax view snapshot.json``)."""
+        if not isinstance(snapshot, Snapshot):
+            raise TidyjaxTypeError(
+                f"from_snapshot() takes a tidyjax.Snapshot, got {type(snapshot).__name__}."
+            )
+        tl = cls()
+        tl.started_at = snapshot.taken_at
+        tl.start_time = tl.stop_time = 0.0
+        seen: dict[int, list[Any]] = {}
+        for r in snapshot.records:
+            entry = seen.get(r._buffer)
+            if entry is None:
+                seen[r._buffer] = [r, [r.id]]
+            else:
+                entry[1].append(r.id)
+        for n, (r, ids) in enumerate(seen.values(), 1):
+            devices = r.devices or ("",)
+            share = r.bytes // len(devices)  # how a buffer on several devices splits is not saved
+            tl._append(TimelineEvent(
+                ALLOC, 0.0, r.bytes, ",".join(devices), r.site, r.scope, r.shape, r.dtype,
+                tuple(ids), n, "", tuple((d, share) for d in devices),
+            ), r.bytes)  # fmt: skip
+        tl._loaded = True
+        return tl
+
+    # -- recording --------------------------------------------------------------------------
+
+    def __enter__(self) -> Timeline:
+        self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    async def __aenter__(self) -> Timeline:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop()
+
+    def __call__(self, fn: F) -> F:
+        """Decorate ``fn``: each call records into this timeline (``fn.timeline``)."""
+        if not callable(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TidyjaxTypeError(
+                f"a Timeline decorates a plain or async function, got {type(fn).__name__} "
+                f"{fn!r:.60}; use `with tidyjax.timeline() as tl:` around other code."
+            )
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await fn(*args, **kwargs)
+
+            run_async.timeline = self  # type: ignore[attr-defined]
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        run.timeline = self  # type: ignore[attr-defined]
+        return run  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def section(self, label: str) -> Iterator[Timeline]:
+        """Record into this timeline (resuming it) and draw what the block did as a band named
+        ``label``, as a scope is drawn: for recording notebook cells one by one.
+
+        Example::
+
+            tl = tidyjax.timeline()
+            with tl.section("In[3]"):
+                ...
+        """
+        if not isinstance(label, str):
+            raise TidyjaxTypeError(f"section() takes a str label, got {type(label).__name__}.")
+        with self:
+            with _lock:
+                self._next += 1
+                number = self._next
+                self._mark(SCOPE_ENTER, label, label, number)
+            try:
+                yield self
+            finally:
+                with _lock:
+                    self._mark(SCOPE_EXIT, label, label, number)
+
+    def _start(self) -> None:
+        if self._loaded:
+            raise TidyjaxTypeError(
+                "this Timeline was loaded from a file or a snapshot and cannot record; "
+                "record a new one with tidyjax.timeline()."
+            )
+        with _lock:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            if self.start_time is None:
+                self.started_at = time.time()
+                self.start_time = self.peak_time = self._last = time.perf_counter()
+            self.stop_time = None
+            before = list(self._live)
+            _recording.append(self)
+            _registry.observers.append(self)
+            # The scopes open here now: drawn from the start.
+            opened = []
+            scope = CURRENT.get()
+            while scope is not None:
+                opened.append(scope)
+                scope = scope.parent
+            for scope in reversed(opened):
+                if scope not in self._scopes:
+                    self.event("scope_enter", scope)
+        # What is alive now, read outside our lock: the registry's lock is taken there, and a
+        # collection inside that lock may report to us.
+        found = holders(_registry.live()[0])
+        with _lock:
+            now = time.perf_counter()
+            alive = {id(rec) for rec, _ in found}
+            for key in before:  # freed or collected while not recording
+                entry = self._live.get(key)
+                if entry is not None and (
+                    key not in alive or entry[0].dead is not None or entry[0].array() is None
+                ):
+                    self._free(entry, now)
+            for rec, ts in found:
+                if id(rec) not in self._live and rec.dead is None:
+                    self._alloc(rec, now, tuple(sorted(t._id for t in ts)))
+
+    def _stop(self) -> None:
+        with _lock:
+            if self._depth == 0:
+                raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
+            if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+                for scope, number in list(self._scopes.items()):
+                    self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
+                self._scopes.clear()
+            self._depth -= 1
+            if self._depth:
+                return
+            _recording.remove(self)
+            if self in _registry.observers:
+                _registry.observers.remove(self)
+            self.stop_time = time.perf_counter()
+
+    # -- the observer (see _registry) ------------------------------------------------------
+
+    def event(self, kind: str, obj: Any) -> None:
+        """A change to the registry's books, or a scope entered or exited."""
+        with _lock:
+            if not self._depth:
+                return
+            if kind == "buffer_added":
+                self._alloc(obj, time.perf_counter(), None)
+            elif kind == "buffer_freed" or kind == "buffer_collected":
+                entry = self._live.get(id(obj))
+                if entry is not None:
+                    self._free(entry, time.perf_counter())
+            elif kind == "tensor_added":
+                entry = self._live.get(id(obj))
+                if entry is not None:
+                    i = _holder(obj, _NO_ARRAY)
+                    if i and i not in entry[2]:
+                        entry[2].append(i)
+                    if obj.more:
+                        self._watch_arrays(obj)
+            elif kind == "scope_enter":
+                self._next += 1
+                self._scopes[obj] = self._next
+                self._mark(SCOPE_ENTER, obj.path, obj.name or "<tidy>", self._next)
+            elif kind == "scope_exit":
+                number = self._scopes.pop(obj, None)
+                if number is None:
+                    self._next += 1
+                    number = self._next
+                self._mark(SCOPE_EXIT, obj.path, obj.name or "<tidy>", number)
+
+    def _mark(self, kind: str, path: str, name: str, number: int) -> None:
+        ev = TimelineEvent(kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name)
+        self._append(ev, 0)
+
+    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...] | None) -> None:
+        arr = rec.array()
+        if arr is None or id(rec) in self._live:
+            return
+        nbytes = rec.size()
+        device, per_device = _placement(arr, nbytes)
+        if ids is None:
+            holder = _holder(rec, arr)
+            ids = (holder,) if holder else ()
+        self._next += 1
+        ev = TimelineEvent(
+            ALLOC, now, nbytes, device, _site_of(arr), _owner(rec.scope), _shape(arr),
+            _dtype_name(arr.dtype), ids, self._next, "", per_device,
+        )  # fmt: skip
+        self._live[id(rec)] = [rec, ev, list(ids)]
+        if rec.__callback__ is None or rec.more:
+            self._watch_arrays(rec)
+        self._append(ev, nbytes)
+
+    def _free(self, entry: list[Any], now: float) -> None:
+        rec, a, ids = entry
+        del self._live[id(rec)]
+        self._watch.pop(id(rec), None)
+        ev = TimelineEvent(
+            FREE, now, a.bytes, a.device, a.site, _owner(rec.scope), a.shape, a.dtype,
+            tuple(ids), a.buffer, "", a.per_device,
+        )  # fmt: skip
+        self._append(ev, -a.bytes)
+
+    def _watch_arrays(self, rec: Any) -> None:
+        """Follow the collection of ``rec``'s arrays that the registry does not report: all of
+        them for a record made while nobody observed, the extra objects of an aliased one."""
+        refs = self._watch.setdefault(id(rec), [])
+        seen = {id(r()) for r in refs}
+        first = rec() if rec.__callback__ is not None else None
+        for arr in rec.arrays():
+            if arr is not first and id(arr) not in seen:
+                refs.append(weakref.ref(arr, functools.partial(self._collected, rec)))
+
+    def _collected(self, rec: Any, _ref: Any) -> None:
+        if rec.dead is None and rec.array() is None:
+            self.event("buffer_collected", rec)
+
+    def _append(self, ev: TimelineEvent, delta: int) -> None:
+        if ev.time < self._last:  # a handler ran inside another one (a collection)
+            ev = ev._replace(time=self._last)
+        self._last = ev.time
+        events = self._events
+        if len(events) >= self.max_events:
+            self._drop()
+        events.append(ev)
+        self._seq += 1
+        if delta:
+            self._bytes += delta
+            if self._bytes > self.peak_bytes:
+                self.peak_bytes = self._bytes
+                self.peak_time = ev.time
+                self._peak_seq = self._seq - 1
+                self._peak_live = None
+
+    def _drop(self) -> None:
+        events = self._events
+        old = events.popleft()
+        seq = self._seq - len(events) - 1
+        self.dropped += 1
+        if old.kind == ALLOC:
+            self._base[old.buffer] = old
+        elif old.kind == FREE:
+            self._base.pop(old.buffer, None)
+        if seq == self._peak_seq:  # what was alive at the peak can no longer be replayed
+            self._peak_live = list(self._base.values())
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Pause Python's cyclic collector while a million records are built at once: it would run
+    full collections over the whole heap many times, for nothing (nothing built is garbage)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_COLUMNS = ("kind", "time", "bytes", "meta", "scope", "tensors", "buffer", "name", "placement")
+
+
+class _Codec:
+    """The JSON layout of events: a column per field, repeated values in tables.
+
+    ``events``, ``base`` and ``peak_live`` each hold the columns ``kind``, ``scope``, ``name``
+    (indexes into ``strings``), ``time``, ``bytes``, ``buffer``, ``tensors`` (ids joined by
+    ``","``), ``meta`` (an index into ``metas``: ``[device, site, shape, dtype]``, the site an
+    index into ``sites``: ``[file, line, function]`` or -1) and ``placement`` (-1 when all
+    bytes are on ``device``, else an index into ``placements``: ``[[device, bytes], ...]``).
+    Columns of numbers and strings keep the file small and quick to write and read.
+    """
+
+    def __init__(self) -> None:
+        self.strings: dict[str, int] = {}
+        self.sites: dict[Site, int] = {}
+        self.metas: dict[tuple[Any, ...], int] = {}
+        self.placements: dict[tuple[tuple[str, int], ...], int] = {}
+        self._keep: list[Any] = []  # the sites whose ids key `metas`
+        # read side
+        self.meta_list: list[tuple[str, Site | None, tuple[int, ...], str]] = []
+        self.placement_list: list[tuple[tuple[str, int], ...]] = []
+        self.string_list: list[str] = []
+
+    def _s(self, x: str) -> int:
+        i = self.strings.get(x)
+        if i is None:
+            i = self.strings[x] = len(self.strings)
+        return i
+
+    def encode(self, events: list[TimelineEvent]) -> dict[str, list[Any]]:
+        cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
+        kind, time_, nbytes, meta, scope, tensors, buffer, name, placement = cols.values()
+        s, metas, placements = self._s, self.metas, self.placements
+        for ev in events:
+            key = (ev.device, id(ev.site), ev.shape, ev.dtype)
+            m = metas.get(key)
+            if m is None:
+                site = ev.site
+                si = -1
+                if site is not None:
+                    si = self.sites.setdefault(site, len(self.sites))
+                    self._keep.append(site)
+                m = metas[key] = len(metas)
+                self.meta_list.append((s(ev.device), si, list(ev.shape), s(ev.dtype)))  # type: ignore[arg-type]
+            pd = ev.per_device
+            if len(pd) == 1 and pd[0][0] == ev.device and pd[0][1] == ev.bytes:
+                pl = -1
+            else:
+                pl = placements.get(pd, -1)
+                if pl < 0:
+                    pl = placements[pd] = len(placements)
+            kind.append(s(ev.kind))
+            time_.append(ev.time)
+            nbytes.append(ev.bytes)
+            meta.append(m)
+            scope.append(s(ev.scope))
+            tensors.append(",".join(map(str, ev.tensors)))
+            buffer.append(ev.buffer)
+            name.append(s(ev.name))
+            placement.append(pl)
+        return cols
+
+    def tables(self) -> dict[str, Any]:
+        s = self._s
+        placements = [[[s(d), b] for d, b in pd] for pd in self.placements]
+        return {
+            "strings": list(self.strings),
+            "sites": [[x.file, x.line, x.function] for x in self.sites],
+            "metas": self.meta_list,
+            "placements": placements,
+        }
+
+    @classmethod
+    def read(cls, data: dict[str, Any]) -> _Codec:
+        codec = cls()
+        strings = codec.string_list = [str(x) for x in data["strings"]]
+        sites = [Site(str(f), int(line), str(fn)) for f, line, fn in data["sites"]]
+        codec.meta_list = [
+            (strings[d], None if si < 0 else sites[si], tuple(int(x) for x in shape), strings[dt])
+            for d, si, shape, dt in data["metas"]
+        ]
+        codec.placement_list = [
+            tuple((strings[d], int(b)) for d, b in pd) for pd in data["placements"]
+        ]
+        return codec
+
+    def decode(self, cols: dict[str, list[Any]], where: str, what: str) -> list[TimelineEvent]:
+        columns = [cols[c] for c in _COLUMNS]
+        n = len(columns[0])
+        if any(len(c) != n for c in columns):
+            raise TidyjaxValueError(f"{where}: the {what} columns differ in length.")
+        strings, metas, placements = self.string_list, self.meta_list, self.placement_list
+        one: dict[tuple[str, int], tuple[tuple[str, int]]] = {}
+        out = []
+        i = 0
+        try:
+            for i, (k, t, b, m, sc, ids, buf, nm, pl) in enumerate(zip(*columns, strict=True)):  # noqa: B007 - i names the bad event
+                kind = strings[k]
+                if kind not in KINDS:
+                    raise ValueError(f"unknown event kind {kind!r}")
+                device, site, shape, dtype = metas[m]
+                if pl < 0:
+                    key = (device, b)
+                    pd = one.get(key)
+                    if pd is None:
+                        pd = one[key] = (key,)
+                else:
+                    pd = placements[pl]
+                if type(t) is not float or type(b) is not int or type(buf) is not int:
+                    raise TypeError("time, bytes and buffer must be a float and ints")
+                out.append(TimelineEvent(
+                    kind, t, b, device, site, strings[sc], shape, dtype,
+                    tuple(map(int, ids.split(","))) if ids else (), buf, strings[nm], pd,
+                ))  # fmt: skip
+        except (TypeError, ValueError, IndexError, AttributeError) as e:
+            raise TidyjaxValueError(f"{where}: {what} {i} is malformed ({e}).") from e
+        return out
+
+
+# The timeline's own frames, whose `self` is the timeline, not a Tensor.
+_NOT_HOLDERS = {Timeline.event.__code__, Timeline._alloc.__code__}
+
+
+Timeline.__module__ = "tidyjax"
+
+
+@_html.never_raises
+def _fragment(tl: Timeline) -> str:
+    return _timeline_html.fragment(tl)
+
+
+@overload
+def timeline(fn: None = None, /, *, max_events: int = 1_000_000) -> Timeline: ...
+@overload
+def timeline(fn: F, /, *, max_events: int = 1_000_000) -> F: ...
+
+
+def timeline(fn: Any = None, /, *, max_events: int = 1_000_000) -> Any:
+    """Record every allocation, free and scope of tidyjax-tracked memory, with its time.
+
+    Every form::
+
+        with tidyjax.timeline() as tl:       # tl fills while the block runs
+            ...
+        tl.save_html("memory.html")          # live bytes over time by creation site
+
+        @tidyjax.timeline                    # each call records into step.timeline
+        def step(x): ...
+
+        tl = tidyjax.timeline(max_events=10_000)
+        @tl                                  # the same, into tl
+        def step(x): ...
+
+    Records process-wide (every thread) while open; timelines nest. With no timeline open this
+    costs nothing. Beyond ``max_events`` the oldest events are dropped (``tl.dropped``).
+
+    Raises:
+        TidyjaxTypeError: ``max_events`` is not an int, or ``fn`` is not a function.
+        TidyjaxValueError: ``max_events`` is below 1.
+    """
+    if isinstance(max_events, bool) or not isinstance(max_events, int):
+        raise TidyjaxTypeError(f"max_events must be an int, got {type(max_events).__name__}.")
+    if max_events < 1:
+        raise TidyjaxValueError(f"max_events must be at least 1, got {max_events}.")
+    tl = Timeline(max_events)
+    return tl if fn is None else tl(fn)
+
+
+def active() -> Timeline | None:
+    """The innermost open timeline (the one started last and still recording), or None."""
+    with _lock:
+        return _recording[-1] if _recording else None

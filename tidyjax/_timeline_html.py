@@ -1,0 +1,676 @@
+"""The timeline page: one self-contained HTML file, inline SVG and a little plain JavaScript.
+
+Everything is aggregated here, in Python, into at most ``MAX_COLUMNS`` columns of events: the
+page holds one path per creation site and device, never one per buffer, so it stays small and
+quick at a million events. A column shows the moment of its largest total, so no peak is lost.
+The x axis is the order of events (compile pauses and idle time take no room); ticks and hover
+give the time. Without JavaScript (an untrusted notebook, a mail preview) the chart, the bands
+and the table still show; the script adds the hover and the device selector.
+
+Colours are CSS variables with fallbacks, as xarray does: JupyterLab's ``--jp-*`` first, then
+light or dark by ``prefers-color-scheme`` (and VS Code's dark body class).
+
+Reads a timeline through ``_window()``, ``dropped``, ``peak_bytes``, ``peak_time``,
+``start_time`` and ``started_at``; imports nothing of ``_timeline``.
+"""
+
+from __future__ import annotations
+
+import collections
+import html
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._memory import _fmt_bytes
+
+__all__ = ["elapsed", "fragment", "page"]
+
+MAX_COLUMNS = 1000
+MAX_LANES = 6
+TABLE_ROWS = 25
+# The chart's geometry, in SVG user units (the SVG scales to the page's width).
+_X0, _PW, _Y0, _PH = 78, 1000, 14, 280
+_LANE, _WIDTH = 18, 1090
+_PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d")  # fmt: skip
+
+
+def esc(x: object) -> str:
+    return html.escape(str(x))
+
+
+def _label(site: Any) -> str:
+    """A site as every tidyjax report names it (``train.py:12 in step``, ``In[3], line 2``)."""
+    return "<unknown site>" if site is None else str(site)
+
+
+def elapsed(seconds: float) -> str:
+    """``+12.3 ms``, ``+4.56 s``, ``+7.8 min``."""
+    if seconds < 1:
+        return f"+{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"+{seconds:.2f} s"
+    return f"+{seconds / 60:.1f} min"
+
+
+def _top(counter: collections.Counter[str], n: int = 3) -> str:
+    items = counter.most_common(n)
+    text = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in items)  # noqa: RUF001
+    if len(counter) > n:
+        text += f", … ({len(counter) - n} more)"
+    return text
+
+
+class _Chart:
+    """The aggregated picture of a timeline's events (two passes over them, no per-buffer
+    output): the top sites, each device's columns, the scopes, and what was alive at the peak."""
+
+    def __init__(self, tl: Any, top: int) -> None:
+        base, events = tl._window()
+        self.n = n = len(events)
+        self.columns = c = max(1, min(n, MAX_COLUMNS))
+        self.t0 = tl.start_time if tl.start_time is not None else (events[0].time if n else 0.0)
+
+        # Sites are compared by value once per distinct object, then by index.
+        site_ids: dict[int, int] = {}  # id(Site object) -> site index
+        by_value: dict[Any, int] = {}
+        site_list: list[Any] = []
+        keep_alive = []  # the Site objects whose ids are keys above
+
+        def index_of(site: Any) -> int:
+            i = by_value.get(site)
+            if i is None:
+                i = by_value[site] = len(site_list)
+                site_list.append(site)
+            site_ids[id(site)] = i
+            keep_alive.append(site)
+            return i
+
+        # Pass 1: each site's largest live bytes and what it allocated, the devices, the
+        # scopes, the peak.
+        cur: list[int] = []
+        most: list[int] = []
+        info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
+        devices: set[str] = set()
+        total = peak = 0
+        self.peak_index = -1  # the state after this event is the peak (-1: before any)
+        enters: dict[int, tuple[int, Any]] = {}
+        self.bands_raw: list[tuple[int, int, str, str, float]] = []
+        for i, ev in enumerate((*base, *events)):
+            kind = ev.kind
+            if kind == "alloc" or kind == "free":
+                s = site_ids.get(id(ev.site))
+                if s is None:
+                    s = index_of(ev.site)
+                    while len(cur) <= s:
+                        cur.append(0)
+                        most.append(0)
+                        info.append({})
+                for d, _ in ev.per_device or ((ev.device, ev.bytes),):
+                    devices.add(d)
+                if kind == "alloc":
+                    key = (ev.dtype, ev.shape, ev.scope)
+                    counts = info[s]
+                    counts[key] = counts.get(key, 0) + 1
+                    v = cur[s] = cur[s] + ev.bytes
+                    if v > most[s]:
+                        most[s] = v
+                    total += ev.bytes
+                    if total > peak:
+                        peak, self.peak_index = total, i - len(base)
+                else:
+                    cur[s] -= ev.bytes
+                    total -= ev.bytes
+            elif kind == "scope_enter":
+                enters[ev.buffer] = (i - len(base), ev)
+            elif kind == "scope_exit":
+                start, opened = enters.pop(ev.buffer, (-1, ev))
+                j = i - len(base)
+                self.bands_raw.append((start, j, opened.name, opened.scope, ev.time - opened.time))
+        for start, ev in enters.values():  # still open when the recording stopped
+            end_time = events[-1].time if events else ev.time
+            self.bands_raw.append((start, n, ev.name, ev.scope, end_time - ev.time))
+        self.peak = peak
+
+        ranked = sorted(range(len(site_list)), key=lambda s: (-most[s], _label(site_list[s])))
+        self.top = ranked[:top]
+        others = ranked[top:]
+        self.other = bool(others)
+        k = len(self.top) + (1 if self.other else 0)
+        slot = [k - 1] * len(site_list)  # "other" for all but the top sites
+        for i, s in enumerate(self.top):
+            slot[s] = i
+        self.sites = [_describe(_label(site_list[s]), [info[s]]) for s in self.top]
+        if self.other:
+            label = f"other ({len(others)} sites)"
+            self.sites.append(_describe(label, [info[s] for s in others]))
+
+        # Pass 2: per device, each column's stack at the moment of its largest total.
+        self.devices = sorted(devices)
+        dindex = {d: j for j, d in enumerate(self.devices)}
+        nd = len(self.devices)
+        vec = [[0] * k for _ in range(nd)]
+        tot = [0] * nd
+        cols: list[list[list[int]]] = [[] for _ in range(nd)]
+        best = [0] * nd
+        best_vec: list[list[int]] = [[] for _ in range(nd)]
+        live: dict[int, Any] = {}
+        peak_index = self.peak_index
+        for ev in base:
+            s = slot[site_ids[id(ev.site)]]
+            for d, b in ev.per_device or ((ev.device, ev.bytes),):
+                j = dindex[d]
+                vec[j][s] += b
+                tot[j] += b
+            live[ev.buffer] = ev
+        self.peak_live: list[Any] = list(live.values()) if peak_index < 0 else []
+        self.times: list[float] = []
+        column = -1
+        for i, ev in enumerate(events):
+            col = i * c // n
+            if col != column:
+                if column >= 0:
+                    for j in range(nd):
+                        cols[j].append(best_vec[j])
+                column = col
+                self.times.append(ev.time - self.t0)
+                for j in range(nd):
+                    best[j] = tot[j]
+                    best_vec[j] = vec[j][:]
+            kind = ev.kind
+            if kind == "alloc":
+                s = slot[site_ids[id(ev.site)]]
+                for d, b in ev.per_device or ((ev.device, ev.bytes),):
+                    j = dindex[d]
+                    v = vec[j]
+                    v[s] += b
+                    t = tot[j] = tot[j] + b
+                    if t > best[j]:
+                        best[j] = t
+                        best_vec[j] = v[:]
+                if i <= peak_index:
+                    live[ev.buffer] = ev
+                    if i == peak_index:
+                        self.peak_live = list(live.values())
+            elif kind == "free":
+                s = slot[site_ids[id(ev.site)]]
+                for d, b in ev.per_device or ((ev.device, ev.bytes),):
+                    j = dindex[d]
+                    vec[j][s] -= b
+                    tot[j] -= b
+                if i < peak_index:
+                    live.pop(ev.buffer, None)
+        if n:
+            for j in range(nd):
+                cols[j].append(best_vec[j])
+        else:
+            self.times.append(0.0)
+            for j in range(nd):
+                cols[j].append(vec[j][:])
+        self.cols = cols
+        self.device_peak: list[int] = []
+        self.device_peak_col: list[int] = []
+        for j in range(nd):
+            sums = [sum(v) for v in cols[j]]
+            top_sum = max(sums, default=0)
+            self.device_peak.append(top_sum)
+            self.device_peak_col.append(sums.index(top_sum) if sums else 0)
+        self.end_time = (events[-1].time - self.t0) if n else 0.0
+
+
+def _describe(
+    label: str, infos: list[dict[tuple[str, tuple[int, ...], str], int]]
+) -> dict[str, str]:
+    """What the hover says of a site (or of "other"): its shapes, dtypes and scopes."""
+    shapes: collections.Counter[str] = collections.Counter()
+    dtypes: dict[str, None] = {}
+    scopes: collections.Counter[str] = collections.Counter()
+    for counts in infos:
+        for (dtype, shape, scope), k in counts.items():
+            shapes[f"{dtype}{list(shape)}".replace(" ", "")] += k
+            dtypes[dtype] = None
+            scopes[scope or "(no scope)"] += k
+    return {"label": label, "shapes": _top(shapes), "dtypes": ", ".join(dtypes),
+            "scopes": _top(scopes)}  # fmt: skip
+
+
+# -- drawing ---------------------------------------------------------------------------------
+
+
+def _x(pos: float, columns: int) -> float:
+    return _X0 + pos * _PW / columns
+
+
+def _nice(vmax: float) -> tuple[float, int]:
+    """A round tick step (1, 2 or 5 times a power of two of bytes' units) and a tick count."""
+    if vmax <= 0:
+        return 1.0, 1
+    unit = 1.0
+    for u in (1024.0**3, 1024.0**2, 1024.0, 1.0):
+        if vmax >= u:
+            unit = u
+            break
+    raw = vmax / unit / 4
+    mag = 10 ** int(f"{raw:e}".split("e")[1])
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    step *= unit
+    return step, int(vmax // step) + 1
+
+
+def _edge(ys: Sequence[float], columns: int, reverse: bool) -> str:
+    """A step line through each column's value: left to right (``M`` first), or right to left
+    continuing the path (the lower edge of an area)."""
+    last = columns - 1
+    if not reverse:
+        out = [f"M{_x(0, columns):.1f} {ys[0]:.1f}"]
+        for c in range(1, columns):
+            if ys[c] != ys[c - 1]:
+                out.append(f"H{_x(c, columns):.1f}V{ys[c]:.1f}")
+        out.append(f"H{_x(columns, columns):.1f}")
+    else:
+        out = [f"V{ys[last]:.1f}"]
+        for c in range(last - 1, -1, -1):
+            if ys[c] != ys[c + 1]:
+                out.append(f"H{_x(c + 1, columns):.1f}V{ys[c]:.1f}")
+        out.append(f"H{_x(0, columns):.1f}")
+    return "".join(out)
+
+
+def _areas(ch: _Chart, j: int, vmax: float) -> str:
+    cols = ch.cols[j]
+    columns = len(cols)
+    k = len(ch.sites)
+    scale = _PH / vmax if vmax > 0 else 0.0
+    bottom = _Y0 + _PH
+    below = [0] * columns
+    parts = []
+    for s in range(k):
+        above = [below[c] + cols[c][s] for c in range(columns)]
+        top_y = [round(bottom - v * scale, 1) for v in above]
+        low_y = [round(bottom - v * scale, 1) for v in below]
+        d = _edge(top_y, columns, False) + _edge(low_y, columns, True) + "Z"
+        cls = f"tj-area tj-s{s}" if s < len(ch.top) else "tj-area tj-other"
+        label = ch.sites[s]["label"]
+        parts.append(
+            f'<path class="{cls}" data-site="{s}" data-label="{esc(label)}" d="{d}">'
+            f"<title>{esc(label)}</title></path>"
+        )
+        below = above
+    return "".join(parts)
+
+
+def _axes(ch: _Chart, vmax: float) -> str:
+    step, ticks = _nice(vmax)
+    out = []
+    bottom = _Y0 + _PH
+    for t in range(ticks + 1):
+        v = t * step
+        if v > vmax * 1.0001 and t:
+            break
+        y = bottom - (v / vmax * _PH if vmax else 0)
+        out.append(
+            f'<line class="tj-grid" x1="{_X0}" x2="{_X0 + _PW}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="tj-tick" x="{_X0 - 6}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{esc(_fmt_bytes(v))}</text>"
+        )
+    columns = ch.columns
+    for t in range(6):
+        c = round(t * (columns - 1) / 5) if columns > 1 else 0
+        if t and c == 0:
+            break
+        x = _x(c + 0.5, columns)
+        anchor = "start" if t == 0 else "end" if t == 5 else "middle"
+        out.append(
+            f'<text class="tj-tick" x="{x:.1f}" y="{bottom + 16}" text-anchor="{anchor}">'
+            f"{esc(elapsed(ch.times[c]))}</text>"
+        )
+    out.append(f'<line class="tj-axis" x1="{_X0}" x2="{_X0 + _PW}" y1="{bottom}" y2="{bottom}"/>')
+    return "".join(out)
+
+
+def _fits(label: str, width: float) -> bool:
+    return len(label) * 6.4 + 6 <= width
+
+
+def _groups(spans: list[tuple[float, float, str, str, float]], columns: int) -> list[list[Any]]:
+    """Runs of neighbouring scopes in one lane that are too narrow for their own label."""
+    groups: list[list[Any]] = []
+    for x0, x1, name, path, dt in spans:
+        px0, px1 = _x(x0, columns), _x(x1, columns)
+        member = (px0, max(px1, px0 + 1.0), name, path, dt)
+        last = groups[-1] if groups else None
+        narrow = not _fits(name, px1 - px0)
+        if (
+            last is not None
+            and narrow
+            and not _fits(last[-1][2], last[-1][1] - last[-1][0])
+            and px0 - last[-1][1] < 8
+        ):
+            last.append(member)
+            continue
+        groups.append([member])
+    return groups
+
+
+def _band(group: list[Any], y: float) -> str:
+    x0, x1 = group[0][0], max(m[1] for m in group)
+    names = collections.Counter(m[2] for m in group)
+    paths = collections.Counter(m[3] for m in group)
+    seconds = sum(m[4] for m in group)
+    if len(group) == 1:
+        label = group[0][2]
+        title = f"scope {group[0][3]}: {elapsed(seconds)[1:]}"
+    else:
+        label = _top(names, 2)
+        title = f"{len(group)} scopes ({_top(paths, 3)}): {elapsed(seconds)[1:]} in all"
+    h = _LANE - 3
+    if len(group) == 1 or (x1 - x0) / len(group) < 3:
+        rects = f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{h}" rx="2"/>'
+    else:
+        rects = "".join(
+            f'<rect x="{m[0]:.1f}" y="{y}" width="{m[1] - m[0]:.1f}" height="{h}" rx="2"/>'
+            for m in group
+        )
+    width = x1 - x0
+    text = label
+    if not _fits(text, width):
+        keep = int((width - 6) / 6.4) - 1
+        text = text[:keep] + "…" if keep >= 3 else ""
+    label_svg = f'<text x="{x0 + 3:.1f}" y="{y + 11}">{esc(text)}</text>' if text else ""
+    return (
+        f'<g class="tj-band" data-name="{esc(label)}">{rects}{label_svg}'
+        f"<title>{esc(title)}</title></g>"
+    )
+
+
+def _bands(ch: _Chart) -> tuple[str, int]:
+    """Scopes as labelled bands under the chart, nested or concurrent ones in lanes below.
+
+    Neighbours too narrow for their own label share one ("step x1000"), and when they are too
+    narrow to tell apart they share one rectangle too: a loop of a million scopes draws a few
+    hundred rectangles at most."""
+    n, columns = max(ch.n, 1), ch.columns
+    spans = sorted(
+        ((s * columns / n if s >= 0 else 0.0, max(e, s + 1) * columns / n, name, path, dt)
+         for s, e, name, path, dt in ch.bands_raw),
+        key=lambda b: (b[0], -b[1]),
+    )  # fmt: skip
+    lanes: list[float] = []
+    placed: list[list[tuple[float, float, str, str, float]]] = []
+    hidden = 0
+    for span in spans:
+        for lane, end in enumerate(lanes):  # noqa: B007 - the lane found is used below
+            if end <= span[0] + 1e-9:
+                break
+        else:
+            if len(lanes) >= MAX_LANES:
+                hidden += 1
+                continue
+            lanes.append(0.0)
+            placed.append([])
+            lane = len(lanes) - 1
+        lanes[lane] = span[1]
+        placed[lane].append(span)
+    top = _Y0 + _PH + 24
+    out = []
+    for lane, spans_in_lane in enumerate(placed):
+        y = top + lane * _LANE
+        for group in _groups(spans_in_lane, columns):
+            out.append(_band(group, y))
+    if hidden:
+        y = top + len(placed) * _LANE
+        out.append(f'<text class="tj-tick" x="{_X0}" y="{y + 11}">'
+                   f"{hidden} more overlapping scopes not drawn</text>")  # fmt: skip
+        return "".join(out), len(placed) + 1
+    return "".join(out), len(placed)
+
+
+def _chart_svg(ch: _Chart, j: int) -> str:
+    vmax = float(ch.device_peak[j]) or 1.0
+    bands, lanes = _bands(ch)
+    height = _Y0 + _PH + 24 + lanes * _LANE + 6
+    pc = ch.device_peak_col[j]
+    px = _x(pc + 0.5, ch.columns)
+    peak = ch.device_peak[j]
+    anchor = "end" if pc > ch.columns * 0.7 else "start"
+    dx = -5 if anchor == "end" else 5
+    return (
+        f'<svg class="tj-svg" viewBox="0 0 {_WIDTH} {height}" width="100%" role="img" '
+        f'aria-label="live bytes over time on {esc(ch.devices[j])}" '
+        f'xmlns="http://www.w3.org/2000/svg">'
+        f'<rect class="tj-hit" x="{_X0}" y="{_Y0}" width="{_PW}" height="{_PH}"/>'
+        f'{_axes(ch, vmax)}<g class="tj-areas">{_areas(ch, j, vmax)}</g>'
+        f'<g class="tj-peak"><line x1="{px:.1f}" x2="{px:.1f}" y1="{_Y0}" y2="{_Y0 + _PH}"/>'
+        f'<text x="{px + dx:.1f}" y="{_Y0 + 10}" text-anchor="{anchor}">peak '
+        f"{esc(_fmt_bytes(peak))}</text></g>"
+        f'<g class="tj-bands">{bands}</g></svg>'
+    )
+
+
+def _legend(ch: _Chart) -> str:
+    items = []
+    for s, site in enumerate(ch.sites):
+        cls = f"tj-s{s}" if s < len(ch.top) else "tj-other"
+        items.append(
+            f'<li data-site="{s}"><svg width="12" height="12" aria-hidden="true">'
+            f'<rect class="{cls}" width="12" height="12" rx="2"/></svg> {esc(site["label"])}</li>'
+        )
+    return f'<ul class="tj-legend">{"".join(items)}</ul>'
+
+
+def _peak_table(ch: _Chart) -> str:
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
+    for ev in ch.peak_live:
+        key = (_label(ev.site), f"{ev.dtype}{list(ev.shape)}".replace(" ", ""),
+               ev.scope or "(no scope)", ev.device)  # fmt: skip
+        g = groups.setdefault(key, [0, 0])
+        g[0] += ev.bytes
+        g[1] += 1
+    rows = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    body = "".join(
+        f'<tr><td class="tj-num">{esc(_fmt_bytes(b))}</td><td class="tj-num">{n}</td>'
+        f'<td>{esc(shape)}</td><td class="tj-site">{esc(site)}</td><td>{esc(scope)}</td>'
+        f"<td>{esc(device)}</td></tr>"
+        for (site, shape, scope, device), (b, n) in rows[:TABLE_ROWS]
+    )
+    rest = rows[TABLE_ROWS:]
+    if rest:
+        more = sum(b for _, (b, _) in rest)
+        body += (
+            f'<tr><td class="tj-num">{esc(_fmt_bytes(more))}</td><td class="tj-num">'
+            f'{sum(n for _, (_, n) in rest)}</td><td colspan="4">… {len(rest)} more groups'
+            "</td></tr>"
+        )
+    if not rows:
+        body = '<tr><td colspan="6">nothing was alive</td></tr>'
+    return (
+        '<table class="tj-peak-table"><caption>Alive at the peak, largest first</caption>'
+        "<thead><tr><th>bytes</th><th>buffers</th><th>shape</th><th>created at</th>"
+        f"<th>scope</th><th>device</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+_LIGHT = """--tj-fg:var(--jp-content-font-color1,#1f2328);
+--tj-fg2:var(--jp-content-font-color2,#59636e);
+--tj-bg:var(--jp-layout-color0,#fff);--tj-bg2:var(--jp-layout-color2,#eef1f4);
+--tj-line:var(--jp-border-color2,#d5dbe1);--tj-peak:var(--jp-error-color1,#c62828);
+--tj-other:#a5adb6;--tj-band:var(--jp-layout-color3,#c9d1da)"""
+_DARK = """--tj-fg:var(--jp-content-font-color1,#e6edf3);
+--tj-fg2:var(--jp-content-font-color2,#9aa4ae);
+--tj-bg:var(--jp-layout-color0,#0f1419);--tj-bg2:var(--jp-layout-color2,#1f262e);
+--tj-line:var(--jp-border-color2,#39424c);--tj-peak:var(--jp-error-color1,#ff7b72);
+--tj-other:#6e7781;--tj-band:var(--jp-layout-color3,#3a4550)"""
+# Light by default; dark by the reader's scheme. JupyterLab's --jp-* variables win where set
+# (its theme, not the system's, decides there); VS Code's notebook says its theme on <body>.
+_CSS = (
+    f".tjtl{{{_LIGHT}}}"
+    f"@media (prefers-color-scheme:dark){{.tjtl{{{_DARK}}}}}"
+    f"body.vscode-light .tjtl{{{_LIGHT}}}body.vscode-dark .tjtl{{{_DARK}}}"
+    + """
+.tjtl{color:var(--tj-fg);background:var(--tj-bg);padding:12px 14px;border-radius:6px;
+position:relative;font-size:13px;line-height:1.45;max-width:1120px;
+font-family:var(--jp-ui-font-family,system-ui,-apple-system,"Segoe UI",Roboto,sans-serif)}
+.tjtl .tj-title{font-size:15px;margin:0 0 2px;font-weight:600}
+.tjtl .tj-sub{color:var(--tj-fg2);margin:0 0 8px}
+.tjtl svg text{fill:var(--tj-fg);font-size:11px;font-family:inherit}
+.tjtl .tj-tick{fill:var(--tj-fg2)}
+.tjtl .tj-grid{stroke:var(--tj-line);stroke-width:1}
+.tjtl .tj-axis{stroke:var(--tj-fg2);stroke-width:1}
+.tjtl .tj-area{fill-opacity:.88;stroke:var(--tj-bg);stroke-width:.4}
+.tjtl .tj-area.tj-hot{fill-opacity:1;stroke:var(--tj-fg);stroke-width:1.2}
+.tjtl .tj-other{fill:var(--tj-other)}
+.tjtl .tj-peak line{stroke:var(--tj-peak);stroke-width:1.5;stroke-dasharray:4 3}
+.tjtl .tj-peak text{fill:var(--tj-peak);font-weight:600}
+.tjtl .tj-hit{fill:transparent;pointer-events:all}
+.tjtl .tj-band rect{fill:var(--tj-band)}
+.tjtl .tj-band text{font-size:10.5px}
+.tjtl .tj-legend{list-style:none;padding:0;margin:6px 0 10px;display:flex;flex-wrap:wrap;
+gap:4px 14px}
+.tjtl .tj-legend li{font-family:var(--jp-code-font-family,ui-monospace,Menlo,Consolas,monospace);
+font-size:12px}
+.tjtl .tj-devices{margin:0 0 6px}
+.tjtl .tj-devices button{font:inherit;color:var(--tj-fg);background:var(--tj-bg2);
+border:1px solid var(--tj-line);border-radius:4px;padding:1px 8px;margin-right:4px;cursor:pointer}
+.tjtl .tj-devices button[aria-pressed=true]{border-color:var(--tj-fg);font-weight:600}
+.tjtl table.tj-peak-table{border-collapse:collapse;font-size:12px;margin-top:4px;
+color:var(--tj-fg);background:transparent;table-layout:auto}
+.tjtl .tj-peak-table caption{text-align:left;font-weight:600;padding:4px 0;color:var(--tj-fg)}
+.tjtl .tj-peak-table th,.tjtl .tj-peak-table td{padding:2px 10px 2px 0;text-align:left;
+border:none;border-bottom:1px solid var(--tj-line);vertical-align:top;background:transparent}
+.tjtl .tj-peak-table th{color:var(--tj-fg2);font-weight:600}
+.tjtl .tj-peak-table .tj-num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.tjtl .tj-site{font-family:var(--jp-code-font-family,ui-monospace,Menlo,Consolas,monospace);
+word-break:break-all}
+.tjtl .tj-tip{position:absolute;z-index:10;pointer-events:none;max-width:460px;
+background:var(--tj-bg);color:var(--tj-fg);border:1px solid var(--tj-line);border-radius:5px;
+padding:6px 9px;
+box-shadow:0 2px 10px rgba(0,0,0,.25);font-size:12px}
+.tjtl .tj-tip b{font-family:var(--jp-code-font-family,ui-monospace,Menlo,Consolas,monospace);
+word-break:break-all}
+.tjtl .tj-tip div{color:var(--tj-fg2)}
+"""
+)
+
+_JS = """
+(function(){
+var root=document.getElementById("%ID%");
+if(!root||root.dataset.ready)return;
+root.dataset.ready="1";
+var data=JSON.parse(root.querySelector("script.tj-data").textContent);
+var tip=root.querySelector(".tj-tip");
+function fmt(n){
+  var u=["B","KiB","MiB","GiB"],i=0;
+  while(Math.abs(n)>=1024&&i<3){n/=1024;i++}
+  return i?n.toFixed(1)+" "+u[i]:Math.round(n)+" B"}
+function dt(s){
+  return s<1?"+"+(s*1e3).toFixed(1)+" ms":s<120?"+"+s.toFixed(2)+" s":"+"+(s/60).toFixed(1)+" min"}
+function line(text,bold){
+  var e=document.createElement(bold?"b":"div");e.textContent=text;tip.appendChild(e)}
+var buttons=root.querySelectorAll(".tj-devices button");
+function show(d){
+  root.querySelectorAll(".tj-chart").forEach(function(c){c.hidden=+c.dataset.device!==d});
+  buttons.forEach(function(b){b.setAttribute("aria-pressed",String(+b.dataset.device===d))})}
+buttons.forEach(function(b){b.addEventListener("click",function(){show(+b.dataset.device)})});
+root.querySelectorAll(".tj-area title").forEach(function(t){t.remove()});
+root.querySelectorAll(".tj-chart").forEach(function(chart){
+  var dev=data.devices[+chart.dataset.device],L=data.layout;
+  var svg=chart.querySelector("svg.tj-svg"),areas=svg.querySelectorAll(".tj-area");
+  function hide(){tip.hidden=true;areas.forEach(function(a){a.classList.remove("tj-hot")})}
+  svg.addEventListener("mouseleave",hide);
+  svg.addEventListener("mousemove",function(e){
+    var p=svg.createSVGPoint();p.x=e.clientX;p.y=e.clientY;
+    var q=p.matrixTransform(svg.getScreenCTM().inverse());
+    var c=Math.floor((q.x-L.x0)/L.pw*data.columns);
+    if(c<0||c>=data.columns||q.y<L.y0||q.y>L.y0+L.ph){hide();return}
+    var col=dev.cols[c],v=(L.y0+L.ph-q.y)/L.ph*dev.vmax,cum=0,s=-1,tot=0,i;
+    for(i=0;i<col.length;i++)tot+=col[i];
+    for(i=0;i<col.length;i++){if(col[i]>0&&v>=cum&&v<cum+col[i]){s=i;break}cum+=col[i]}
+    if(s<0){hide();return}
+    var site=data.sites[s];
+    areas.forEach(function(a){a.classList.toggle("tj-hot",+a.dataset.site===s)});
+    tip.textContent="";line(site.label,true);
+    line(fmt(col[s])+" of "+fmt(tot)+" live on "+dev.name+", at "+dt(data.times[c]));
+    line("shapes: "+site.shapes);line("dtype: "+site.dtypes);line("scope: "+site.scopes);
+    var r=root.getBoundingClientRect(),x=e.clientX-r.left+14;tip.hidden=false;
+    if(x+tip.offsetWidth>r.width)x=Math.max(0,e.clientX-r.left-tip.offsetWidth-14);
+    tip.style.left=x+"px";tip.style.top=(e.clientY-r.top+14)+"px"})});
+})();
+"""
+
+
+def _palette_css(uid: str, k: int) -> str:
+    return "".join(
+        f"#{uid} .tj-s{i}{{fill:var(--tj-c{i},{_PALETTE[i % len(_PALETTE)]})}}" for i in range(k)
+    )
+
+
+def fragment(tl: Any, *, top: int = 10) -> str:
+    """The chart, bands and table as one ``<div>`` with its style and script (for notebooks)."""
+    ch = _Chart(tl, top)
+    uid = "tjtl-" + os.urandom(5).hex()
+    events = ch.n
+    when = ""
+    if tl.started_at:
+        when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
+    sub = [
+        f"{events:,} events over {elapsed(ch.end_time)[1:]}",
+        f"peak {esc(_fmt_bytes(tl.peak_bytes or ch.peak))} at "
+        f"{esc(elapsed(max(0.0, tl.peak_time - ch.t0)))}",
+    ]
+    if tl.dropped:
+        sub.append(f"{tl.dropped:,} older events dropped (max_events): the page starts after them")
+    head = (
+        f'<h2>tidyjax timeline</h2><p class="tj-sub">{" · ".join(sub)}{esc(when)}. '
+        "x: events in order, ticks give the time.</p>"
+    )
+    if not ch.devices:
+        return (
+            f'<div class="tjtl" id="{uid}"><style>{_CSS}</style>{head}'
+            "<p>No tidyjax memory events were recorded.</p></div>"
+        )
+    default = max(range(len(ch.devices)), key=lambda j: (ch.device_peak[j], -j))
+    buttons = ""
+    if len(ch.devices) > 1:
+        buttons = '<div class="tj-devices" role="group" aria-label="device">' + "".join(
+            f'<button type="button" data-device="{j}" aria-pressed="{str(j == default).lower()}">'
+            f"{esc(d)} · peak {esc(_fmt_bytes(ch.device_peak[j]))}</button>"
+            for j, d in enumerate(ch.devices)
+        ) + "</div>"  # fmt: skip
+    charts = "".join(
+        f'<section class="tj-chart" data-device="{j}"{"" if j == default else " hidden"}>'
+        f"{_chart_svg(ch, j)}</section>"
+        for j in range(len(ch.devices))
+    )
+    data = {
+        "columns": ch.columns,
+        "times": [round(t, 6) for t in ch.times],
+        "sites": ch.sites,
+        "layout": {"x0": _X0, "pw": _PW, "y0": _Y0, "ph": _PH},
+        "devices": [
+            {"name": d, "vmax": float(ch.device_peak[j]) or 1.0, "cols": ch.cols[j]}
+            for j, d in enumerate(ch.devices)
+        ],
+    }
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return (
+        f'<div class="tjtl" id="{uid}"><style>{_CSS}{_palette_css(uid, len(ch.top))}</style>'
+        f"{head}{buttons}{charts}{_legend(ch)}{_peak_table(ch)}"
+        '<div class="tj-tip" hidden></div>'
+        f'<script type="application/json" class="tj-data">{payload}</script>'
+        f"<script>{_JS.replace('%ID%', uid)}</script></div>"
+    )
+
+
+def page(tl: Any, *, top: int = 10) -> str:
+    """The whole page: :func:`fragment` in a document that opens from disk, offline."""
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="color-scheme" content="light dark">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>tidyjax timeline</title>"
+        "<style>body{margin:0;padding:16px;background:Canvas;color:CanvasText}</style>"
+        f"</head><body>{fragment(tl, top=top)}</body></html>"
+    )

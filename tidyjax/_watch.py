@@ -1,0 +1,167 @@
+"""``watch``: name the arrays held by objects tidyjax does not own, for the memory reports.
+
+A Flax NNX model keeps raw ``jax.Array``s in its ``nnx.Param``s, an optimizer its state, a
+dict its arrays: device memory that tidyjax never sees, so ``memory()`` counts it as untracked.
+``watch(obj, name)`` registers such an object. At report time (``memory()``, ``live_tensors()``,
+``snapshot()``), never per op, the arrays the object holds *then* are found and named by their
+path in it: ``model.layers[0].kernel``. Nothing is tracked, kept or freed because of a watch.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import jax
+
+from ._arrays import CONCRETE
+from ._errors import TidyjaxTypeError
+from ._tensor import Tensor
+from ._trees import is_tensor
+
+__all__ = ["unwatch", "watch", "watched"]
+
+T = TypeVar("T")
+
+# name -> a function returning the watched object (None once a weakly held one is gone), in the
+# order of the watch calls. Reports copy it under the lock and walk the objects outside it.
+_watched: dict[str, Callable[[], Any]] = {}
+_lock = threading.Lock()
+
+
+def watch(obj: T, name: str) -> T:
+    """Report the arrays inside ``obj`` under ``name`` in ``memory()`` and ``live_tensors()``.
+
+    ``obj`` is anything JAX can flatten (a dict or list of arrays, an Equinox module, an optax
+    state) or a Flax NNX object (``nnx.Module``, ``nnx.Optimizer``, ``nnx.MultiMetric``), read
+    through ``nnx.state``. It is held weakly when it allows that (NNX objects, modules, most
+    class instances), else strongly (dicts, lists, tuples) until :func:`unwatch`. Watching
+    again under a name in use replaces that entry (a re-run notebook cell); watching a watched
+    object under a new name renames it.
+
+    At each report, the arrays ``obj`` holds then are counted: ``memory().watched[name]`` is
+    their bytes (each buffer once) and they no longer count as untracked; ``live_tensors()``
+    lists each under its path (``model.layers[0].kernel``). Tensors inside ``obj`` get that
+    name too and stay counted in ``num_bytes``. Watching costs nothing per operation.
+
+    Returns:
+        ``obj``, so that ``model = tidyjax.watch(Model(...), "model")`` reads naturally.
+
+    Raises:
+        TidyjaxTypeError: ``name`` is not a non-empty string.
+
+    Example::
+
+        model = tidyjax.watch(MLP(rngs=nnx.Rngs(0)), "model")
+        print(tidyjax.memory().watched)      # {'model': 1184}
+    """
+    if not isinstance(name, str) or not name:
+        raise TidyjaxTypeError(
+            f"watch() takes a name (a non-empty str) as its second argument, got {name!r}: "
+            f'write tidyjax.watch(obj, "model").'
+        )
+    try:
+        ref: Callable[[], Any] = weakref.ref(obj)
+    except TypeError:  # dicts, lists, tuples: held until unwatch()
+        ref = _Strong(obj)
+    with _lock:
+        for old in [n for n, r in _watched.items() if r() is obj]:
+            del _watched[old]
+        _watched.pop(name, None)
+        _watched[name] = ref
+    return obj
+
+
+def unwatch(obj: Any) -> None:
+    """Stop reporting ``obj`` (the watched object itself, or the name it was watched under).
+
+    Idempotent: unwatching what is not watched does nothing.
+    """
+    with _lock:
+        for name in [
+            n for n, r in _watched.items() if r() is obj or (isinstance(obj, str) and n == obj)
+        ]:
+            del _watched[name]
+
+
+class _Strong:
+    """A strong reference with ``weakref.ref``'s call interface."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+def watched() -> dict[str, list[tuple[str, Any]]]:
+    """Each watched name with the ``(path, array)`` pairs its object holds now, in order.
+
+    Arrays are concrete and not deleted, each object once per name (a Tensor contributes its
+    array). Entries whose weakly held object is gone are dropped. Called by reports only.
+    """
+    if not _watched:
+        return {}
+    with _lock:
+        entries = list(_watched.items())
+        for name, ref in entries:
+            if ref() is None:
+                del _watched[name]
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for name, ref in entries:
+        obj = ref()
+        if obj is None:
+            continue
+        seen: set[int] = set()
+        found = []
+        for path, leaf in _leaves(obj, name):
+            arr = leaf._array if isinstance(leaf, Tensor) else leaf
+            if type(arr) in CONCRETE and id(arr) not in seen and not _deleted(arr):
+                seen.add(id(arr))
+                found.append((path, arr))
+        out[name] = found
+    return out
+
+
+def _deleted(arr: Any) -> bool:
+    return bool(getattr(arr, "_base_array", arr).is_deleted())
+
+
+def _leaves(obj: Any, name: str) -> Iterable[tuple[str, Any]]:
+    """``(path, leaf)`` for every leaf of ``obj``, Tensors as leaves."""
+    nnx_graph = sys.modules.get("flax.nnx.graph")
+    if nnx_graph is not None and nnx_graph.is_graph_node(obj):
+        # NNX objects need not be pytrees (``pytree=False``); their state is the one view of
+        # every Variable, shared ones once, with paths as NNX prints them.
+        from flax import nnx
+
+        for path, var in nnx.to_flat_state(nnx.state(obj)):
+            prefix = name + "".join(_key(k) for k in path)
+            value = _value(var) if isinstance(var, nnx.Variable) else var
+            yield from _flat(value, prefix)
+    else:
+        yield from _flat(obj, name)
+
+
+def _value(var: Any) -> Any:
+    """An NNX Variable's value: ``get_value()`` from flax 0.12 (where ``.value`` warns)."""
+    get = getattr(var, "get_value", None)
+    return get() if get is not None else var.value
+
+
+def _flat(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=is_tensor)
+    for path, leaf in leaves:
+        yield prefix + jax.tree_util.keystr(path), leaf
+
+
+def _key(k: Any) -> str:
+    """One step of an NNX state path: ``.kernel`` for an attribute name, ``[0]`` for an index."""
+    if isinstance(k, str) and k.isidentifier():
+        return f".{k}"
+    return f"[{k!r}]"
