@@ -506,7 +506,12 @@ def test_watch_names_the_arrays_of_any_pytree_and_counts_them_apart():
     assert unwatched.untracked_arrays == (info.untracked_arrays or 0) + 2
     assert unwatched.untracked_bytes == (info.untracked_bytes or 0) + 64 + 12
     tj.watch(params, "params")
-    records = {r.name: r for r in tj.live_tensors()}
+    assert "watched 'params': 84 B" in str(tj.memory())  # shown in the text and the page
+    assert "watched &#x27;params&#x27;" in tj.memory()._repr_html_()
+    assert "watched={'params': 84}" in repr(tj.memory())
+    live = tj.live_tensors()
+    assert 'name="params[' in repr(live) and ">name<" in live._repr_html_()
+    records = {r.name: r for r in live}
     assert records["params['w']"].scope == "<watched>" and records["params['w']"].id == 0
     assert records["params['nested'][0]"].bytes == 12
     t = params["t"]

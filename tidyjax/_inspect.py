@@ -169,6 +169,7 @@ class TensorRecord:
         return (
             f"TensorRecord(id={self.id}, {self.dtype}{list(self.shape)}, {_fmt_bytes(self.bytes)}, "
             f"scope={self.scope!r}, site={str(self.site) if self.site else None!r}"
+            f"{f', name={self.name!r}' if self.name else ''}"
             f"{', kept' if self.kept else ''}{', variable' if self.variable else ''})"
         )
 
@@ -301,12 +302,22 @@ def _records_html(records: list[TensorRecord]) -> str:
     head = f"<b>{esc(_count(len(records), 'live tensor'))}</b>"
     if not records:
         return _html.box(head)
+    named = any(r.name for r in records)
     rows = [
         (r.id, esc(f"{r.dtype}{list(r.shape)}".replace(" ", "")), esc(_fmt_bytes(r.bytes)),
-         esc(", ".join(r.devices)), esc(r.scope), esc(r.site) if r.site else _html.dim("unknown"))
+         esc(", ".join(r.devices)), esc(r.scope), esc(r.site) if r.site else _html.dim("unknown"),
+         *([esc(r.name or "")] if named else []))
         for r in records
     ]  # fmt: skip
-    header = ["id", "tensor", "bytes", "devices", "scope", "created at"]
+    header = [
+        "id",
+        "tensor",
+        "bytes",
+        "devices",
+        "scope",
+        "created at",
+        *(["name"] if named else []),
+    ]
     return _html.box(head, _html.table(header, rows, numeric={0, 2}))
 
 

@@ -90,7 +90,8 @@ class MemoryInfo:
         return (
             f"MemoryInfo(num_tensors={self.num_tensors}, num_data_buffers="
             f"{self.num_data_buffers}, num_bytes={self.num_bytes}, bytes_per_device="
-            f"{per_device}, unreliable={self.unreliable}, reasons={self.reasons})"
+            f"{per_device}, watched={dict(self.watched)}, unreliable={self.unreliable}, "
+            f"reasons={self.reasons})"
         )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -105,6 +106,7 @@ class MemoryInfo:
             f"  {d}: {_fmt_bytes(b)}"
             for d, b in sorted(self.bytes_per_device.items(), key=lambda kv: str(kv[0]))
         ]
+        lines += [f"  watched {name!r}: {_fmt_bytes(b)}" for name, b in self.watched.items()]
         if self.untracked_arrays:
             lines.append(f"  untracked: {_untracked(self)}")
         if self.unreliable:
@@ -138,9 +140,10 @@ def _memory_html(m: MemoryInfo) -> str:
     parts = [head]
     if not m.bytes_per_device and not m.num_data_buffers:
         parts.append(_html.line("nothing tracked: no live tensors"))
-    if not devices and not untracked:
+    if not devices and not untracked and not m.watched:
         return _html.box(*parts, *_reasons(m))
-    top = max([*m.bytes_per_device.values(), (m.untracked_bytes or 0) if untracked else 0]) or 1
+    extra = [*m.watched.values(), (m.untracked_bytes or 0) if untracked else 0]
+    top = max([*m.bytes_per_device.values(), *extra]) or 1
     header = ["device", "tidyjax bytes", ""]
     if stats:
         header += ["in use (all of JAX)", "limit", ""]
@@ -157,10 +160,14 @@ def _memory_html(m: MemoryInfo) -> str:
             else:
                 row += ["", "", ""]
         rows.append(row)
+    pad = ["", "", ""] if stats else []
+    for name, b in m.watched.items():
+        label = f"watched {name!r} (tidyjax.watch)"
+        rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
     if untracked:
         b = m.untracked_bytes or 0
         label = f"untracked: {_count(untracked, 'jax array')} (not tidyjax)"
-        rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top)])
+        rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
     numeric = {1, 3, 4} if stats else {1}
     return _html.box(*parts, _html.table(header, rows, numeric), *_reasons(m))
 
