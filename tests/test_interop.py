@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import tidyjax as tj
-from tidyjax._arrays import CONCRETE
 import tidyjax.lax as tlax
 import tidyjax.nn as tnn
 import tidyjax.numpy as tnp
 import tidyjax.random as trandom
 from tidyjax import DisposedError, Tensor, tidy
+from tidyjax._arrays import CONCRETE
 
 from .conftest import counts
 
