@@ -1,0 +1,251 @@
+"""What recording a timeline costs, and how a million events record, draw and load.
+
+Run:  python benchmarks/timeline.py                 (about a minute on 2 CPU cores)
+      python benchmarks/timeline.py --events 200000  (quicker)
+      python benchmarks/timeline.py --screenshot docs/img/timeline.png   (the README picture)
+
+1. Eager ``a + b``: tidyjax over raw JAX with no timeline open, and with one open, sampled in
+   alternation (noise hits every side) and printed as ratios of medians. With no timeline the
+   per-op path is unchanged: the registry tests one empty list, as before.
+2. A million events (half allocations, half frees) recorded from real ops; then the page
+   rendered (its size), the JSON dumped and loaded, and the page loaded in headless Chromium
+   (selenium and chromium-driver, when present) until its script has run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+from _timing import per_call
+
+import tidyjax as tj
+import tidyjax.numpy as tnp
+
+
+def overhead(number: int, rounds: int) -> None:
+    print("== eager a + b: tidyjax / raw jax, with no timeline and with a timeline open ==")
+    x, y = jnp.linspace(0.0, 1.0, 256), jnp.linspace(1.0, 2.0, 256)
+    a, b = tj.tensor(x), tj.tensor(y)
+
+    def raw() -> None:
+        for _ in range(number):
+            x + y
+
+    def tidy() -> None:
+        for _ in range(number):
+            a + b
+
+    def scopes() -> None:
+        for _ in range(number // 10):
+            with tj.tidy("s"):
+                pass
+
+    for _ in range(3):  # compile, warm the caches
+        raw(), tidy(), scopes()
+    samples: dict[str, list[float]] = {k: [] for k in ("raw", "off", "on", "tidy off", "tidy on")}
+    for _ in range(rounds):
+        samples["raw"].append(per_call(raw, 1) / number)
+        samples["off"].append(per_call(tidy, 1) / number)
+        samples["tidy off"].append(per_call(scopes, 1) / (number // 10))
+        with tj.timeline(max_events=100_000):
+            samples["on"].append(per_call(tidy, 1) / number)
+            samples["tidy on"].append(per_call(scopes, 1) / (number // 10))
+    med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    print(f"{'':34s} {'µs':>8s} {'/ raw':>7s}")
+    print(f"{'raw jax a + b':34s} {med['raw']:8.2f} {1:7.2f}")
+    print(f"{'tidyjax a + b, no timeline':34s} {med['off']:8.2f} {med['off'] / med['raw']:7.2f}")
+    print(f"{'tidyjax a + b, timeline open':34s} {med['on']:8.2f} {med['on'] / med['raw']:7.2f}")
+    print(f"recording an op costs {med['on'] / med['off']:.2f}x the op without a timeline")
+    print(f"{'with tidy(): pass, no timeline':34s} {med['tidy off']:8.2f}")
+    print(f"{'with tidy(): pass, timeline open':34s} {med['tidy on']:8.2f}")
+    tj.dispose([a, b])
+
+
+def _sites(k: int) -> list[object]:
+    """k functions defined on k lines of "model.py": k creation sites."""
+    out = []
+    for i in range(k):
+        ns: dict[str, object] = {}
+        exec(compile("\n" * i + f"def f(x): return x * {i + 2}.0", "model.py", "exec"), ns)
+        out.append(ns["f"])
+    return out
+
+
+def million(events: int, keep: pathlib.Path | None) -> None:
+    print()
+    print(f"== {events:,} events: record, render, dump, load ==")
+    inputs = [tj.tensor(jnp.ones(64 * (k + 1))) for k in range(12)]
+    makers = _sites(12)
+    window: collections.deque[tj.Tensor] = collections.deque()
+    for f, x in zip(makers, inputs, strict=True):  # compile
+        f(x)
+    with tj.timeline(max_events=events) as tl:
+        t0 = time.perf_counter()
+        i = 0
+        with tj.tidy("run"):
+            while tl._seq < events - 8:
+                k = i % 12
+                window.append(makers[k](inputs[k]))  # one allocation
+                while len(window) > 50 + (i % 20_000) // 50:
+                    window.popleft()  # collected: one free
+                if i % 1000 == 0:
+                    with tj.tidy("step"):
+                        inputs[0] * 2.0  # freed at once by the scope
+                i += 1
+        window.clear()
+        recorded = time.perf_counter() - t0
+    n = len(tl.events)
+    print(f"recorded {tl._seq:,} events in {recorded:.1f} s ({recorded / tl._seq * 1e6:.1f} µs "
+          f"per event, op included); {n:,} kept, {tl.dropped:,} older dropped")  # fmt: skip
+    folder = keep or pathlib.Path(tempfile.mkdtemp())
+    folder.mkdir(parents=True, exist_ok=True)
+    page = folder / "timeline.html"
+    t0 = time.perf_counter()
+    tl.save_html(page)
+    print(
+        f"to_html + save: {time.perf_counter() - t0:.1f} s, page {page.stat().st_size / 1e6:.2f} MB"
+    )
+    data = folder / "timeline.json"
+    t0 = time.perf_counter()
+    tl.dump(data)
+    dumped = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    back = tj.Timeline.load(data)
+    loaded = time.perf_counter() - t0
+    print(f"dump {dumped:.1f} s ({data.stat().st_size / 1e6:.0f} MB JSON), load {loaded:.1f} s "
+          f"({len(back.events):,} events)")  # fmt: skip
+    del back, tl
+    gc.collect()
+    browser_load(page)
+    tj.dispose(inputs)
+    if keep is None:
+        shutil.rmtree(folder)
+
+
+def _driver() -> object | None:
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        return None
+    chromedriver = shutil.which("chromedriver")
+    binary = "/usr/lib/chromium/chromium"
+    if chromedriver is None:
+        return None
+    options = Options()
+    if os.path.exists(binary):
+        options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1180,900"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(chromedriver), options=options)
+
+
+def browser_load(page: pathlib.Path) -> None:
+    driver = _driver()
+    if driver is None:
+        print("page load in a browser: skipped (needs selenium and chromium-driver)")
+        return
+    from selenium.webdriver.common.by import By
+
+    try:
+        t0 = time.perf_counter()
+        driver.get(page.as_uri())  # type: ignore[attr-defined]
+        driver.find_element(By.CSS_SELECTOR, ".tjtl[data-ready]")  # type: ignore[attr-defined]
+        elapsed = time.perf_counter() - t0
+        areas = len(driver.find_elements(By.CSS_SELECTOR, ".tj-area"))  # type: ignore[attr-defined]
+        print(f"page loaded and drawn in headless Chromium: {elapsed:.2f} s ({areas} areas)")
+    finally:
+        driver.quit()  # type: ignore[attr-defined]
+
+
+# -- the README picture -------------------------------------------------------------------------
+
+
+def demo() -> tj.Timeline:
+    """A small training run: parameters, steps with forward and update scopes, a leaky cache
+    that grows, then an evaluation that peaks."""
+    key = jax.random.key(0)
+    k1, k2 = jax.random.split(key)
+    params = [tj.Variable(jax.random.normal(k1, (512, 1024)), name="w1"),
+              tj.Variable(jax.random.normal(k2, (1024, 256)), name="w2")]  # fmt: skip
+    cache = []
+
+    @tj.tidy("step")
+    def step(x: tj.Tensor) -> tj.Tensor:
+        with tj.tidy("forward"):
+            h = tnp.tanh(x @ params[0])
+            y = h @ params[1]
+            loss = (y * y).mean()
+        with tj.tidy("update"):
+            for p in params:
+                p.assign(p * 0.999)
+        return loss
+
+    with tj.timeline() as tl:
+        with tj.tidy("train"):
+            for i in range(30):
+                x = tj.tensor(jnp.ones((256 * (1 + i % 3), 512)))
+                loss = step(x)
+                cache.append(tj.keep(x[:64]))  # a cache that is never emptied
+        with tj.tidy("evaluate"):
+            outs = [tnp.tanh(tj.tensor(jnp.ones((1024, 512))) @ params[0]) for _ in range(4)]
+            del outs
+        tj.dispose(cache)
+        tj.dispose_variables()
+    loss.dispose()
+    return tl
+
+
+def screenshot(path: pathlib.Path) -> None:
+    tl = demo()
+    page = path.resolve().with_suffix(".html")
+    tl.save_html(page)
+    driver = _driver()
+    if driver is None:
+        sys.exit("--screenshot needs selenium and chromium-driver")
+    from selenium.webdriver.common.by import By
+
+    try:
+        driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+            "Emulation.setEmulatedMedia",
+            {"features": [{"name": "prefers-color-scheme", "value": "light"}]},
+        )
+        driver.get(page.as_uri())  # type: ignore[attr-defined]
+        root = driver.find_element(By.CSS_SELECTOR, ".tjtl[data-ready]")  # type: ignore[attr-defined]
+        root.screenshot(str(path))
+    finally:
+        driver.quit()  # type: ignore[attr-defined]
+    page.unlink()
+    print(f"wrote {path} ({tl})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--number", type=int, default=2000, help="ops per sample")
+    parser.add_argument("--rounds", type=int, default=15, help="samples per side")
+    parser.add_argument("--events", type=int, default=1_000_000, help="events to record")
+    parser.add_argument("--keep", type=pathlib.Path, help="a folder to keep the page and JSON in")
+    parser.add_argument("--screenshot", type=pathlib.Path, help="only write the README picture")
+    args = parser.parse_args()
+    if args.screenshot:
+        screenshot(args.screenshot)
+        return
+    print(f"jax {jax.__version__} on {jax.default_backend()}, tidyjax {tj.__version__}")
+    overhead(args.number, args.rounds)
+    million(args.events, args.keep)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,552 @@
+"""timeline(): the events, the replay invariant (== memory() at every moment), files, the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax import _registry, tidy
+from tidyjax import _timeline as tlm
+from tidyjax.__main__ import main as cli
+
+
+@pytest.fixture(autouse=True)
+def _no_timeline_left_open():
+    yield
+    assert tlm.active() is None
+    assert not _registry.observers, "a test left an observer registered"
+
+
+class Marks:
+    """What memory() reported at moments of a recording, to hold the replay against."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, int, dict[str, int]]] = []
+
+    def __call__(self) -> None:
+        m = tj.memory(scan_untracked=False)
+        per = {str(d): b for d, b in m.bytes_per_device.items() if b}
+        self.marks.append((time.perf_counter(), m.num_bytes, per))
+
+    def check(self, tl: tj.Timeline) -> None:
+        assert self.marks
+        for t, nbytes, per in self.marks:
+            live = tl.live_at(t)
+            assert sum(r.bytes for r in live) == nbytes, (t, live)
+            assert len({r._buffer for r in live}) == len(live)  # a shared buffer once
+            assert _replay_per_device(tl, t) == per
+
+
+def _replay_per_device(tl: tj.Timeline, t: float) -> dict[str, int]:
+    """An independent replay of the events' per-device bytes up to ``t``."""
+    base, events = tl._window()  # what dropped events left alive, then the events kept
+    alive = {ev.buffer: ev for ev in base}
+    for ev in events:
+        if ev.time > t:
+            break
+        if ev.kind == "alloc":
+            assert ev.buffer not in alive
+            alive[ev.buffer] = ev
+        elif ev.kind == "free":
+            assert alive.pop(ev.buffer).bytes == ev.bytes
+    per: dict[str, int] = collections.Counter()
+    for ev in alive.values():
+        for d, b in ev.per_device:
+            per[d] += b
+    return {d: b for d, b in per.items() if b}
+
+
+def _line(marker: str) -> int:
+    """The line of this file holding ``marker`` (for creation sites)."""
+    with open(__file__, encoding="utf-8") as f:
+        for i, text in enumerate(f, 1):
+            if marker in text and "_line(" not in text:
+                return i
+    raise AssertionError(marker)
+
+
+def test_events_of_allocations_frees_and_scopes():
+    with tj.timeline() as tl:
+        a = tj.tensor(np.ones((2, 3), np.float32))  # site: a
+        with tidy("outer"), tidy("inner"):
+            b = a * 2  # site: b
+            c = b.clone()
+    assert tl.recording is False and tl.stop_time is not None
+    kinds = [(e.kind, e.scope) for e in tl.events]
+    assert kinds == [
+        ("alloc", ""),
+        ("scope_enter", "outer"),
+        ("scope_enter", "outer/inner"),
+        ("alloc", "outer/inner"),
+        ("free", "outer/inner"),
+        ("scope_exit", "outer/inner"),
+        ("scope_exit", "outer"),
+    ]
+    alloc_a, enter, enter_inner, alloc_b, free_b, exit_inner, exit_outer = tl.events
+    device = str(jax.devices()[0])
+    assert (alloc_a.bytes, alloc_a.shape, alloc_a.dtype) == (24, (2, 3), "float32")
+    assert alloc_a.device == device and alloc_a.per_device == ((device, 24),)
+    assert alloc_a.site.file == __file__ and alloc_a.site.line == _line("# site: a")
+    assert alloc_a.tensors == (a.id,)
+    assert alloc_b.site.line == _line("# site: b") and alloc_b.tensors == (b.id,)
+    # the free names every Tensor seen on the buffer: b and its clone
+    assert free_b.buffer == alloc_b.buffer and set(free_b.tensors) == {b.id, c.id}
+    assert (enter.name, enter_inner.name, exit_inner.name) == ("outer", "inner", "inner")
+    assert enter.buffer == exit_outer.buffer and enter_inner.buffer == exit_inner.buffer
+    assert all(x.time <= y.time for x, y in zip(tl.events, tl.events[1:], strict=False))
+    with pytest.raises(AttributeError):
+        alloc_a.bytes = 3  # immutable
+    assert tl.peak_bytes == 48 and tl.peak_time == alloc_b.time
+    assert b.is_disposed and c.is_disposed
+    a.dispose()
+
+
+def test_replay_equals_memory_at_every_moment():
+    marks = Marks()
+    before = tj.tensor(np.ones(100, np.float32))  # alive before: collected inside, unreported
+    shared_before = before.clone()
+    with tj.timeline() as tl:
+        marks()
+        a = tj.tensor(np.ones(1000, np.float32))
+        marks()
+        with tidy("outer"):
+            b = a * 2
+            marks()
+            with tidy("inner") as inner:
+                c = b + 1
+                marks()
+                c = c + 1  # the first c is collected without a dispose
+                marks()
+                kept = inner.keep(c * 3)
+            marks()
+            alias = a.clone()  # one buffer, two Tensors: counted once
+            twin = a.to(jax.devices()[0])  # another array object over the same buffer
+            marks()
+        marks()
+        del before
+        gc.collect()
+        marks()
+        shared_before.dispose()
+        marks()
+        w = tj.Variable(a, name="w")
+        marks()
+        w.assign(a + 1)
+        marks()
+        g = tj.keep(a * 5)
+        marks()
+        step = tj.jit(lambda x: x * 2, donate_argnums=0)
+        x = tj.tensor(np.ones(64, np.float32))
+        marks()
+        y = step(x)
+        assert x.is_disposed
+        marks()
+        tj.dispose([a, w, g, y, kept, alias, twin])
+        marks()
+    marks.check(tl)
+    assert sum(r.bytes for r in tl.live_at(time.perf_counter())) == 0
+
+
+def test_replay_holds_under_threads():
+    n_threads, rounds = 4, 6
+    barrier = threading.Barrier(n_threads + 1)
+    marks = Marks()
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            kept = []
+            for r in range(rounds):
+                with tidy(f"worker{i}"):
+                    x = tj.tensor(np.full(10 + i, r, np.float32))
+                    for _ in range(3):
+                        x = x + 1  # each previous x collected without a dispose
+                    with tidy("inner") as inner:
+                        kept.append(inner.keep(x * 2))
+                    kept.append(tj.keep(x.clone()))
+                barrier.wait()  # every worker is quiet here: the main thread reads memory()
+                barrier.wait()
+            tj.dispose(kept)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+            barrier.abort()
+
+    with tj.timeline() as tl:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for _ in range(rounds):
+            barrier.wait()
+            marks()
+            barrier.wait()
+        for t in threads:
+            t.join()
+        marks()
+    assert not errors, errors
+    marks.check(tl)
+    bands = {e.scope for e in tl.events if e.kind == "scope_enter"}
+    assert bands == {f"worker{i}" for i in range(n_threads)} | {
+        f"worker{i}/inner" for i in range(n_threads)
+    }
+    assert [e.time for e in tl.events] == sorted(e.time for e in tl.events)
+
+
+def test_a_buffer_with_two_array_objects_is_freed_when_the_last_one_goes():
+    marks = Marks()
+    old = tj.tensor(np.ones(16, np.float32))
+    old_twin = old.to(jax.devices()[0])  # aliased before the recording
+    with tj.timeline() as tl:
+        a = tj.tensor(np.ones(32, np.float32))
+        twin = a.to(jax.devices()[0])  # a new array object over the same buffer
+        marks()
+        del a  # the first object goes; the buffer lives on in the twin
+        gc.collect()
+        marks()
+        del twin
+        gc.collect()
+        marks()
+        del old
+        gc.collect()
+        marks()
+        del old_twin
+        gc.collect()
+        marks()
+    marks.check(tl)
+    assert [(e.kind, e.bytes) for e in tl.events] == [
+        ("alloc", 64),
+        ("alloc", 128),
+        ("free", 128),
+        ("free", 64),
+    ]
+
+
+def test_recording_off_costs_nothing_and_nests():
+    assert tlm.active() is None and not _registry.observers
+    with tj.timeline() as outer:
+        assert tlm.active() is outer
+        a = tj.tensor([1.0])
+        with tj.timeline() as inner:
+            assert tlm.active() is inner and _registry.observers.count(inner) == 1
+            b = a + 1
+        assert tlm.active() is outer
+        c = a + 2
+    # closed: nothing observes the registry or the scopes any more
+    assert tlm.active() is None and not _registry.observers
+    with tidy("unseen"):
+        d = a + 3
+    assert [e.kind for e in inner.events] == ["alloc", "alloc"]  # a (alive at its start), b
+    assert [e.kind for e in outer.events] == ["alloc", "alloc", "alloc"]
+    assert all(e.scope != "unseen" for e in outer.events + inner.events)
+    assert d.is_disposed
+    tj.dispose([a, b, c])
+
+
+def test_max_events_drops_the_oldest_and_the_replay_stays_exact():
+    marks = Marks()
+    x = tj.tensor(np.ones(10, np.float32))
+    with tj.timeline(max_events=12) as tl:
+        big = tj.tensor(np.ones(1000, np.float32))  # the peak, early
+        marks()
+        big.dispose()
+        for _ in range(20):
+            y = x * 2
+            y.dispose()
+        marks()
+        z = x + 1
+        marks()
+    assert len(tl.events) == 12 and tl.dropped == 1 + 2 + 40 + 1 - 12
+    assert tl.peak_bytes == 4040
+    # the peak's moment was dropped, yet what was alive then is known
+    assert sorted(r.bytes for r in tl.live_at(tl.peak_time)) == [40, 4000]
+    with pytest.raises(tj.TidyjaxValueError, match="max_events"):
+        tl.live_at(marks.marks[0][0])
+    marks.marks = marks.marks[1:]
+    marks.check(tl)
+    tj.dispose([x, z])
+
+
+def test_peak_live_at_and_top_sites():
+    with tj.timeline() as tl:
+        a = tj.tensor(np.ones(256, np.float32))  # 1 KiB
+        bs = [a * i for i in range(3)]  # site: three
+        tj.dispose(bs)
+        c = a + 1
+    assert tl.peak_bytes == 4 * 1024
+    at_peak = tl.live_at(tl.peak_time)
+    assert [r.bytes for r in at_peak] == [1024] * 4 and at_peak[0].id == a.id
+    top = tl.top_sites()
+    assert f"test_timeline.py:{_line('# site: three')} in " in top[0].site
+    assert (top[0].count, top[0].bytes) == (3, 3072)
+    assert [s.bytes for s in tl.top_sites(at=time.perf_counter())] == [1024, 1024]
+    assert len(tl.top_sites(n=1)) == 1
+    assert repr(tl).startswith("<tidyjax.Timeline 8 events (0 dropped), peak 4.0 KiB at +")
+    tj.dispose([a, c])
+
+
+def test_dump_and_load_round_trip(tmp_path):
+    marks = Marks()
+    with tj.timeline(max_events=6) as tl:
+        a = tj.tensor(np.ones((4, 4), np.float32))
+        with tidy("s"):
+            for _ in range(4):
+                b = a @ a
+        marks()
+        v = tj.Variable(a, name="v")
+        marks()
+    path = tmp_path / "t.json"
+    tl.dump(path)
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"]) == ("tidyjax.timeline", 1)
+    back = tj.Timeline.load(path)
+    assert back.events == tl.events
+    assert (back.dropped, back.peak_bytes, back.peak_time) == (tl.dropped, tl.peak_bytes,
+                                                               tl.peak_time)  # fmt: skip
+    assert back.max_events == 6 and "loaded" in repr(back)
+    marks.check(back)
+    assert back.live_at(back.peak_time) == tl.live_at(tl.peak_time)
+    with pytest.raises(tj.TidyjaxTypeError, match="cannot record"), back:
+        pass
+    tj.dispose([a, v])
+    assert b.is_disposed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "is not a JSON file"),
+        ('{"format": "tidyjax.snapshot", "version": 1}', "is not a tidyjax timeline"),
+        ('{"format": "tidyjax.timeline", "version": 99}', "version 99; this tidyjax reads"),
+        ('{"format": "tidyjax.timeline", "version": 1}', "without 'strings'"),
+    ],
+)
+def test_load_rejects_what_is_not_a_timeline(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(tj.TidyjaxValueError, match=re.escape(message)) as err:
+        tj.Timeline.load(path)
+    assert str(path) in str(err.value)
+
+
+def test_decorator_forms_and_async():
+    @tj.timeline
+    def make():
+        return tj.tensor([1.0, 2.0])
+
+    tl = tj.timeline(max_events=100)
+
+    @tl
+    def double(x):
+        return x * 2
+
+    @tl
+    async def triple(x):
+        return x * 3
+
+    a = make()
+    b = double(a)
+    c = asyncio.run(triple(a))
+    assert isinstance(make.timeline, tj.Timeline) and double.timeline is tl
+    assert [e.kind for e in make.timeline.events] == ["alloc"]
+    assert make.timeline.events[0].tensors == (a.id,)
+    # tl recorded both calls: resumed the second time, a was alive at both starts
+    allocs = [e.tensors for e in tl.events if e.kind == "alloc"]
+    assert allocs == [(a.id,), (b.id,), (c.id,)]
+    with pytest.raises(tj.TidyjaxTypeError, match="decorates a plain or async function"):
+        tl(5)
+    with pytest.raises(tj.TidyjaxTypeError, match="max_events must be an int"):
+        tj.timeline(max_events="many")
+    with pytest.raises(tj.TidyjaxValueError, match="at least 1"):
+        tj.timeline(max_events=0)
+    with pytest.raises(tj.TidyjaxTypeError, match="not recording"):
+        tl.__exit__(None, None, None)
+    tj.dispose([a, b, c])
+
+
+def test_resuming_reconciles_what_changed_in_between():
+    marks = Marks()
+    tl = tj.timeline()
+    with tl:
+        a = tj.tensor(np.ones(8, np.float32))
+        b = tj.tensor(np.ones(16, np.float32))
+        marks()
+    b.dispose()  # unrecorded
+    c = tj.tensor(np.ones(32, np.float32))  # unrecorded
+    with tl.section("In[2]"):
+        marks()
+        d = a + 1
+        marks()
+    kinds = [(e.kind, e.bytes or e.name) for e in tl.events]
+    assert kinds == [
+        ("alloc", 32),
+        ("alloc", 64),
+        ("free", 64),  # found gone on resuming
+        ("alloc", 128),  # found alive on resuming
+        ("scope_enter", "In[2]"),
+        ("alloc", 32),
+        ("scope_exit", "In[2]"),
+    ]
+    marks.check(tl)
+    tj.dispose([a, c, d])
+
+
+def test_recording_starts_with_the_open_scopes():
+    with tidy("cell"):
+        x = tj.tensor([1.0])
+        with tj.timeline() as tl:
+            y = x + 1
+    assert [(e.kind, e.scope) for e in tl.events] == [
+        ("scope_enter", "cell"),  # open before the recording: drawn from its start
+        ("alloc", "cell"),
+        ("alloc", "cell"),
+        ("scope_exit", "cell"),  # still open after it: drawn to its end
+    ]
+    assert x.is_disposed and y.is_disposed
+
+
+def test_from_snapshot_draws_one_moment():
+    a = tj.tensor(np.ones(4, np.float32))
+    b = a.clone()
+    c = a * 2
+    tl = tj.Timeline.from_snapshot(tj.snapshot())
+    assert [(e.kind, e.bytes) for e in tl.events] == [("alloc", 16), ("alloc", 16)]
+    assert tl.events[0].tensors == (a.id, b.id) and tl.peak_bytes == 32
+    assert "<svg" in tl.to_html()
+    with pytest.raises(tj.TidyjaxTypeError, match="takes a tidyjax\\.Snapshot"):
+        tj.Timeline.from_snapshot([])
+    tj.dispose([a, b, c])
+
+
+# -- the page, without a browser (tests/test_timeline_browser.py opens it in one) ---------------
+
+
+def _many_sites(n: int) -> list[tj.Tensor]:
+    """n Tensors from n different lines (sites), the i-th of (i + 1) KiB."""
+    out = []
+    for i in range(n):
+        code = "\n" * i + f"t = tj.tensor(np.ones({256 * (i + 1)}, np.float32))"
+        ns = {"tj": tj, "np": np}
+        exec(compile(code, "gen_sites.py", "exec"), ns)
+        out.append(ns["t"])
+    return out
+
+
+def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
+    with tj.timeline() as tl:
+        ts = tidy.run("load", _many_sites, 12)
+        with tidy("release"):
+            tj.dispose(ts[:6])
+    page = tl.to_html(top=4)
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched
+    assert "@import" not in page and "url(" not in page
+    areas = re.findall(r'<path class="tj-area[^"]*" data-site="(\d+)" data-label="([^"]*)"', page)
+    assert len(areas) == 5 and areas[-1][1] == "other (8 sites)"
+    assert areas[0][1] == "gen_sites.py:12 in &lt;module&gt;"  # the largest first
+    assert re.findall(r'class="tj-band" data-name="([^"]+)"', page) == ["load", "release"]
+    table = re.search(r'<table class="tj-peak-table">.*?</table>', page, re.S).group(0)
+    first = re.search(r"<tbody><tr>(.*?)</tr>", table).group(1)
+    assert "12.0 KiB" in first and "gen_sites.py:12" in first and "float32[3072]" in first
+    assert "peak 78.0 KiB" in page
+    fragment = tl._repr_html_()
+    assert fragment.startswith('<div class="tjtl"') and "<!DOCTYPE" not in fragment
+    assert "--jp-layout-color0" in fragment and "prefers-color-scheme:dark" in fragment
+    tl.save_html(tmp_path / "t.html")
+    assert (tmp_path / "t.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    tj.dispose(ts)
+
+
+def test_page_of_nothing_and_display_never_raises(monkeypatch):
+    with tj.timeline() as tl:
+        pass
+    assert "No tidyjax memory events were recorded" in tl.to_html()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tlm._timeline_html, "fragment", broken)
+    assert tl._repr_html_().startswith("<pre>&lt;tidyjax.Timeline")
+
+
+def test_many_scopes_draw_few_bands_and_the_page_stays_small():
+    tl = tlm.Timeline()
+    t = 0.0
+    for i in range(20_000):
+        t += 1e-6
+        kind = "scope_enter" if i % 2 == 0 else "scope_exit"
+        tl._append(tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step"), 0)
+    ev = tlm.TimelineEvent("alloc", t, 4, "cpu:0", None, "", (1,), "float32", (), 10**6, "",
+                           (("cpu:0", 4),))  # fmt: skip
+    tl._append(ev, 4)
+    page = tl.to_html()
+    assert page.count('class="tj-band"') < 50 and "step ×" in page  # noqa: RUF001
+    assert len(page) < 200_000
+
+
+# -- python -m tidyjax view ---------------------------------------------------------------------
+
+
+def test_view_writes_the_page_of_a_timeline_or_a_snapshot(tmp_path, capsys):
+    with tj.timeline() as tl:
+        a = tj.tensor(np.ones(4, np.float32))
+    tl.dump(tmp_path / "t.json")
+    assert cli(["view", str(tmp_path / "t.json")]) == 0
+    assert (tmp_path / "t.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert f"wrote {tmp_path / 't.html'}" in capsys.readouterr().out
+    tj.snapshot().dump(tmp_path / "s.json")
+    assert cli(["view", str(tmp_path / "s.json"), "-o", str(tmp_path / "page.html")]) == 0
+    assert "tj-area" in (tmp_path / "page.html").read_text(encoding="utf-8")
+    a.dispose()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "cannot read it"),
+        ("{not json", "not a JSON file"),
+        ('{"format": "something"}', "not a tidyjax timeline or snapshot"),
+        ('{"format": "tidyjax.timeline", "version": 2}', "format version 2"),
+        ('{"format": "tidyjax.snapshot", "version": 1}', "malformed tidyjax snapshot"),
+    ],
+)
+def test_view_exits_2_naming_the_file_and_the_problem(tmp_path, capsys, text, message):
+    path = tmp_path / "in.json"
+    if text is not None:
+        path.write_text(text)
+    assert cli(["view", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tidyjax view: {path}") and message in err
+    assert not (tmp_path / "in.html").exists()
+
+
+def test_python_dash_m_tidyjax_runs(tmp_path):
+    (tmp_path / "bad.json").write_text("[]")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidyjax", "view", str(tmp_path / "bad.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "not a tidyjax timeline or snapshot" in proc.stderr
+
+
+def test_jnp_zeros_via_lifted_namespace_are_recorded():
+    import tidyjax.numpy as tnp
+
+    with tj.timeline() as tl:
+        z = tnp.zeros((3, 5), dtype=jnp.int32)
+    assert [(e.kind, e.shape, e.dtype, e.bytes) for e in tl.events] == [
+        ("alloc", (3, 5), "int32", 60)
+    ]
+    z.dispose()

@@ -1,0 +1,249 @@
+"""The timeline page as a reader sees it: headless Chromium, in a light and a dark scheme.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install -y chromium
+chromium-driver``) and selenium (the ``test`` extra); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import random
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax import _timeline as tlm
+from tidyjax import tidy
+
+selenium = pytest.importorskip("selenium", reason="pip install selenium (the test extra)")
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.options import Options  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+SCHEMES = ["light", "dark"]
+TOP = 4
+
+
+def _chromium() -> str | None:
+    for path in ("/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium-browser"):
+        if os.path.exists(path):  # Debian's binary, not its launcher script
+            return path
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def driver():
+    browser, chromedriver = _chromium(), shutil.which("chromedriver")
+    if browser is None or chromedriver is None:
+        pytest.skip(
+            "needs headless Chromium and its driver: apt-get install -y chromium chromium-driver"
+        )
+    options = Options()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(chromedriver), options=options)
+    yield d
+    d.quit()
+
+
+def _sites(n: int) -> list[tj.Tensor]:
+    """n Tensors from n different lines of "model.py", the i-th of (i + 1) KiB."""
+    out = []
+    for i in range(n):
+        code = "\n" * i + f"t = tj.tensor(np.ones({256 * (i + 1)}, np.float32))"
+        ns = {"tj": tj, "np": np}
+        exec(compile(code, "model.py", "exec"), ns)
+        out.append(ns["t"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    """A real recording: 9 sites (the largest "model.py:9"), two scope bands, one peak."""
+    with tj.timeline() as tl:
+        params = tidy.run("load_params", _sites, 9)
+        with tidy("release"):
+            tj.dispose(params[:5])
+    tj.dispose(params)
+    path = tmp_path_factory.mktemp("timeline") / "timeline.html"
+    tl.save_html(path, top=TOP)
+    return path
+
+
+def _open(driver, path, scheme):
+    driver.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+    )
+    driver.get(path.as_uri())
+    driver.find_element(By.CSS_SELECTOR, ".tjtl[data-ready]")  # the script ran
+    return driver.find_element(By.CSS_SELECTOR, ".tj-chart:not([hidden]) svg.tj-svg")
+
+
+def _errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _rgb(css: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in re.findall(r"[\d.]+", css)[:3])
+
+
+def _luminance(rgb: tuple[float, ...]) -> float:
+    def lin(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (lin(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_page_draws_areas_bands_peak_and_table_without_errors(driver, page, scheme):
+    svg = _open(driver, page, scheme)
+    assert _errors(driver) == []
+    labels = [a.get_attribute("data-label") for a in svg.find_elements(By.CSS_SELECTOR, ".tj-area")]
+    assert len(labels) == TOP + 1  # one area per top site, plus "other"
+    assert labels[0] == "model.py:9 in <module>" and labels[-1] == "other (5 sites)"
+    bands = [b.text for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band text")]
+    assert bands == ["load_params", "release"]
+    peak = svg.find_element(By.CSS_SELECTOR, ".tj-peak text").text
+    assert peak == "peak 45.0 KiB"
+    first = driver.find_element(By.CSS_SELECTOR, ".tj-peak-table tbody tr")
+    cells = [td.text for td in first.find_elements(By.TAG_NAME, "td")]
+    assert cells[:5] == ["9.0 KiB", "1", "float32[2304]", "model.py:9 in <module>", "load_params"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_hovering_an_area_names_its_site_shapes_bytes_and_scope(driver, page, scheme):
+    svg = _open(driver, page, scheme)
+    line = svg.find_element(By.CSS_SELECTOR, ".tj-peak line").rect
+    box = svg.rect
+    # Just above the axis at the peak: the bottom layer, the largest site.
+    x = line["x"] - (box["x"] + box["width"] / 2)
+    y = line["y"] + line["height"] - 4 - (box["y"] + box["height"] / 2)
+    ActionChains(driver).move_to_element_with_offset(svg, int(x), int(y)).perform()
+    tip = driver.find_element(By.CSS_SELECTOR, ".tj-tip")
+    assert tip.is_displayed()
+    assert tip.text.splitlines() == [
+        "model.py:9 in <module>",
+        tip.text.splitlines()[1],
+        "shapes: float32[2304]",
+        "dtype: float32",
+        "scope: load_params",
+    ]
+    assert re.fullmatch(r"9\.0 KiB of 45\.0 KiB live on \S+, at \+[\d.]+ (ms|s)",
+                        tip.text.splitlines()[1])  # fmt: skip
+    hot = svg.find_elements(By.CSS_SELECTOR, ".tj-area.tj-hot")
+    assert [a.get_attribute("data-site") for a in hot] == ["0"]
+    ActionChains(driver).move_by_offset(0, 400).perform()  # off the chart: the tip goes
+    assert not tip.is_displayed()
+    assert _errors(driver) == []
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_scheme_sets_readable_colours_and_the_screenshot_is_not_blank(driver, page, scheme):
+    _open(driver, page, scheme)
+    root = driver.find_element(By.CSS_SELECTOR, ".tjtl")
+    bg = _luminance(_rgb(root.value_of_css_property("background-color")))
+    fg = _luminance(_rgb(root.value_of_css_property("color")))
+    assert (bg > 0.8) if scheme == "light" else (bg < 0.05)
+    assert (max(bg, fg) + 0.05) / (min(bg, fg) + 0.05) > 7  # text contrast (WCAG AAA)
+    from PIL import Image
+
+    shot = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
+    colours = shot.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50
+    big = [c for n, c in colours if n > 300]  # the areas' fills, not anti-aliasing
+    assert len(big) >= TOP + 2
+
+
+def _two_devices() -> tlm.Timeline:
+    tl = tlm.Timeline()
+    tl.start_time = 0.0
+    for i, (device, nbytes) in enumerate([("gpu:0", 4096), ("gpu:1", 1024), ("gpu:1", 2048)]):
+        ev = tlm.TimelineEvent("alloc", i * 1e-3, nbytes, device, None, "", (nbytes // 4,),
+                               "float32", (i + 1,), i + 1, "", ((device, nbytes),))  # fmt: skip
+        tl._append(ev, nbytes)
+    return tl
+
+
+def test_the_device_selector_shows_one_device_at_a_time(driver, tmp_path):
+    path = tmp_path / "devices.html"
+    _two_devices().save_html(path)
+    _open(driver, path, "light")
+    buttons = driver.find_elements(By.CSS_SELECTOR, ".tj-devices button")
+    assert [b.text for b in buttons] == ["gpu:0 · peak 4.0 KiB", "gpu:1 · peak 3.0 KiB"]
+    shown = driver.find_elements(By.CSS_SELECTOR, ".tj-chart:not([hidden])")
+    assert [c.get_attribute("data-device") for c in shown] == ["0"]
+    buttons[1].click()
+    shown = driver.find_elements(By.CSS_SELECTOR, ".tj-chart:not([hidden])")
+    assert [c.get_attribute("data-device") for c in shown] == ["1"]
+    assert shown[0].find_element(By.CSS_SELECTOR, ".tj-peak text").text == "peak 3.0 KiB"
+    assert buttons[1].get_attribute("aria-pressed") == "true"
+    assert _errors(driver) == []
+
+
+def synthetic(n_events: int, sites: int = 15) -> tlm.Timeline:
+    """A timeline of ``n_events`` events: allocations and frees over ``sites`` sites in
+    a loop of scopes, with a slow rise and fall (as a training run with a leak would)."""
+    gc.disable()  # a million young tuples would run many full collections: only slower
+    try:
+        return _synthetic(n_events, sites)
+    finally:
+        gc.enable()
+
+
+def _synthetic(n_events: int, sites: int) -> tlm.Timeline:
+    tl = tlm.Timeline(max_events=n_events)
+    tl.start_time, tl.started_at = 0.0, 0.0
+    site_list = [tj.Site(f"train_{i % 4}.py", 10 + i, f"layer{i}") for i in range(sites)]
+    live: list[tuple[int, tlm.TimelineEvent]] = []
+    number, t, i = 0, 0.0, 0
+    rng = random.Random(0)
+    while i < n_events:
+        t += 1e-5
+        if i % 200 == 0:
+            kind = "scope_enter" if i % 400 == 0 else "scope_exit"
+            ev = tlm.TimelineEvent(kind, t, 0, "", None, "train/step", (), "", (), i // 400, "step")
+            tl._append(ev, 0)
+            i += 1
+            continue
+        grow = len(live) < 50 + (i * 400 // n_events if i < n_events // 2 else 0)
+        if grow or not live:
+            number += 1
+            s = rng.randrange(sites)
+            nbytes = 4096 * (s + 1)
+            ev = tlm.TimelineEvent("alloc", t, nbytes, "cpu:0", site_list[s], "train/step",
+                                   (nbytes // 4,), "float32", (number,), number, "",
+                                   (("cpu:0", nbytes),))  # fmt: skip
+            live.append((nbytes, ev))
+            tl._append(ev, nbytes)
+        else:
+            k = rng.randrange(len(live))
+            live[k], live[-1] = live[-1], live[k]
+            nbytes, a = live.pop()
+            tl._append(a._replace(kind="free", time=t), -nbytes)
+        i += 1
+    return tl
+
+
+def test_a_million_events_render_to_a_small_page_that_loads_and_draws(driver, tmp_path):
+    tl = synthetic(1_000_000)
+    assert len(tl.events) == 1_000_000
+    path = tmp_path / "million.html"
+    tl.save_html(path)
+    assert path.stat().st_size < 3_000_000  # aggregated: no path per buffer
+    svg = _open(driver, path, "light")
+    assert len(svg.find_elements(By.CSS_SELECTOR, ".tj-area")) == 11
+    assert svg.find_elements(By.CSS_SELECTOR, ".tj-band")
+    assert driver.find_elements(By.CSS_SELECTOR, ".tj-peak-table tbody tr")
+    assert _errors(driver) == []
