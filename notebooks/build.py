@@ -1,6 +1,6 @@
 """Write the notebooks and execute them in a real kernel, saving their outputs.
 
-Run:  pip install -e ".[notebooks]" && python notebooks/build.py
+Run:  pip install -e ".[notebooks]" optax && python notebooks/build.py [NAME.ipynb ...]
 
 The committed .ipynb files are this script's output; tests/test_notebooks.py runs them again.
 """
@@ -8,6 +8,7 @@ The committed .ipynb files are this script's output; tests/test_notebooks.py run
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import nbformat
 from nbclient import NotebookClient
@@ -138,9 +139,23 @@ QUICKSTART = [
         "except tj.LeakError as err:\n"
         "    print(err)"
     ),
+    new_markdown_cell(
+        "## Memory over time\n\n"
+        "`%tidyjax timeline on` records every allocation and free while cells run, each cell a "
+        "band named like its prompt; `%tidyjax timeline` shows the chart: live bytes by creation "
+        "site, the peak, and what was alive then. Hover an area for its site, shapes and scope."
+    ),
+    new_code_cell("%tidyjax timeline on"),
+    new_code_cell(
+        "%%tidy\n"
+        "big = [tj.numpy.ones((256, 256)) * i for i in range(4)]\n"
+        "total = sum(b.sum() for b in big)\n"
+        "float(total)"
+    ),
+    new_code_cell("%tidyjax timeline off\n%tidyjax timeline"),
     new_markdown_cell("## `memory()`"),
     new_code_cell(
-        "tj.dispose([leaky, info.result, final, result, out, x, h, g])\n"
+        "tj.dispose([leaky, info.result, final, result, out, x, h, g, big, total])\n"
         "tj.dispose_variables()\n"
         "%tidyjax memory"
     ),
@@ -198,7 +213,110 @@ TRAINING = [
         'ax.set_xlabel("step"); ax.set_ylabel("tidyjax bytes alive"); ax.legend()\n'
         "plt.show()"
     ),
+    new_markdown_cell(
+        "## The same two runs as a timeline\n\n"
+        "`tj.timeline()` records every allocation and free. Without `tidy` the step's "
+        "intermediates pile up until the run ends; with it, each step's are freed as it ends. "
+        "Hover an area for its creation site; the table lists what was alive at the peak."
+    ),
+    new_code_cell(
+        "STEPS = 40\n"
+        "with tj.timeline() as tl:\n"
+        '    with tidy("without tidy"):\n'
+        "        run(use_tidy=False)\n"
+        '    with tidy("with tidy"):\n'
+        "        run(use_tidy=True)\n"
+        "tl"
+    ),
     new_code_cell("tj.dispose([x, y])\ntj.memory()"),
+]
+
+
+# The same training cell, run several times in a row, as a notebook user re-runs a cell.
+RUNS = 4
+TRAIN_CELL = (
+    "sizes.append(device_bytes())   # before this run\n"
+    "for _ in range(20):\n"
+    "    params, opt_state, loss = step(params, opt_state)\n"
+    'print(f"run {len(sizes)}: loss {float(loss):.4f}, device bytes at its start {mib(sizes[-1])}")\n'
+    'params["w"], loss   # shown: Out[] and _ now refer to these arrays'
+)
+
+PLAIN_JAX = [
+    new_markdown_cell(
+        "# Plain JAX in a notebook: what `Out[]` keeps alive\n\n"
+        "Nothing here uses tidyjax Tensors: a plain `jax`/`optax` training cell, run four times "
+        "in a row. Each run ends by showing the weights and the loss, so IPython's output "
+        "history (`Out[n]`, `_`, `__`) keeps a reference to that run's arrays. When the next run "
+        "rebinds `params`, the old arrays stay alive through `Out[]`, and device memory grows "
+        "run after run.\n\n"
+        "With the extension (`%%tidy` on a cell, or `%tidyjax auto on` for every cell), the "
+        "arrays a cell made or rebound that *only* the output history or a traceback still "
+        "holds are deleted when the cell ends, and their `Out[n]` entry becomes a short "
+        "placeholder. What any of your names reaches is never touched."
+    ),
+    new_code_cell(
+        "import jax\n"
+        "import jax.numpy as jnp\n"
+        "import optax\n\n"
+        "kx, kw = jax.random.split(jax.random.key(0))\n"
+        "X = jax.random.normal(kx, (512, 1024))\n"
+        "Y = X @ (jax.random.normal(kw, (1024, 256)) / 32)\n"
+        "opt = optax.adam(1e-2)\n\n"
+        "def init():\n"
+        '    params = {"w": jnp.zeros((1024, 256)), "b": jnp.zeros((256,))}   # 1 MiB\n'
+        "    return params, opt.init(params)\n\n"
+        "def loss_fn(params):\n"
+        '    return jnp.mean((X @ params["w"] + params["b"] - Y) ** 2)\n\n'
+        "@jax.jit\n"
+        "def step(params, opt_state):\n"
+        "    loss, grads = jax.value_and_grad(loss_fn)(params)\n"
+        "    updates, opt_state = opt.update(grads, opt_state)\n"
+        "    return optax.apply_updates(params, updates), opt_state, loss\n\n"
+        "def device_bytes():\n"
+        '    """Bytes of every jax array alive, each buffer once (a shown array keeps a view)."""\n'
+        "    return sum({a.unsafe_buffer_pointer(): a.nbytes for a in jax.live_arrays()}.values())\n\n"
+        "def mib(n):\n"
+        '    return f"{n / 2**20:.1f} MiB"\n\n'
+        "def report(label, sizes):\n"
+        "    growth = sizes[-1] - sizes[0]\n"
+        '    trend = f"flat: {growth == 0}" if growth == 0 else f"growing: {growth > 0}"\n'
+        "    print(f\"{label}: {' -> '.join(mib(s) for s in sizes)} ({trend})\")"
+    ),
+    new_markdown_cell("## Without the extension"),
+    new_code_cell("params, opt_state = init()\nsizes = []"),
+    *[new_code_cell(TRAIN_CELL) for _ in range(RUNS)],
+    new_code_cell('without = sizes\nreport("without tidyjax", without)'),
+    new_markdown_cell(
+        "`%reset -f out` empties the output history, which is all that still held the old "
+        "arrays: their memory comes back."
+    ),
+    new_code_cell(
+        "before = device_bytes()\n"
+        "%reset -f out\n"
+        'print(f"device bytes: {mib(before)} -> {mib(device_bytes())}")'
+    ),
+    new_markdown_cell(
+        "## `%%tidy` on the cell\n\n"
+        "The same cell under `%%tidy`. Each run ends by freeing the previous run's weights and "
+        "loss, which only `Out[]` still held, and says so."
+    ),
+    new_code_cell("%load_ext tidyjax\nparams, opt_state = init()\nsizes = []"),
+    *[new_code_cell("%%tidy\n" + TRAIN_CELL) for _ in range(RUNS)],
+    new_code_cell('with_tidy = sizes\nreport("with %%tidy", with_tidy)'),
+    new_markdown_cell(
+        "What the output history holds now: each earlier run's entry is a placeholder, the last "
+        "run's weights are still there (the name `params` holds them too)."
+    ),
+    new_code_cell('for n in sorted(Out):\n    print(f"Out[{n}]: {Out[n]!r:.90}")'),
+    new_markdown_cell(
+        "## `%tidyjax auto on`\n\n"
+        "The same for every cell, with nothing added to the cells themselves."
+    ),
+    new_code_cell("%tidyjax auto on"),
+    new_code_cell("params, opt_state = init()\nsizes = []"),
+    *[new_code_cell(TRAIN_CELL) for _ in range(RUNS)],
+    new_code_cell('with_auto = sizes\nreport("with auto mode", with_auto)\n%tidyjax auto off'),
 ]
 
 
@@ -217,10 +335,18 @@ def build(name: str, cells: list) -> pathlib.Path:
     return path
 
 
-def main() -> None:
-    for name, cells in (("quickstart.ipynb", QUICKSTART), ("training_loop.ipynb", TRAINING)):
-        print("wrote", build(name, cells))
+NOTEBOOKS = {
+    "quickstart.ipynb": QUICKSTART,
+    "training_loop.ipynb": TRAINING,
+    "plain_jax.ipynb": PLAIN_JAX,
+}
+
+
+def main(names: list[str]) -> None:
+    """Build the notebooks named (all of them when none is)."""
+    for name in names or NOTEBOOKS:
+        print("wrote", build(name, NOTEBOOKS[name]))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,12 +1,27 @@
 """IPython / Jupyter integration: ``%load_ext tidyjax``.
 
-* ``%%tidy [name] [-q]``: run the cell in a scope. When it ends, every Tensor the cell created
-  that something still refers to (a name, a list, a dict, an object, a closure) survives; all
-  the rest is disposed, even if IPython's output history (``Out``, ``_``, ``_N``) or a traceback
-  refers to it. Prints one line: ``tidy: freed N tensors (X KiB); kept M``.
-* ``%tidyjax auto on|off``: the same for every cell. Also, when a cell rebinds or deletes a name,
-  the Tensors of the old value are disposed if nothing but the output history holds them.
+* ``%%tidy [name] [-q]``: run the cell in a scope. When it ends, every Tensor and raw
+  ``jax.Array`` that only IPython's history holds is freed: what only ``Out``,
+  ``_``/``__``/``___``/``_N``, the last result or a stored traceback refers to, directly or
+  through the containers and objects they show. That covers what the cell made and only showed,
+  and earlier values whose last name the cell rebound or deleted. What a user-visible name
+  reaches through any container or object (a list, a dict, a NumPy object array, an attribute,
+  a closure) is kept, and so is what anything else outside the history holds (a module, a cache,
+  a jitted function). A freed output's ``Out[n]`` and ``_`` entries become a placeholder. Prints
+  one line: ``tidy: freed N buffers (X KiB); kept M; freed K jax arrays (Y MiB)``.
+* ``%tidyjax auto on|off``: the same for every cell.
 * ``%tidyjax memory``: the ``memory()`` table. ``%tidyjax live``: live Tensors by creation site.
+* ``%tidyjax timeline on|off|show``: record a timeline of the cells run while on, one band per
+  cell; ``show`` (or ``%tidyjax timeline`` alone) displays its chart.
+
+How "only the history holds it" is decided: a walk of ``gc.get_referents`` from IPython's
+history (bounded: it skips modules, module namespaces, classes, the user namespace and IPython's
+own objects) finds the objects below it. An object is held from outside when its reference count
+exceeds the references the walk counted from the history and from the other objects below it
+(the test CPython's cycle collector makes); what such an object reaches is held too. What the
+history reaches and nothing else holds is freed. So a value any user name reaches is kept
+whatever the path (even through a NumPy object array, which the collector cannot see into), and
+an array that a jit cache, a module or a C++ object also holds is never deleted.
 
 IPython is imported only when the extension loads; the rich displays (``_repr_html_``) live on
 the tidyjax objects themselves and work without it.
@@ -14,80 +29,470 @@ the tidyjax objects themselves and work without it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import re
+import sys
 import types
+from collections.abc import Iterable
 from typing import Any
 
+import jax
+import numpy as np
+
+from . import _registry
+from ._arrays import ArrayImpl, describe, local_nbytes
 from ._inspect import holders, snapshot
 from ._memory import _fmt_bytes, memory
 from ._scope import Scope
 from ._tensor import Tensor
-from ._trees import tensors_in
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension"]
 
+# IPython's names for its history and its own helpers: never a user's value.
 _HISTORY = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
+# History names that are IPython's books, not outputs: ``Out`` is walked whole, the rest hold
+# strings, paths and functions.
+_BOOKS = frozenset({"In", "Out", "_ih", "_oh", "_dh", "exit", "quit", "get_ipython"})
+# The most objects a walk of the history visits: beyond it, what is not yet counted counts as
+# held (nothing is freed wrongly; some may be freed at a later cell). Keeps a cell's end fast
+# when the history shows very large structures.
+_MAX_NODES = 1_000_000
 
 
-def _held_elsewhere(candidates: list[Tensor], shell: Any, ignore: list[Any]) -> set[int]:
-    """Ids of the candidates that something other than IPython's history or a frame refers to.
+# -- what only IPython's history holds --------------------------------------------------------
 
-    IPython's own references do not count: the output history (``Out``, and ``_``/``_N`` in the
-    user and hidden namespaces), the last execution result, the display hook, traceback frames.
+
+def _referents(obj: Any) -> list[Any]:
+    """The objects ``obj`` holds a reference to, one entry per reference.
+
+    NumPy arrays are not tracked by the garbage collector, so their references are added here:
+    a view holds its base, an object array its elements.
     """
-    if not candidates:
-        return set()
-    from IPython.core.displayhook import DisplayHook
-    from IPython.core.interactiveshell import ExecutionResult
+    refs = gc.get_referents(obj)
+    if isinstance(obj, np.ndarray):
+        if obj.base is not None:
+            refs.append(obj.base)
+        elif obj.dtype == object:
+            refs.extend(obj.ravel(order="K").tolist())
+    return refs
 
-    wanted = {id(t): t for t in candidates}
-    skip = {id(shell.user_ns.get("Out")), id(ignore), id(wanted), *(id(x) for x in ignore)}
-    held: set[int] = set()
-    gc.collect()
-    for ref in gc.get_referrers(*candidates):
-        if (
-            id(ref) in skip
-            or ref is candidates
-            or isinstance(ref, (types.FrameType, ExecutionResult, DisplayHook))
+
+def _walkable(obj: Any) -> bool:
+    """Whether ``obj`` can hold a reference to a Tensor or an array (directly or not)."""
+    if isinstance(obj, np.ndarray):
+        return obj.base is not None or obj.dtype == object
+    return gc.is_tracked(obj) and not isinstance(obj, (types.ModuleType, type))
+
+
+def _module_dicts() -> set[int]:
+    """Ids of every module's namespace: a walk stops there (functions lead to them)."""
+    return {id(d) for m in list(sys.modules.values()) if (d := getattr(m, "__dict__", None))}
+
+
+class _History:
+    """IPython's own references to values: the ones that must not keep a value alive.
+
+    ``roots`` are objects that are all history (``Out``, the cells' ``ExecutionResult``s): every
+    reference they hold counts. ``values`` are single references from a place that also holds
+    other things: one per ``_``/``__``/``___``/``_N`` entry of the user and hidden namespaces, per
+    display-hook attribute, per ``sys.last_*`` and per stored traceback.
+    """
+
+    def __init__(self, shell: Any, results: Iterable[Any]) -> None:
+        ns, hidden = shell.user_ns, shell.user_ns_hidden
+        hook = shell.displayhook
+        roots: dict[int, Any] = {}
+        for root in (ns.get("Out"), shell.last_execution_result, *results):
+            if root is not None:
+                roots[id(root)] = root  # once each: a root counted twice would count refs twice
+        self.roots = list(roots.values())
+        self.values: list[Any] = []
+        for space in (ns, hidden):
+            self.values.extend(v for k, v in space.items() if _HISTORY.match(k) and k not in _BOOKS)
+        # Only references that really exist are counted: attributes read from instance dicts.
+        for owner, names in (
+            (hook, ("_", "__", "___")),
+            (shell.InteractiveTB, ("tb",)),
+            (shell.SyntaxTB, ("tb",)),
+            (sys, ("last_value", "last_traceback", "last_exc")),
         ):
+            attrs = getattr(owner, "__dict__", {})
+            self.values.extend(attrs[n] for n in names if n in attrs)
+        self.skip = {
+            id(ns),
+            id(hidden),
+            id(shell),
+            id(hook),
+            id(shell.history_manager),
+            id(ns.get("In")),
+            *roots,
+        }
+
+
+def _freeable(obj: Any) -> bool:
+    """Whether ``obj`` is something a cell's end frees when only the history holds it: a raw
+    array tidyjax does not record, or a Tensor outside every scope, neither kept nor a
+    Variable. (The cell's own Tensors are decided with the cell's scope.)"""
+    if type(obj) is ArrayImpl:
+        return _registry.lookup(obj) is None and not obj.is_deleted()
+    if isinstance(obj, Tensor):
+        rec = obj._rec
+        return (
+            rec is not None
+            and rec is not _registry.UNTRACKED
+            and rec.dead is None
+            and rec.scope is None
+            and getattr(obj, "_var", None) is None
+            and not getattr(obj, "_kept", False)
+        )
+    return False
+
+
+class _Decision:
+    """What only IPython's history holds, and the graph below the history that showed it."""
+
+    def __init__(
+        self,
+        shell: Any,
+        created: dict[int, Tensor],
+        results: Iterable[Any],
+        inert: dict[Any, int],
+    ) -> None:
+        """``created``: the cell's own Tensors (held only by this dict), by id. ``inert``:
+        ``Out`` entries (key -> id of the value) known to hold nothing to free and nothing held
+        elsewhere, which are not walked again; updated here."""
+        gc.collect(1)  # young unreachable cycles would count as holders
+        history = _History(shell, results)
+        self.shell = shell
+        self.roots = history.roots
+        self.nodes: dict[int, Any] = {}
+        self.expanded: set[int] = set()
+        out = shell.user_ns.get("Out")
+        out = out if isinstance(out, dict) else {}
+        frozen = {id(v) for n, v in out.items() if inert.get(n) == id(v)}
+        inner = self._walk(history, history.skip | _module_dicts(), created, frozen)
+        held = self._held_outside(inner, created)
+        self.free = {
+            key
+            for key, obj in self.nodes.items()
+            if key not in held and (key in created or _freeable(obj))
+        }
+        inert.clear()
+        inert.update(
+            (n, id(v))
+            for n, v in out.items()
+            if id(v) in frozen or self._inert(id(v), held, created)
+        )
+
+    def _inert(self, key: int, held: set[int], created: dict[int, Tensor]) -> bool:
+        """Whether the node ``key`` and all below it were walked, are held by the history alone
+        and hold nothing to free: nothing there can change but through the history itself."""
+        nodes, expanded = self.nodes, self.expanded
+        seen: set[int] = set()
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if k not in nodes:
+                continue  # not walkable: holds nothing
+            obj = nodes[k]
+            if k in held or k not in expanded or k in created or _freeable(obj):
+                return False
+            stack.extend(id(r) for r in _referents(obj))
+        return True
+
+    def _walk(
+        self, history: _History, skip: set[int], created: dict[int, Tensor], frozen: set[int]
+    ) -> dict[int, int]:
+        """Fill ``self.nodes`` with what the history reaches; return, per node, how many
+        references to it the history and the expanded nodes hold.
+
+        A node is expanded (its referents walked) once every reference to it is counted. One
+        that something else also holds is held, and so is all it reaches, so its insides need
+        no walk: a large structure that a user name and ``Out`` both show costs one step.
+        """
+        nodes = self.nodes
+        inner: dict[int, int] = {}
+        dirty: set[int] = set()  # nodes counted again since they were last looked at
+
+        def count(obj: Any, new: bool = True) -> None:
+            key = id(obj)
+            if key not in nodes:
+                if not new or key in skip or len(nodes) >= _MAX_NODES or not _walkable(obj):
+                    return
+                nodes[key] = obj
+            inner[key] = inner.get(key, 0) + 1
+            dirty.add(key)
+
+        _count_history(history, count)
+        expanded = self.expanded
+        dirty -= frozen  # counted, never walked: nothing below them to free
+        while dirty:
+            ready = self._all_counted(dirty - expanded, inner, created)
+            dirty.clear()
+            for key in ready:
+                expanded.add(key)
+                _expand(nodes[key], count)
+            dirty -= frozen
+        return inner
+
+    def _all_counted(
+        self, keys: set[int], inner: dict[int, int], created: dict[int, Tensor]
+    ) -> list[int]:
+        """The nodes among ``keys`` whose every reference is counted in ``inner``."""
+        nodes = self.nodes
+        probe: list[Any] = []  # one reference (this name): calibrates our own references
+        nodes[id(probe)] = probe
+        ours = -1
+        ready = []
+        for key in [id(probe), *keys]:
+            obj = nodes[key]
+            n = sys.getrefcount(obj)
+            if ours < 0:
+                ours = n - 1
+            elif n - ours - (key in created) == inner[key]:
+                ready.append(key)
+        del nodes[id(probe)]
+        return ready
+
+    def _held_outside(self, inner: dict[int, int], created: dict[int, Tensor]) -> set[int]:
+        """Ids of the nodes that something outside the walked graph refers to, and of all the
+        nodes those reach: the references counted fall short of the reference count."""
+        nodes = self.nodes
+        probe: list[Any] = []  # one known reference (this name): calibrates our own references
+        nodes[id(probe)] = probe
+        surplus: dict[int, int] = {}
+        for key in list(nodes):
+            obj = nodes[key]
+            surplus[key] = sys.getrefcount(obj) - inner.get(key, 0) - (key in created)
+        del obj
+        ours = surplus.pop(id(probe)) - 1
+        del nodes[id(probe)]
+        held = {key for key, n in surplus.items() if n != ours}  # fewer refs: play safe too
+        stack = [nodes[k] for k in held]
+        while stack:
+            for ref in _referents(stack.pop()):
+                key = id(ref)
+                if key in nodes and key not in held:
+                    held.add(key)
+                    stack.append(ref)
+        return held
+
+    def drop_history_of(self, freed: set[int]) -> None:
+        """Replace every history entry that reaches a deleted array (``Out[n]``, ``_``,
+        ``_N``, a result) by a placeholder, so that showing it again never touches the array."""
+        if not freed:
+            return
+        memo: dict[int, bool] = {}
+        placeholders: dict[int, _FreedOutput] = {}
+
+        def stale(value: Any) -> bool:
+            key = id(value)
+            if key not in memo:
+                memo[key] = self._reaches(value, freed)
+                if memo[key]:
+                    placeholders[key] = _FreedOutput(value)
+            return memo[key]
+
+        shell = self.shell
+        ns, hidden = shell.user_ns, shell.user_ns_hidden
+        out = ns.get("Out")
+        if isinstance(out, dict):
+            for n, value in list(out.items()):
+                if stale(value):
+                    out[n] = placeholders[id(value)]
+        for space in (ns, hidden):
+            for name, value in list(space.items()):
+                if _HISTORY.match(name) and name not in _BOOKS and stale(value):
+                    space[name] = placeholders[id(value)]
+        hook = shell.displayhook
+        for name in ("_", "__", "___"):
+            value = hook.__dict__.get(name)
+            if value is not None and stale(value):
+                setattr(hook, name, placeholders[id(value)])
+        for root in self.roots:
+            value = getattr(root, "result", None)
+            if value is not None and stale(value):
+                root.result = placeholders[id(value)]
+
+    def _reaches(self, value: Any, freed: set[int]) -> bool:
+        """Whether ``value`` reaches a freed array through the walked graph."""
+        seen: set[int] = set()
+        stack = [value]
+        while stack:
+            obj = stack.pop()
+            key = id(obj)
+            if key in freed:
+                return True
+            if key in seen or key not in self.expanded:
+                continue  # what was never walked holds nothing freed
+            seen.add(key)
+            stack.extend(_referents(obj))
+        return False
+
+
+def _count_history(history: _History, count: Any) -> None:
+    """Count each reference the history holds (in a function of its own: no name of ours
+    still refers to one afterwards)."""
+    for root in history.roots:
+        for ref in _referents(root):
+            count(ref)
+    for value in history.values:
+        count(value)
+    history.values.clear()  # our own references
+
+
+def _expand(obj: Any, count: Any) -> None:
+    """Count each reference ``obj`` holds. A traceback's frame links to its caller, up the
+    running stack: that link is counted when the caller is in the graph, never followed."""
+    frame = type(obj) is types.FrameType
+    for ref in _referents(obj):
+        count(ref, new=not (frame and type(ref) is types.FrameType))
+
+
+class _FreedOutput:
+    """What stays in ``Out[n]`` and ``_`` in place of an output whose arrays tidyjax deleted."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, value: Any) -> None:
+        self.what = describe(value) if isinstance(value, jax.Array) else type(value).__name__
+
+    def __repr__(self) -> str:
+        return f"<{self.what}: jax arrays deleted by tidyjax, held only by the output history>"
+
+
+# -- deleting raw arrays ----------------------------------------------------------------------
+
+
+def _live_arrays() -> list[Any]:
+    return [
+        a
+        for platform in {d.platform for d in jax.local_devices()}
+        for a in jax.live_arrays(platform)
+        if not a.is_deleted()
+    ]
+
+
+def _delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
+    """Delete the arrays whose buffers no other array in use shares; return their ids and bytes.
+
+    Another array object over the same buffer (a transfer to where it already is, a shard view,
+    a tracked Tensor's array) would lose its data too, so those are left alone, as are arrays
+    whose computation failed. A view that no Python object refers to (JAX's own, such as the
+    one showing an array makes, held by the array it views) does not count.
+    """
+    doomed = {id(a) for a in arrays}
+    ready = []
+    for arr in arrays:
+        try:
+            arr.block_until_ready()
+        except Exception:  # a failed computation: nothing of ours to free
             continue
-        if isinstance(ref, dict):  # a namespace, an object's __dict__, a user dict
-            for key, value in ref.items():
-                if id(value) in wanted and not (isinstance(key, str) and _HISTORY.match(key)):
-                    held.add(id(value))
-        elif isinstance(ref, (list, tuple, set, frozenset)):
-            held.update(id(v) for v in ref if id(v) in wanted)
-        elif isinstance(ref, types.CellType):
-            with contextlib.suppress(ValueError):  # an empty cell
-                if id(ref.cell_contents) in wanted:
-                    held.add(id(ref.cell_contents))
-        else:  # an object referring to a candidate some other way: keep what it holds
-            held.update(id(t) for t in candidates if _refers(ref, t))
-    return held
+        ready.append(arr)
+    sharers: dict[Any, list[Any]] = {}
+    for other in _live_arrays():
+        if id(other) not in doomed:
+            for address in _registry.same_buffer_key(other) or ():
+                sharers.setdefault(address, []).append(other)
+    other = None  # no reference of ours outside the lists `_in_use` is told about
+    keys = {id(a): _registry.same_buffer_key(a) for a in ready}
+    shared = {k: [o for p in key or () for o in sharers.get(p, ())] for k, key in keys.items()}
+    views = {id(o): o for found in shared.values() for o in found}
+    used = _in_use(views, mine=[sharers, *sharers.values(), shared, *shared.values()])
+    del sharers, views
+    deleted: set[int] = set()
+    nbytes = 0
+    for arr in ready:
+        if keys[id(arr)] is None or any(used[id(v)] for v in shared[id(arr)]):
+            continue
+        nbytes += local_nbytes(arr)
+        arr.delete()
+        deleted.add(id(arr))
+    return deleted, nbytes
 
 
-def _refers(obj: Any, t: Tensor) -> bool:
-    return any(r is t for r in gc.get_referents(obj))
+def _in_use(views: dict[int, Any], mine: list[Any]) -> dict[int, bool]:
+    """For each view (by id): whether tidyjax records it or a Python object refers to it."""
+    if not views:
+        return {}
+    skip = {id(views), *(id(m) for m in mine)}
+    used = {k: _registry.lookup(v) is not None for k, v in views.items()}
+    for ref in gc.get_referrers(*views.values()):
+        if id(ref) not in skip:
+            for r in gc.get_referents(ref):
+                if id(r) in used:
+                    used[id(r)] = True
+    return used
+
+
+# -- a cell ------------------------------------------------------------------------------------
 
 
 class _CellScope:
-    """A scope around one cell, closed by deciding what the cell's user still holds."""
+    """A scope around one cell; closed by freeing what only IPython's history holds."""
 
-    def __init__(self, shell: Any, name: str | None) -> None:
+    def __init__(self, shell: Any, name: str | None, inert: dict[Any, int]) -> None:
         self.shell = shell
+        self.inert = inert  # see _Decision
         self.scope = Scope(name or "cell")
         self.scope._open()
+        self.old_freed = 0  # buffers of earlier Tensors freed at the end (the scope counts its own)
+        self.old_bytes_freed = 0
+        self.arrays_freed = 0
+        self.array_bytes_freed = 0
 
-    def close(self) -> Scope:
+    def close(self, results: Iterable[Any] = ()) -> Scope:
+        """Free what only the history holds (the cell's Tensors, raw arrays, earlier Tensors);
+        close the scope. ``results``: the cells' ExecutionResults, which are history too."""
         scope = self.scope
-        candidates = _created_in(scope)
-        held = _held_elsewhere(candidates, self.shell, ignore=[])
-        scope.keep(*[c for c in candidates if id(c) in held])
-        del candidates
-        scope._close(None)
+        # The cell's Tensors are held only by ``created`` while the decision counts references.
+        created: dict[int, Tensor] = {id(t): t for t in _created_in(scope)}
+        decision = _Decision(self.shell, created, results, self.inert)
+        free = decision.free
+        scope.keep(*[t for k, t in created.items() if k not in free])
+        nodes = decision.nodes
+        old = [nodes[k] for k in free if k not in created and isinstance(nodes[k], Tensor)]
+        arrays = [nodes[k] for k in free if type(nodes[k]) is ArrayImpl]
+        del created
+        try:
+            scope._close(None)
+        finally:
+            for t in old:  # disposing the last holder of a buffer frees it
+                rec = t._rec
+                if rec is not None and rec.dead is None:
+                    size = rec.size()
+                    t.dispose()
+                    if rec.dead is not None:
+                        self.old_freed += 1
+                        self.old_bytes_freed += size
+            deleted, nbytes = _delete_unshared(arrays)
+            self.arrays_freed, self.array_bytes_freed = len(deleted), nbytes
+            decision.drop_history_of(deleted)
         return scope
+
+    def summary(self) -> str:
+        scope = self.scope
+        freed = scope.num_freed + self.old_freed
+        nbytes = scope.bytes_freed + self.old_bytes_freed
+        parts = []
+        if freed or scope.num_handed_out or not self.arrays_freed:
+            parts.append(
+                f"freed {_count(freed, 'buffer')} ({_fmt_bytes(nbytes)}); "
+                f"kept {scope.num_handed_out}"
+            )
+        if self.arrays_freed:
+            parts.append(
+                f"freed {_count(self.arrays_freed, 'jax array')} "
+                f"({_fmt_bytes(self.array_bytes_freed)})"
+            )
+        return "tidy: " + "; ".join(parts)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _created_in(scope: Scope) -> list[Tensor]:
@@ -96,76 +501,109 @@ def _created_in(scope: Scope) -> list[Tensor]:
     return [t for _, ts in holders(recs) for t in ts]
 
 
-def _summary(scope: Scope) -> str:
-    return (
-        f"tidy: freed {scope.num_freed} buffer{'' if scope.num_freed == 1 else 's'} "
-        f"({_fmt_bytes(scope.bytes_freed)}); "
-        f"kept {scope.num_handed_out}"
-    )
-
-
-class _Auto:
-    """``%tidyjax auto on``: a scope around every cell, and freeing of rebound old values."""
+class _Hooks:
+    """The cell hooks of ``%tidyjax auto on`` and ``%tidyjax timeline on``, registered while
+    either is on: a timeline section around each cell, and auto mode's cell scope inside it (so
+    the timeline sees the scope open, and the frees at its end)."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        self.cell: _CellScope | None = None
-        self.before: dict[str, Any] = {}
+        self.auto = False
+        self.cell: _CellScope | None = None  # auto mode's scope around the running cell
+        self.timeline: Any = None  # the Timeline recording while on
+        self.last: Any = None  # the Timeline recorded last (the open one while on)
+        self.section: Any = None  # the running cell's section of it, entered
+        self.registered = False
+        self.inert: dict[Any, int] = {}  # Out entries not to walk again (see _Decision)
+        self.depth = 0  # cells running: a %%tidy cell runs its body as a cell inside its own
+        # IPython counts a numbered cell before its pre_run_cell hook (9.8 and later) or after
+        # it: learnt from each numbered cell, to name the next one as its prompt does.
+        self.counted_first = _counts_first(shell)
+        self.count_at_pre = 0
 
     def pre_run_cell(self, info: Any = None) -> None:
-        ns = self.shell.user_ns
-        # Remember the values that hold Tensors, to free the old ones a cell rebinds.
-        self.before = {
-            name: value
-            for name, value in ns.items()
-            if not _HISTORY.match(name) and not name.startswith("_") and tensors_in_safe(value)
-        }
-        self.cell = _CellScope(self.shell, "cell")
+        self.depth += 1
+        if self.depth > 1:
+            return
+        count = self.count_at_pre = self.shell.execution_count
+        if self.timeline is not None:
+            numbered = info is None or getattr(info, "store_history", True)
+            n = count - 1 if numbered and self.counted_first else count
+            self.section = self.timeline.section(f"In[{n}]")
+            self.section.__enter__()
+        if self.auto:
+            self.cell = _CellScope(self.shell, "cell", self.inert)
 
     def post_run_cell(self, result: Any = None) -> None:
-        cell, self.cell = self.cell, None
-        if cell is not None:
-            try:
-                cell.close()
-            except Exception:  # the cell left a scope open: free in order, never crash IPython
-                _close_all(cell.scope)
-        ns = self.shell.user_ns
-        # Old values: no longer bound to their name, nor to any other current user name.
-        bound = {id(v) for name, v in ns.items() if not _HISTORY.match(name)}
-        old = [
-            v
-            for name, v in self.before.items()
-            if ns.get(name, _MISSING) is not v and id(v) not in bound
-        ]
-        self.before = {}
-        candidates = [t for t in tensors_in_safe(old) if not t.is_disposed]
-        if not candidates:
+        if self.depth == 0:  # an empty cell, or the one that turned a hook on
             return
-        held = _held_elsewhere(candidates, self.shell, ignore=[old, *old])
-        for t in candidates:
-            if id(t) not in held and not _held_by_live_values(t, ns):
-                t.dispose()
+        self.depth -= 1
+        if self.depth:
+            return
+        info = getattr(result, "info", None)
+        if getattr(info, "store_history", False) and result.execution_count is not None:
+            self.counted_first = self.count_at_pre == result.execution_count + 1
+        cell, self.cell = self.cell, None
+        try:
+            if cell is not None:
+                _close_cell(cell, [result] if result is not None else [])
+        finally:
+            self._end_section()
+
+    def _end_section(self) -> None:
+        section, self.section = self.section, None
+        if section is not None:
+            section.__exit__(None, None, None)
+
+    def set_auto(self, on: bool) -> None:
+        if not on:
+            cell, self.cell = self.cell, None  # the scope of the cell running this magic
+            if cell is not None:
+                _close_cell(cell, [])
+        self.auto = on
+        self._register()
+
+    def set_timeline(self, on: bool) -> None:
+        if on and self.timeline is None:
+            from ._timeline import timeline
+
+            self.timeline = self.last = timeline()
+            self.counted_first = _counts_first(self.shell)
+        elif not on and self.timeline is not None:
+            self._end_section()  # the section of the cell running this magic
+            self.timeline = None
+        self._register()
+
+    def _register(self) -> None:
+        events = self.shell.events
+        wanted = self.auto or self.timeline is not None
+        if wanted and not self.registered:
+            events.register("pre_run_cell", self.pre_run_cell)
+            events.register("post_run_cell", self.post_run_cell)
+        elif not wanted and self.registered:
+            events.unregister("pre_run_cell", self.pre_run_cell)
+            events.unregister("post_run_cell", self.post_run_cell)
+            self.depth = 0  # the running cell's post_run_cell will not come
+        self.registered = wanted
 
 
-_MISSING = object()
+def _counts_first(shell: Any) -> bool:
+    """Whether IPython counts a numbered cell before running it (9.8 and later): seen from the
+    cell running now, else from IPython's version."""
+    running = getattr(shell.displayhook, "exec_result", None)
+    number = getattr(running, "execution_count", None)
+    if getattr(getattr(running, "info", None), "store_history", False) and number is not None:
+        return bool(shell.execution_count == number + 1)
+    import IPython
+
+    return tuple(IPython.version_info[:2]) >= (9, 8)
 
 
-def tensors_in_safe(value: Any) -> list[Tensor]:
-    """The Tensors in a user value, or none if it is not a walkable pytree."""
-    if isinstance(value, (types.ModuleType, type, types.FunctionType)):
-        return []
+def _close_cell(cell: _CellScope, results: list[Any]) -> None:
     try:
-        return tensors_in(value)
-    except Exception:
-        return []
-
-
-def _held_by_live_values(t: Tensor, ns: dict[str, Any]) -> bool:
-    """Whether ``t`` is inside a value a current user name binds."""
-    for name, value in ns.items():
-        if not _HISTORY.match(name) and any(x is t for x in tensors_in_safe(value)):
-            return True
-    return False
+        cell.close(results)
+    except Exception:  # the cell left a scope open: free in order, never crash IPython
+        _close_all(cell.scope)
 
 
 def _close_all(scope: Scope) -> None:
@@ -177,6 +615,9 @@ def _close_all(scope: Scope) -> None:
             return
 
 
+# -- the magics --------------------------------------------------------------------------------
+
+
 def _make_magics(shell: Any) -> Any:
     from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
@@ -184,11 +625,12 @@ def _make_magics(shell: Any) -> Any:
     class TidyjaxMagics(Magics):
         def __init__(self, shell: Any) -> None:
             super().__init__(shell)
-            self.auto: _Auto | None = None
+            self.hooks = _Hooks(shell)
 
         @cell_magic
         def tidy(self, line: str, cell: str) -> None:
-            """%%tidy [name] [-q]: run the cell in a scope; keep what the cell's names hold."""
+            """%%tidy [name] [-q]: run the cell in a scope; at its end, free every Tensor and
+            jax array that only IPython's history holds."""
             args = line.split()
             quiet = "-q" in args
             names = [a for a in args if a != "-q"]
@@ -196,14 +638,15 @@ def _make_magics(shell: Any) -> Any:
                 from IPython.core.error import UsageError
 
                 raise UsageError(f"usage: %%tidy [name] [-q]; got {line!r}")
-            scoped = _CellScope(self.shell, names[0] if names else None)
+            scoped = _CellScope(self.shell, names[0] if names else None, self.hooks.inert)
+            result = None
             try:
                 assert self.shell is not None  # set when the extension loads
                 result = self.shell.run_cell(cell, store_history=False)
             finally:
-                scope = scoped.close()
+                scoped.close([result] if result is not None else [])
             if not quiet:
-                print(_summary(scope))
+                print(scoped.summary())
             error = result.error_before_exec or result.error_in_exec
             if error is not None:  # fail this cell too, so "run all" stops here
                 from IPython.core.error import UsageError
@@ -212,32 +655,47 @@ def _make_magics(shell: Any) -> Any:
 
         @line_magic
         def tidyjax(self, line: str) -> Any:
-            """%tidyjax auto on|off | memory | live"""
+            """%tidyjax auto on|off | memory | live | timeline [on|off|show]"""
             args = line.split()
             if args == ["memory"]:
                 return memory()
             if args == ["live"]:
                 return snapshot()
             if len(args) == 2 and args[0] == "auto" and args[1] in ("on", "off"):
-                self.set_auto(args[1] == "on")
+                self.hooks.set_auto(args[1] == "on")
                 print(f"tidyjax auto mode {args[1]}")
+                return None
+            if args in (
+                ["timeline"],
+                ["timeline", "on"],
+                ["timeline", "off"],
+                ["timeline", "show"],
+            ):
+                self.timeline(args[1] if len(args) == 2 else "show")
                 return None
             from IPython.core.error import UsageError
 
-            raise UsageError("usage: %tidyjax auto on|off | %tidyjax memory | %tidyjax live")
+            raise UsageError(
+                "usage: %tidyjax auto on|off | %tidyjax memory | %tidyjax live | "
+                "%tidyjax timeline [on|off|show]"
+            )
 
-        def set_auto(self, on: bool) -> None:
-            assert self.shell is not None  # set when the extension loads
-            events = self.shell.events
-            if on and self.auto is None:
-                self.auto = _Auto(self.shell)
-                events.register("pre_run_cell", self.auto.pre_run_cell)
-                events.register("post_run_cell", self.auto.post_run_cell)
-            elif not on and self.auto is not None:
-                events.unregister("pre_run_cell", self.auto.pre_run_cell)
-                events.unregister("post_run_cell", self.auto.post_run_cell)
-                self.auto.post_run_cell()  # close the scope of the cell running this magic
-                self.auto = None
+        def timeline(self, what: str) -> None:
+            hooks = self.hooks
+            if what == "on":
+                hooks.set_timeline(True)
+                print("tidyjax timeline on: recording each cell until %tidyjax timeline off")
+            elif what == "off":
+                hooks.set_timeline(False)
+                print("tidyjax timeline off; %tidyjax timeline shows it")
+            elif hooks.last is None:
+                from IPython.core.error import UsageError
+
+                raise UsageError("no timeline yet: run %tidyjax timeline on, then some cells")
+            else:
+                from IPython.display import display
+
+                display(hooks.last)
 
     return TidyjaxMagics(shell)
 
@@ -255,7 +713,8 @@ def load_ipython_extension(ip: Any) -> None:
 
 
 def unload_ipython_extension(ip: Any) -> None:
-    """Turn auto mode off (``%unload_ext tidyjax``)."""
+    """Turn auto mode and the timeline off (``%unload_ext tidyjax``)."""
     magics = _loaded.pop(id(ip), None)
     if magics is not None:
-        magics.set_auto(False)
+        magics.hooks.set_auto(False)
+        magics.hooks.set_timeline(False)
