@@ -57,9 +57,7 @@ class Variable(Tensor, metaclass=_VariableType):
 
     __slots__ = ()
 
-    def __new__(
-        cls, value: Any, *, trainable: bool = True, name: str | None = None
-    ) -> Variable:
+    def __new__(cls, value: Any, *, trainable: bool = True, name: str | None = None) -> Variable:
         if name is not None and not isinstance(name, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")
         arr = _value_of(value, "Variable()")
