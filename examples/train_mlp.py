@@ -59,13 +59,14 @@ def train(steps: int = 200, log_every: int = 10, lr: float = 0.03, verbose: bool
         return apply_updates(params, updates), opt_state, loss
 
     log = []
+    untracked = tj.memory().untracked_arrays  # raw arrays others in this process hold
     for i in range(1, steps + 1):
         new_params, new_state, loss = step(params, opt_state)
         tj.dispose((params, opt_state))  # the previous step's values are no longer needed
         params, opt_state = new_params, new_state
         if i % log_every == 0:
             m = tj.memory()
-            assert not m.unreliable, m.reasons  # every array of the loop is a tidyjax Tensor
+            assert m.untracked_arrays == untracked, m.reasons  # the loop's arrays are Tensors
             log.append((i, loss.item(), m.num_tensors, m.num_bytes))
             if verbose:
                 print(f"step {i:4d}  loss {loss.item():.4f}  tensors {m.num_tensors}  "

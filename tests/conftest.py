@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import shutil
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -38,3 +40,28 @@ def counts() -> tuple[int, int, int]:
     gc.collect()
     m = tj.memory(scan_untracked=False)
     return m.num_tensors, m.num_data_buffers, m.num_bytes
+
+
+def chromium() -> str:
+    """Debian's chromium (or chromium-browser); skips where absent, fails in CI (.ci/run installs
+    it)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium for this test (see .ci/run).")
+        pytest.skip("no chromium here: apt-get install chromium")
+    return found
+
+
+def tensors_at_sites(n: int, filename: str) -> list[tj.Tensor]:
+    """n Tensors created on n different lines (creation sites) of ``filename``; the i-th holds
+    (i + 1) KiB."""
+    import numpy as np
+
+    out = []
+    for i in range(n):
+        code = "\n" * i + f"t = tj.tensor(np.ones({256 * (i + 1)}, np.float32))"
+        ns = {"tj": tj, "np": np}
+        exec(compile(code, filename, "exec"), ns)
+        out.append(ns["t"])
+    return out

@@ -22,7 +22,6 @@ import os
 import pathlib
 import re
 import select
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import pytest
 import tidyjax as tj
 import tidyjax.random as tjr
 from tidyjax._inspect import Site, SiteDiffList, TensorRecordList
+
+from .conftest import chromium
 
 # -- the states ----------------------------------------------------------------------------------
 
@@ -362,15 +363,6 @@ def test_scope_and_diff_list_have_rich_displays(displays):
 # -- in a real browser ---------------------------------------------------------------------------
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium for this test (see .ci/run).")
-        pytest.skip("no chromium here: apt-get install chromium")
-    return found
-
-
 def _above(fd: int, lowest: int) -> int:
     """A copy of ``fd`` numbered ``lowest`` or more; ``fd`` is closed."""
     import fcntl
@@ -482,13 +474,13 @@ class _Chromium:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[_Chromium]:
-    exe = _chromium()
+    exe = chromium()
     with tempfile.TemporaryDirectory() as profile:
-        chromium = _Chromium(exe, profile)
+        page = _Chromium(exe, profile)
         try:
-            yield chromium
+            yield page
         finally:
-            chromium.close()
+            page.close()
 
 
 # JupyterLab's own values (packages/theme-*-extension/style/variables.css) of the variables

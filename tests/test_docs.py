@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -12,16 +11,9 @@ import pytest
 
 import tidyjax
 
+from .conftest import chromium
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _browser() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium for this test (see .ci/run).")
-        pytest.skip("no chromium here: apt-get install chromium")
-    return found
 
 
 def _dom(browser: str, page: pathlib.Path) -> str:
@@ -47,7 +39,7 @@ def test_docs_build_strictly_and_the_api_page_shows_tidy(tmp_path):
         env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    browser = _browser()
+    browser = chromium()
     api = _dom(browser, site / "api" / "index.html")
     assert 'id="tidyjax.tidy"' in api  # the entry, generated from the docstrings
     assert "Run code in a scope that frees every buffer it created" in api

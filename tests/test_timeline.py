@@ -22,6 +22,8 @@ from tidyjax import _registry, tidy
 from tidyjax import _timeline as tlm
 from tidyjax.__main__ import main as cli
 
+from .conftest import tensors_at_sites
+
 
 @pytest.fixture(autouse=True)
 def _no_timeline_left_open():
@@ -431,20 +433,9 @@ def test_from_snapshot_draws_one_moment():
 # -- the page, without a browser (tests/test_timeline_browser.py opens it in one) ---------------
 
 
-def _many_sites(n: int) -> list[tj.Tensor]:
-    """n Tensors from n different lines (sites), the i-th of (i + 1) KiB."""
-    out = []
-    for i in range(n):
-        code = "\n" * i + f"t = tj.tensor(np.ones({256 * (i + 1)}, np.float32))"
-        ns = {"tj": tj, "np": np}
-        exec(compile(code, "gen_sites.py", "exec"), ns)
-        out.append(ns["t"])
-    return out
-
-
 def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
     with tj.timeline() as tl:
-        ts = tidy.run("load", _many_sites, 12)
+        ts = tidy.run("load", tensors_at_sites, 12, "gen_sites.py")
         with tidy("release"):
             tj.dispose(ts[:6])
     page = tl.to_html(top=4)

@@ -13,12 +13,13 @@ import random
 import re
 import shutil
 
-import numpy as np
 import pytest
 
 import tidyjax as tj
 from tidyjax import _timeline as tlm
 from tidyjax import tidy
+
+from .conftest import tensors_at_sites
 
 selenium = pytest.importorskip("selenium", reason="pip install selenium (the test extra)")
 from selenium import webdriver  # noqa: E402
@@ -42,6 +43,8 @@ def _chromium() -> str | None:
 def driver():
     browser, chromedriver = _chromium(), shutil.which("chromedriver")
     if browser is None or chromedriver is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install chromium and chromium-driver (see .ci/run).")
         pytest.skip(
             "needs headless Chromium and its driver: apt-get install -y chromium chromium-driver"
         )
@@ -55,22 +58,11 @@ def driver():
     d.quit()
 
 
-def _sites(n: int) -> list[tj.Tensor]:
-    """n Tensors from n different lines of "model.py", the i-th of (i + 1) KiB."""
-    out = []
-    for i in range(n):
-        code = "\n" * i + f"t = tj.tensor(np.ones({256 * (i + 1)}, np.float32))"
-        ns = {"tj": tj, "np": np}
-        exec(compile(code, "model.py", "exec"), ns)
-        out.append(ns["t"])
-    return out
-
-
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     """A real recording: 9 sites (the largest "model.py:9"), two scope bands, one peak."""
     with tj.timeline() as tl:
-        params = tidy.run("load_params", _sites, 9)
+        params = tidy.run("load_params", tensors_at_sites, 9, "model.py")
         with tidy("release"):
             tj.dispose(params[:5])
     tj.dispose(params)

@@ -1,9 +1,12 @@
 """JAX interop on top of ``lift``: pytree registration, lifted namespaces, transformations.
 
-* ``Tensor`` and ``Variable`` are pytree nodes with one child, their array. JAX flattens them to
-  arrays (so ``jax.jit``, ``grad``, ``vmap``, ``tree_map``, optax accept them) and rebuilds them
-  through ``wrap``: a concrete array becomes a Tensor tracked by the current scope (a buffer that a
-  live Tensor already holds is shared, ref-counted); a tracer becomes an untracked Tensor.
+* ``Tensor`` is a pytree node with one child, its array (a Variable is a Tensor with a flag:
+  the same node). JAX flattens it to its array, so ``jax.jit``, ``grad``, ``vmap``,
+  ``tree_map`` and optax accept Tensors; ``_unflatten`` decides what a rebuilt node is (a tracked
+  Tensor for a concrete array, JAX's own tracer inside a raw transformation, plain data as
+  itself, a shell keeping the node for anything else).
+* A Tensor given to a JAX function that takes only arrays (``jax.lax.*`` eagerly) raises an
+  error naming the ``tidyjax`` form.
 * ``tidyjax.numpy``/``lax``/``nn``/``random`` are generated from the JAX modules on first use of
   each name: every callable is lifted, every other attribute (dtypes, constants) passes through.
 * ``jit``/``grad``/``value_and_grad``/``vmap`` wrap the JAX transformation so it takes Tensors and
