@@ -101,7 +101,8 @@ def test_lifted_call():
     err = check_oom(info)
     assert "zeros((10000000000000,))" in str(err)
     assert "could not allocate 36.4 TiB" in str(err)
-    assert err.error_code == err.__cause__.error_code  # JAX's status code, kept
+    # JAX's status code, kept (JAX 0.7+; older JAX errors have none)
+    assert getattr(err, "error_code", None) == getattr(err.__cause__, "error_code", None)
     add = tj.lift(jnp.add)
     t = tj.tensor([1.0])
     with pytest.raises(tj.OutOfMemoryError) as info:
@@ -314,6 +315,7 @@ def test_report_fields_match_memory_and_are_frozen():
     kept = next(h for h in report.holders if h.scope == "<kept>")
     assert kept.site.startswith(_site("SITE:kept")) and "kept" in str(kept)
     untracked = [h for h in report.holders if not h.tracked]
+    # once, though JAX 0.6 makes a second array object over the same buffer meanwhile
     assert untracked[0].scope == "<untracked>" and untracked[0].bytes == 256 * 256 * 4
     assert untracked[0].site.startswith(_site("SITE:raw-fields"))
     with pytest.raises(dataclasses.FrozenInstanceError):

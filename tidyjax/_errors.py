@@ -69,8 +69,12 @@ class OutOfMemoryError(TidyjaxError, MemoryError, JaxRuntimeError):
     """
 
     def __init__(self, message: str, report: object = None, code: int | None = None) -> None:
-        JaxRuntimeError.__init__(self, message, code)  # its message, as JAX's __str__ reads it
+        JaxRuntimeError.__init__(self, message, code)  # JAX 0.7+ keeps the code as error_code
+        self.message = message
         self.report = report
+
+    def __str__(self) -> str:  # before JAX 0.7, str() of the error shows its whole args tuple
+        return self.message
 
 
 class Reason(NamedTuple):

@@ -368,4 +368,18 @@ def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None
             if key:
                 owned.add(key)
                 owned.update((p,) for p in key)  # its per-shard views
-    return [arr for arr in candidates if _registry.same_buffer_key(arr) not in owned]
+    # Several objects over one untracked buffer (a shard view JAX made and keeps) count once:
+    # the arrays with the most shards first, so a shard view comes after its whole array.
+    keyed = sorted(
+        ((arr, _registry.same_buffer_key(arr)) for arr in candidates),
+        key=lambda pair: -len(pair[1] or ()),
+    )
+    out, seen = [], set()
+    for arr, key in keyed:
+        if key is not None and (key in owned or key in seen):
+            continue
+        out.append(arr)
+        if key:
+            seen.add(key)
+            seen.update((p,) for p in key)
+    return out
