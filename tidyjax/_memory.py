@@ -354,20 +354,19 @@ def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None
     """
     if watched is None:
         watched = _ids(_watched())
-    candidates = []
+    candidates, held = [], []
     for platform in {d.platform for d in jax.local_devices()}:
         for arr in jax.live_arrays(platform):
-            if _registry.lookup(arr) is None and id(arr) not in watched and not failed(arr):
-                candidates.append(arr)
+            if _registry.lookup(arr) is None and not failed(arr):
+                (held if id(arr) in watched else candidates).append(arr)
     if not candidates:
         return []
-    owned: set[Any] = set()
-    for rec in recs:
-        for a in rec.arrays():
-            key = None if failed(a) else _registry.same_buffer_key(a)
-            if key:
-                owned.add(key)
-                owned.update((p,) for p in key)  # its per-shard views
+    owned: set[Any] = set()  # buffers tidyjax records or a watched object holds
+    for a in [a for rec in recs for a in rec.arrays()] + held:
+        key = None if failed(a) else _registry.same_buffer_key(a)
+        if key:
+            owned.add(key)
+            owned.update((p,) for p in key)  # its per-shard views
     # Several objects over one untracked buffer (a shard view JAX made and keeps) count once:
     # the arrays with the most shards first, so a shard view comes after its whole array.
     keyed = sorted(
