@@ -354,7 +354,8 @@ def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None
     """
     if watched is None:
         watched = _ids(_watched())
-    candidates, held = [], []
+    candidates: list[Any] = []
+    held: list[Any] = []
     for platform in {d.platform for d in jax.local_devices()}:
         for arr in jax.live_arrays(platform):
             if _registry.lookup(arr) is None and not failed(arr):
