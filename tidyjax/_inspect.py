@@ -554,21 +554,6 @@ _LEAK_FIX = (
 )
 
 
-def raise_leaks(
-    leaked: list[TensorRecord],
-    allowance: int,
-    where: str,
-    all_processes: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    checker: check_leaks | None = None,
-) -> None:
-    """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked (on any process)."""
-    __tracebackhide__ = True  # IPython and pytest show the user's frames, not tidyjax's
-    error = leak_error(leaked, allowance, where, all_processes, timeout, checker)
-    if error is not None:
-        raise error
-
-
 def leak_error(
     leaked: list[TensorRecord],
     allowance: int,

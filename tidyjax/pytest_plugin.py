@@ -98,16 +98,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         leaked = [r for r in leaked if r.id not in owned]
     import jax
 
-    from ._errors import LeakError
-    from ._inspect import raise_leaks
+    from ._inspect import leak_error
 
-    try:  # on a multi-process run, a leak on any process fails the test on every process
-        raise_leaks(leaked, allowance, f"test {item.name}", jax.process_count() > 1)
-    except LeakError as err:
-        report = str(err)
-    else:
+    # On a multi-process run, a leak on any process fails the test on every process.
+    error = leak_error(leaked, allowance, f"test {item.name}", jax.process_count() > 1)
+    if error is None:
         return result
-    pytest.fail(report, pytrace=False)  # outside the except: the report is printed once
+    pytest.fail(str(error), pytrace=False)  # the report, printed once
 
 
 @pytest.fixture
