@@ -1,13 +1,20 @@
 """A model-based test: random programs of tidyjax calls against a model of what must be alive.
 
-Rules create tensors, run ops, alias buffers, dispose, keep, open and close (nested, named)
-scopes handing out a random subset, raise inside scopes, create and assign Variables, and drop
-references for the garbage collector. The model follows ownership as the library defines it:
-per buffer (a group), with Tensor objects made in a scope on a buffer owned elsewhere (aliases)
-disposed, object only, at that scope's exit. After every step: each live Tensor reads its expected
-values and its buffer is not deleted, each disposed one raises DisposedError, and memory()
-matches the model's tensors, distinct buffers and bytes. At the end everything is disposed,
-memory() is zero and no tidyjax-owned array is left alive.
+Rules create tensors, run ops, alias buffers (clone, same-dtype astype, ``x[...]``, a raw
+``jax.device_put`` to the same device, by ``adopt`` or through a pytree rebuild or
+``tensors()``), dispose, keep, open and close (nested, named) scopes handing out a random subset,
+raise inside scopes, leave scopes with an inner one still open, create, assign (also with
+``-=``) and dispose Variables, run generators decorated with ``@tidy``, return unregistered
+containers, and drop references for the garbage collector.
+
+The model holds both rules at once. Buffers (groups of Tensors over one buffer): a scope deletes
+every buffer it created (or was handed) that nothing returned, kept or held by a Variable
+reaches at its exit; a buffer a Variable lets go is its creating scope's again. Tensor objects
+(TensorFlow.js): a scope disposes every Tensor object made in it (or handed to it) that is not
+returned or kept, even when its buffer lives on. After every step: each live Tensor reads its
+expected values and its buffer is not deleted, each disposed one raises DisposedError, and
+memory() matches the model's tensors, distinct buffers and bytes. At the end everything is
+disposed, memory() is zero and no tidyjax-owned array is left alive.
 
 Run longer with:  python -m pytest tests/test_model.py --hypothesis-profile=long
 """
@@ -36,10 +43,11 @@ values = st.sampled_from(SHAPES).flatmap(
         max_size=int(np.prod(shape)),
     ).map(lambda xs, shape=shape: np.array(xs, np.float32).reshape(shape))
 )
-TOP = -1  # owner of tensors created outside every scope
+TOP = -1  # owner of buffers (and Tensor objects) outside every scope
 KEPT = "kept"
 VARIABLE = "variable"
-# A dead group's owner is None.
+# A dead group's owner is None. Scopes are numbered (serials), so a scope that exited is never
+# confused with a later one at the same depth.
 
 
 @dataclass
@@ -48,7 +56,7 @@ class Entry:
     expected: np.ndarray
     group: int  # tensors with the same group share one device buffer
     variable: bool = False
-    alias_scope: int | None = None  # the depth that disposes this object (not its buffer)
+    obj_scope: int = TOP  # the scope that disposes this object at its exit (TensorFlow.js)
     kept: bool = False  # tidyjax.keep(t) was called on this object
 
 
@@ -57,32 +65,48 @@ class Model:
     live: dict[int, Entry] = field(default_factory=dict)
     disposed: list[tj.Tensor] = field(default_factory=list)
     groups: itertools.count = field(default_factory=itertools.count)
-    owner: dict[int, object] = field(default_factory=dict)  # group -> depth, TOP, KEPT, VARIABLE
+    owner: dict[int, object] = field(default_factory=dict)  # group -> serial, TOP, KEPT, VARIABLE
+    home: dict[int, object] = field(default_factory=dict)  # group -> its owner before VARIABLE
+    nvars: dict[int, int] = field(default_factory=dict)  # group -> live Variables holding it
+    parent: dict[int, int] = field(default_factory=dict)  # serial -> parent serial or TOP
+    closed: set[int] = field(default_factory=set)
+
+
+class Box:
+    """A container JAX does not know (not a registered pytree)."""
+
+    def __init__(self, items):
+        self.items = items
 
 
 class TidyjaxMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        self.scopes: list[tj.Scope] = []
+        self.scopes: list[tuple[int, tj.Scope]] = []
+        self.serials = itertools.count()
         self.arrays: list = []  # weak references to every array tidyjax made here
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def depth(self) -> int:
-        return len(self.scopes) - 1 if self.scopes else TOP
+    def current(self) -> int:
+        return self.scopes[-1][0] if self.scopes else TOP
 
     def add(self, t: tj.Tensor, expected: np.ndarray, group: int | None = None, variable=False):
-        entry = Entry(t, np.asarray(expected, np.float32), -1, variable)
+        m = self.model
         if group is None:
-            group = next(self.model.groups)
-            self.model.owner[group] = VARIABLE if variable else self.depth()
+            group = next(m.groups)
+            m.owner[group] = VARIABLE if variable else self.current()
+            if variable:
+                m.home[group], m.nvars[group] = TOP, 1
         elif variable:
-            self.model.owner[group] = VARIABLE
-        elif self.depth() != TOP and self.model.owner[group] != self.depth():
-            entry.alias_scope = self.depth()
-        entry.group = group
-        self.model.live[t.id] = entry
+            if m.owner[group] != VARIABLE:
+                m.home[group] = m.owner[group]
+                m.owner[group] = VARIABLE
+            m.nvars[group] = m.nvars.get(group, 0) + 1
+        entry = Entry(t, np.asarray(expected, np.float32), group, variable)
+        entry.obj_scope = TOP if variable else self.current()
+        m.live[t.id] = entry
         self.arrays.append(weakref.ref(t.array))
         return t
 
@@ -95,6 +119,41 @@ class TidyjaxMachine(RuleBasedStateMachine):
     def kill(self, entry: Entry) -> None:
         del self.model.live[entry.tensor.id]
         self.model.disposed.append(entry.tensor)
+
+    def holders(self, group: int) -> list[Entry]:
+        return [e for e in self.model.live.values() if e.group == group]
+
+    def let_go(self, group: int) -> None:
+        """A Variable stopped holding ``group``: its buffer is its home scope's again."""
+        m = self.model
+        m.nvars[group] -= 1
+        if m.nvars[group] == 0 and m.owner[group] == VARIABLE:
+            home = m.home.get(group, TOP)
+            while isinstance(home, int) and home in m.closed:
+                home = m.parent[home]
+            m.owner[group] = home
+
+    def release(self, group: int) -> None:
+        """One holder of ``group`` went; the buffer is deleted with its last holder."""
+        if not self.holders(group):
+            self.model.owner[group] = None
+
+    def exit_model(self, serial: int, handed: set[int]) -> None:
+        """The model's view of scope ``serial`` exiting with the Tensors ``handed`` out."""
+        m = self.model
+        parent = m.parent[serial]
+        escaping = {m.live[i].group for i in handed if i in m.live}
+        for g in [g for g, o in m.owner.items() if o == serial]:
+            m.owner[g] = parent if g in escaping else None
+        for i, e in list(m.live.items()):
+            if m.owner[e.group] is None:  # the buffer was deleted: every Tensor on it is gone
+                self.kill(e)
+            elif e.obj_scope == serial and not e.kept and not e.variable:
+                if i in handed:
+                    e.obj_scope = parent  # the parent's object now
+                else:
+                    self.kill(e)  # TensorFlow.js: not returned, so disposed (object only)
+        m.closed.add(serial)
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -116,16 +175,26 @@ class TidyjaxMachine(RuleBasedStateMachine):
         }[op]()
         self.add(out, want)
 
-    @rule(data=st.data(), kind=st.sampled_from(["clone", "astype", "ellipsis", "device_put"]))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(
+            ["clone", "astype", "ellipsis", "adopt_put", "raw_put", "tree_put", "tensors_put"]
+        ),
+    )
     @precondition(lambda self: self.model.live)
     def alias(self, data, kind):
         e = self.pick(data)
         t = e.tensor
+        dev = jax.devices()[0]
         out = {
             "clone": t.clone,
             "astype": lambda: t.astype(t.dtype),
             "ellipsis": lambda: t[...],
-            "device_put": lambda: tj.adopt(jax.device_put(t.array, jax.devices()[0])),
+            "adopt_put": lambda: tj.adopt(jax.device_put(t.array, dev)),
+            # Raw JAX makes a second array object over the same buffer: tidyjax must see it.
+            "raw_put": lambda: jax.device_put(t, dev),
+            "tree_put": lambda: jax.tree.map(lambda a: jax.device_put(a, dev), [t])[0],
+            "tensors_put": lambda: tj.tensors(jax.device_put(tj.arrays([t]), dev))[0],
         }[kind]()
         self.add(out, e.expected, group=e.group)
 
@@ -135,6 +204,9 @@ class TidyjaxMachine(RuleBasedStateMachine):
         e = self.pick(data)
         e.tensor.dispose()
         self.kill(e)
+        if e.variable:
+            self.let_go(e.group)
+        self.release(e.group)
 
     @rule(data=st.data())
     @precondition(lambda self: self.model.live)
@@ -143,40 +215,47 @@ class TidyjaxMachine(RuleBasedStateMachine):
         if e is not None:
             tj.keep(e.tensor)
             e.kept = True
-            if self.model.owner[e.group] != VARIABLE:
+            if self.model.owner[e.group] == VARIABLE:
+                self.model.home[e.group] = KEPT
+            else:
                 self.model.owner[e.group] = KEPT
 
     @rule(name=st.sampled_from([None, "outer", "step", "inner"]))
     @precondition(lambda self: len(self.scopes) < 4)
     def enter_scope(self, name):
         scope = tj.tidy(name) if name else tj.tidy()
+        serial = next(self.serials)
+        self.model.parent[serial] = self.current()
         scope.__enter__()
-        self.scopes.append(scope)
+        self.scopes.append((serial, scope))
 
-    @rule(data=st.data())
+    @rule(data=st.data(), boxed=st.booleans())
     @precondition(lambda self: self.scopes)
-    def exit_scope(self, data):
+    def exit_scope(self, data, boxed):
         # Draw first: hypothesis may stop an example inside a draw, and the scope must then
         # still be on self.scopes for teardown to exit it.
         candidates = sorted(self.model.live)
         handed = data.draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
-        depth = self.depth()
-        scope = self.scopes.pop()
+        serial, scope = self.scopes.pop()
         if handed:
-            scope.keep(*[self.model.live[i].tensor for i in handed])
+            values = [self.model.live[i].tensor for i in handed]
+            scope.keep(Box(values) if boxed else values)  # an unregistered container too
         scope.__exit__(None, None, None)
-        owner = self.model.owner
-        escaping = {self.model.live[i].group for i in handed}
-        for g in [g for g, o in owner.items() if o == depth]:
-            owner[g] = (depth - 1 if depth > 0 else TOP) if g in escaping else None
-        for i, e in list(self.model.live.items()):
-            if owner[e.group] is None:  # the buffer was deleted: every Tensor on it is disposed
-                self.kill(e)
-            elif e.alias_scope == depth:
-                if i in handed or e.kept:
-                    e.alias_scope = None
-                else:
-                    self.kill(e)
+        self.exit_model(serial, set(handed))
+
+    @rule()
+    @precondition(lambda self: len(self.scopes) >= 2)
+    def exception_leaves_outer_scope_with_inner_open(self):
+        inner_serial, _ = self.scopes.pop()
+        outer_serial, outer = self.scopes.pop()
+        with pytest.raises(KeyError, match="mine"):
+            try:
+                raise KeyError("mine")
+            except KeyError as e:
+                outer.__exit__(KeyError, e, None)  # the user's error must win
+                raise
+        self.exit_model(inner_serial, set())
+        self.exit_model(outer_serial, set())
 
     @rule(x=values)
     def raise_inside_scope(self, x):
@@ -189,30 +268,68 @@ class TidyjaxMachine(RuleBasedStateMachine):
             assert t.is_disposed
             self.model.disposed.append(t)
 
+    @rule(data=st.data(), x=values, decorated=st.booleans())
+    @precondition(lambda self: self.model.live)
+    def generator(self, data, x, decorated):
+        e = self.pick(data)
+
+        def body(t):
+            with tj.tidy("gen"):
+                yield t * 2
+                yield t * 3
+
+        @tj.tidy
+        def decorated_body(t):
+            yield t * 2
+            yield t * 3
+
+        gen = (decorated_body if decorated else body)(e.tensor)
+        first = next(gen)
+        self.add(tj.tensor(x), x)  # made by the caller while the generator is suspended
+        second = next(gen)
+        gen.close()
+        if decorated:  # what it yields is handed to the caller's scope
+            self.add(first, e.expected * 2)
+            self.add(second, e.expected * 3)
+        else:  # its own scope freed what it made, when it was closed
+            assert first.is_disposed and second.is_disposed
+            self.model.disposed += [first, second]
+
     @rule(data=st.data(), x=values, from_tensor=st.booleans())
     def create_variable(self, data, x, from_tensor):
         e = self.pick(data, variables=False) if from_tensor else None
         if e is not None:
-            before = self.model.owner[e.group]
             self.add(tj.Variable(e.tensor), e.expected, group=e.group, variable=True)
-            if isinstance(before, int) and before >= 0 and e.alias_scope is None:
-                e.alias_scope = before  # that scope still disposes the Tensor object
         else:
             self.add(tj.Variable(x), x, variable=True)
 
-    @rule(data=st.data(), through_scope=st.booleans())
+    @rule(data=st.data(), how=st.sampled_from(["value", "through_scope", "in_place"]))
     @precondition(lambda self: any(e.variable for e in self.model.live.values()))
-    def assign_variable(self, data, through_scope):
+    def assign_variable(self, data, how):
         e = self.pick(data, variables=True)
         v = e.tensor
         new = e.expected * 2 + 1
-        if through_scope:
+        old_group = e.group
+        e.group = next(self.model.groups)  # no longer a holder of the old buffer
+        self.model.owner[e.group], self.model.nvars[e.group] = VARIABLE, 1
+        if how == "through_scope":
+            serial = next(self.serials)
+            self.model.parent[serial] = self.current()
             with tj.tidy("assign"):
                 v.assign(v * 2 + 1)  # the value is a scope temporary
+            self.model.home[e.group] = serial
+            self.model.closed.add(serial)
+        elif how == "in_place":
+            v *= 2.0
+            v += 1.0
+            assert v is e.tensor and isinstance(v, tj.Variable)
+            self.model.home[e.group] = self.current()
         else:
             v.assign(new)
-        e.expected, e.group = new, next(self.model.groups)
-        self.model.owner[e.group] = VARIABLE
+            self.model.home[e.group] = TOP
+        self.let_go(old_group)
+        self.release(old_group)
+        e.expected = new
         self.arrays.append(weakref.ref(v.array))
 
     @rule(data=st.data())

@@ -13,6 +13,8 @@ import pytest
 
 import tidyjax as tj
 from tidyjax import DisposedError, ScopeError, Tensor, TidyjaxTypeError, keep, tidy
+from tidyjax._context import CURRENT
+from tidyjax._tensor import scope_path
 
 from .conftest import counts
 
@@ -212,19 +214,19 @@ def test_bad_arguments_raise_type_errors(call, match):
     assert isinstance(err.value, TidyjaxTypeError)
 
 
-def test_generator_functions_are_rejected():
+def test_async_generators_and_run_now_of_a_generator_are_rejected_with_a_safe_fix():
     def gen():
         yield tj.tensor([1.0])
 
     async def agen():
         yield 1
 
-    with pytest.raises(TidyjaxTypeError, match="generator"):
-        tidy(gen)
-    with pytest.raises(TidyjaxTypeError, match="generator"):
+    with pytest.raises(TidyjaxTypeError, match=r"s\.keep"):
         tidy("g")(agen)
-    with pytest.raises(TidyjaxTypeError, match="generator"):
+    with pytest.raises(TidyjaxTypeError, match="Decorate it with @tidy"):
         tidy.run(gen)
+    with pytest.raises(TidyjaxTypeError, match="Decorate the generator function"):
+        tidy.run(lambda: gen())
 
 
 def test_sync_scope_whose_function_returns_an_awaitable_raises():
@@ -255,10 +257,29 @@ def test_exiting_twice_out_of_order_or_reentering_raises_scope_error():
     t = tj.tensor([1.0])
     with pytest.raises(ScopeError, match="reverse order"):
         outer.__exit__(None, None, None)
-    assert not t.is_disposed  # nothing was freed by the refused exit
-    inner.__exit__(None, None, None)
-    outer.__exit__(None, None, None)
-    assert t.is_disposed
+    # Both exited, innermost first, and the stack is consistent again.
+    assert t.is_disposed and "outer/inner" in str(t)
+    assert CURRENT.get() is None
+    inner.__exit__(None, None, None)  # its own exit, late: nothing left to do
+    after = tj.tensor([2.0])
+    assert scope_path(after) is None  # owned by no scope: none was left open
+    after.dispose()
+
+
+def test_an_exception_leaving_a_scope_with_an_inner_one_open_propagates_unchanged():
+    from contextlib import ExitStack
+
+    kept = tj.tensor([1.0])
+    with pytest.raises(KeyError, match="mine"), tidy("outer"):
+        stack = ExitStack()
+        stack.enter_context(tidy("inner"))  # never closed
+        t = tj.tensor([2.0])
+        raise KeyError("mine")
+    assert t.is_disposed and not kept.is_disposed
+    assert CURRENT.get() is None
+    stack.close()  # the inner scope's late exit does nothing
+    assert CURRENT.get() is None
+    kept.dispose()
 
 
 def test_decorating_with_a_used_scope_raises():
@@ -375,7 +396,7 @@ def test_outer_keep_inside_an_inner_scope_hands_the_tensor_to_the_outer_scope():
 
 
 def test_tidy_run_of_a_generator_says_how_to_fix_it():
-    with pytest.raises(TidyjaxTypeError, match=r"generator.*Return a list") as err:
+    with pytest.raises(TidyjaxTypeError, match=r"generator.*or return a list") as err:
         tidy.run(lambda: (x for x in range(3)))
     assert "coroutine" not in str(err.value)
     assert counts() == (0, 0, 0)

@@ -54,7 +54,7 @@ def _read(path: str) -> Timeline:
             return Timeline.from_snapshot(Snapshot.load(path))
         except TidyjaxError:
             raise
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise TidyjaxError(f"{path}: a malformed tidyjax snapshot ({e!r}).") from e
     if kind == "tidyjax.timeline":
         return Timeline.from_json(data, where=path)

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src.array import ArrayImpl
+from jax.errors import JaxRuntimeError
 
 
 def _key_array_class() -> type:
@@ -81,6 +82,7 @@ __all__ = [
     "PRNGKeyArray",
     "Tracer",
     "describe",
+    "failed",
     "is_concrete",
 ]
 
@@ -107,6 +109,28 @@ def describe(arr: Any) -> str:
         return f"{arr.dtype}{list(arr.shape)}".replace(" ", "")
     except Exception:
         return type(arr).__name__
+
+
+def failed(arr: Any, wait: bool = False) -> bool:
+    """Whether ``arr``'s computation failed (out of memory, say): JAX raises such an error only
+    when the array is waited for, and calls the buffer ready meanwhile. Reading its values or
+    its address (``unsafe_buffer_pointer``, ``_arrays``) then aborts the process; its metadata
+    (shape, dtype, sharding, nbytes), ``delete()`` and ``is_deleted()`` are safe.
+
+    Never waits for an array still being computed (it counts as not failed), unless ``wait``:
+    for a caller about to read the values, which waits anyway. Deleted arrays, tracers and
+    other values are not failed.
+    """
+    base = getattr(arr, "_base_array", arr)  # a typed PRNG key's array of words
+    if type(base) not in CONCRETE:
+        return False
+    try:
+        if base.is_deleted() or (not wait and not base.is_ready()):
+            return False
+        base.block_until_ready()
+    except JaxRuntimeError:
+        return True
+    return False
 
 
 def local_nbytes(arr: Any) -> int:

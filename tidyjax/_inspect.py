@@ -13,6 +13,7 @@ import functools
 import gc
 import inspect
 import json
+import operator
 import os
 import sys
 import time
@@ -23,8 +24,8 @@ import jax
 import jaxlib
 
 from . import _html, _registry
-from ._arrays import local_nbytes
-from ._errors import LeakError, TidyjaxTypeError
+from ._arrays import failed, local_nbytes
+from ._errors import LeakError, TidyjaxTypeError, TidyjaxValueError
 from ._html import count as _count
 from ._html import fmt_bytes as _fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
@@ -141,7 +142,7 @@ class TensorRecord:
         id: the Tensor's id.
         shape: its shape.
         dtype: its dtype, as a string.
-        bytes: its buffer's bytes.
+        bytes: its buffer's bytes (0 for one whose allocation failed: it holds nothing).
         devices: the devices holding it, as strings.
         scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
             ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
@@ -194,10 +195,11 @@ class TensorRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TensorRecord:
         s = d.get("site")
+        index = operator.index  # a count given as anything but an int is a malformed file
         return cls(
-            id=d["id"], shape=tuple(d["shape"]), dtype=d["dtype"], bytes=d["bytes"],
-            devices=tuple(d["devices"]), scope=d["scope"], kept=d["kept"],
-            variable=d["variable"], _buffer=d.get("buffer", d["id"]),
+            id=index(d["id"]), shape=tuple(index(n) for n in d["shape"]), dtype=d["dtype"],
+            bytes=index(d["bytes"]), devices=tuple(d["devices"]), scope=d["scope"],
+            kept=d["kept"], variable=d["variable"], _buffer=index(d.get("buffer", d["id"])),
             site=None if s is None else Site(s["file"], s["line"], s["function"]),
             name=d.get("name"),
         )  # fmt: skip
@@ -242,7 +244,7 @@ def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str]) -> TensorRe
         id=t._id,
         shape=tuple(arr.shape),
         dtype=str(arr.dtype),
-        bytes=rec.size(),
+        bytes=0 if failed(arr) else rec.size(),  # a failed allocation holds nothing
         devices=tuple(sorted(str(d) for d in arr.devices())),
         scope=path,
         site=creation_site(arr),
@@ -259,7 +261,7 @@ def _watched_record(arr: Any, name: str) -> TensorRecord:
         id=0,
         shape=tuple(arr.shape),
         dtype=str(arr.dtype),
-        bytes=local_nbytes(getattr(arr, "_base_array", arr)),
+        bytes=0 if failed(arr) else local_nbytes(getattr(arr, "_base_array", arr)),
         devices=tuple(sorted(str(d) for d in arr.devices())),
         scope="<watched>",
         site=creation_site(arr),
@@ -446,12 +448,45 @@ class Snapshot:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Snapshot:
-        """Read a snapshot written by :meth:`dump`."""
+        """Read a snapshot written by :meth:`dump`.
+
+        Raises:
+            TidyjaxValueError: the file is not JSON, not a tidyjax snapshot of format version
+                1, or a malformed one (a field missing or of the wrong type); the message says
+                which.
+        """
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if data.get("format") != "tidyjax.snapshot" or data.get("version") != 1:
-            raise TidyjaxTypeError(f"{path} is not a tidyjax snapshot (format version 1).")
-        return cls((TensorRecord.from_json(d) for d in data["tensors"]), data["taken_at"])
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise TidyjaxValueError(f"{path} is not a JSON file ({e}).") from e
+        if not isinstance(data, dict) or data.get("format") != "tidyjax.snapshot":
+            raise TidyjaxValueError(
+                f'{path} is not a tidyjax snapshot (no "format": "tidyjax.snapshot"); write one '
+                "with tidyjax.snapshot().dump(path)."
+            )
+        if data.get("version") != 1:
+            raise TidyjaxValueError(
+                f"{path} is a tidyjax snapshot of format version {data.get('version')!r}; this "
+                "tidyjax reads version 1. Upgrade tidyjax to read it."
+            )
+        where = "the file"
+        try:
+            taken_at = float(data["taken_at"])
+            records = []
+            for i, d in enumerate(data["tensors"]):
+                where = f"tensors[{i}]"
+                records.append(TensorRecord.from_json(d))
+        except KeyError as e:
+            raise TidyjaxValueError(
+                f"{path} is a malformed tidyjax snapshot: {where} has no {e} field."
+            ) from e
+        except (TypeError, ValueError, AttributeError) as e:
+            raise TidyjaxValueError(
+                f"{path} is a malformed tidyjax snapshot: {where} is not as written by dump() "
+                f"({e})."
+            ) from e
+        return cls(records, taken_at)
 
 
 def snapshot() -> Snapshot:

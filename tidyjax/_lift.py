@@ -35,7 +35,7 @@ from ._context import TRACING
 from ._errors import TidyjaxTypeError, donated
 from ._oom import raise_for
 from ._ops import lift
-from ._tensor import Tensor, refused_by_jax, shell, wrap
+from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
@@ -61,7 +61,9 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
       and maps, merges and zips with the tree it came from.
     """
     child = children[0]
-    if type(child) in CONCRETE or isinstance(child, Tracer):
+    if type(child) in CONCRETE:
+        return wrap_foreign(child)
+    if isinstance(child, Tracer):
         return wrap(child)
     if type(child) in _DATA:
         return child

@@ -9,10 +9,9 @@ from typing import Any
 import jax
 
 from . import _html, _registry
-from ._arrays import local_nbytes
+from ._arrays import failed, local_nbytes
 from ._html import count as _count
 from ._html import fmt_bytes as _fmt_bytes  # the one byte format; other modules import it here
-from ._oom import failed
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._watch import watched as _watched
 
@@ -25,7 +24,9 @@ class MemoryInfo:
     Attributes:
         num_tensors: live Tensor objects, Variables included.
         num_data_buffers: distinct device buffers they hold (aliases share one).
-        num_bytes: logical bytes of those buffers, each buffer counted once.
+        num_bytes: logical bytes of those buffers, each buffer counted once; a buffer whose
+            allocation (computation) failed holds none, once JAX has said so (an array
+            still being computed counts in full: ``memory()`` never waits for one).
         bytes_per_device: bytes on each ``jax.Device``; a replicated buffer counts on every
             device that holds a copy, a sharded one counts each device's shard.
         unreliable: True when the figures above do not describe the process's device memory.
@@ -208,7 +209,10 @@ def memory(
     num_tensors = sum(max(rec.n, 0) for rec in recs + deleted)
     num_bytes = 0
     per_device: dict[Any, int] = {}
+    recs = _registry.distinct(recs)  # records over one buffer count once
     for rec in recs:
+        if failed(rec.array()):  # never allocated (aliases share its state): holds nothing
+            continue
         num_bytes += rec.size()
         for dev, b in _registry.device_bytes(rec).items():
             per_device[dev] = per_device.get(dev, 0) + b
@@ -256,7 +260,7 @@ def memory(
 
 
 def _own_bytes(arr: Any) -> int:
-    return local_nbytes(getattr(arr, "_base_array", arr))
+    return 0 if failed(arr) else local_nbytes(getattr(arr, "_base_array", arr))
 
 
 def _ids(watched: Mapping[str, list[tuple[str, Any]]]) -> set[int]:

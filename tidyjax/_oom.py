@@ -15,20 +15,24 @@ report is built, so the per-op modules can import this one.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime
 import functools
+import gc
 import importlib
 import inspect
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
+import jax
 from jax.errors import JaxRuntimeError
 
 from . import _html
-from ._arrays import CONCRETE, describe
+from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._errors import OutOfMemoryError, TidyjaxTypeError
 
 __all__ = [
@@ -146,8 +150,8 @@ class OOMReport:
     Attributes:
         what: the op or block that ran out (``"add(Tensor float32[4096,1], ...)"``).
         requested: the bytes JAX could not allocate, read from its message (None if it gave none).
-        tracked_bytes: bytes of the buffers tidyjax tracks (as ``memory().num_bytes``, less
-            arrays whose computation failed: those hold nothing).
+        tracked_bytes: bytes of the buffers tidyjax tracks, as ``memory().num_bytes`` counts
+            them (arrays whose computation failed hold nothing).
         untracked_bytes, untracked_arrays: jax arrays alive that tidyjax does not own.
         device: the device with the most memory in use, where ``memory_stats()`` reports one
             (GPU, TPU); None on CPU.
@@ -229,10 +233,18 @@ def requested_bytes(message: str) -> int | None:
     return int(next(g for g in m.groups() if g is not None))
 
 
+#: The error whose report is being built: ``_holders_report`` leaves out what only its failed
+#: call's own frames hold.
+_reporting: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
+    "tidyjax_oom_reporting", default=None
+)
+
+
 def build_report(err: BaseException, what: str) -> OOMReport:
     """The report for ``err``; a report that itself fails still gives the request and says why."""
     message = str(err)
     files, problems = _save_timeline()
+    token = _reporting.set(err)
     try:
         return dataclasses.replace(
             _holders_report(), what=what, requested=requested_bytes(message),
@@ -242,6 +254,8 @@ def build_report(err: BaseException, what: str) -> OOMReport:
         problem = f"(The list of holders failed: {type(e).__name__}: {e}.)"
         return OOMReport(what, requested_bytes(message), 0, 0, 0, None, None, None, (), (),
                          files, message, (*problems, problem))  # fmt: skip
+    finally:
+        _reporting.reset(token)
 
 
 def _holders_report() -> OOMReport:
@@ -253,9 +267,18 @@ def _holders_report() -> OOMReport:
     recs, _ = _registry.live()
     broken = [rec for rec in recs if any(failed(a) for a in rec.arrays())]
     broken_ids = {id(rec) for rec in broken}
-    info = memory(scan_untracked=False)
+    info = memory(scan_untracked=False)  # counts no bytes of a failed buffer
     tracked = [r for r in live_tensors() if r._buffer not in broken_ids]
-    raw = find_untracked(recs)
+    raw = find_untracked(recs)  # arrays whose computation failed are not in it
+    temporaries = _call_temporaries(_reporting.get(), raw)
+    if temporaries:
+        raw = [a for a in raw if id(a) not in temporaries]
+    failed_raw = [
+        f"{describe(a)} ({_html.fmt_bytes(int(a.nbytes))})"
+        for platform in {d.platform for d in jax.local_devices()}
+        for a in jax.live_arrays(platform)
+        if _registry.lookup(a) is None and failed(a)
+    ]
     as_records = [
         TensorRecord(id=0, shape=tuple(a.shape), dtype=str(a.dtype), bytes=int(a.nbytes),
                      devices=(), scope="<untracked>", site=creation_site(a), kept=False,
@@ -271,17 +294,109 @@ def _holders_report() -> OOMReport:
     return OOMReport(
         what="",
         requested=None,
-        tracked_bytes=info.num_bytes - sum(rec.size() for rec in broken),
+        tracked_bytes=info.num_bytes,
         untracked_bytes=sum(int(a.nbytes) for a in raw),
         untracked_arrays=len(raw),
         device=device,
         limit=limit,
         in_use=in_use,
         holders=tuple(holders),
-        failed=tuple(f"{describe(rec.array())} ({_html.fmt_bytes(rec.size())})" for rec in broken),
+        failed=tuple(
+            [f"{describe(rec.array())} ({_html.fmt_bytes(rec.size())})" for rec in broken]
+            + failed_raw
+        ),
         files=(),
         jax_message="",
     )
+
+
+# -- what the failed call itself holds ---------------------------------------------------------
+#
+# A call that fails at once leaves the arrays it made on the way alive in the frames of the
+# error's traceback: ``jnp.zeros(shape)`` makes its fill value, a float32[] scalar, before the
+# allocation fails. JAX's traceback names the user's line as its creation site, so the report
+# would list it as the user's untracked holder. It is left out when every reference to it is
+# accounted for by JAX's (or tidyjax's) finished frames of the failed call, or by a tuple, list
+# or dict only they hold: then nothing of the user's can reach it, and it goes with the error.
+# Reference counts are compared exactly, so any reference not seen (a user's variable, a
+# running frame, a container the collector does not track) keeps the array a holder. Only tiny
+# ones are left out: a large array the failed call made on the way held memory when the
+# allocation failed, and the report names it.
+
+_CONTAINERS = (tuple, list, dict)
+#: The most bytes of a temporary of the failed call that the report leaves out.
+TINY = 1024
+
+
+def _call_temporaries(err: BaseException | None, arrays: list[Any]) -> set[int]:
+    """The ids of the tiny ones of ``arrays`` that only ``err``'s failed call itself holds."""
+    frames = _failed_call_frames(err)
+    tiny = [a for a in arrays if int(a.nbytes) <= TINY]
+    if not frames or not tiny:
+        return set()
+    inside: dict[int, Any] = {id(f): f for f in frames}
+    containers = _referents_of(frames, lambda x: type(x) in _CONTAINERS)
+    if containers:
+        for c, alone in zip(containers, _held_only_by(containers, inside, ()), strict=True):
+            if alone:
+                inside[id(c)] = c
+    want = {id(a) for a in tiny}
+    found = _referents_of(list(inside.values()), lambda x: id(x) in want)
+    if not found:
+        return set()
+    held = _held_only_by(found, inside, (arrays, tiny))  # the two lists of this report
+    return {id(a) for a, alone in zip(found, held, strict=True) if alone}
+
+
+def _failed_call_frames(err: BaseException | None) -> list[Any]:
+    """The finished frames of the failed call: in each traceback of ``err`` (and the errors it
+    was raised from), the frames of JAX and tidyjax below the user's last frame."""
+    from ._inspect import _SKIP  # JAX's, jaxlib's and tidyjax's folders
+
+    frames: list[Any] = []
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen and len(seen) < 8:
+        seen.add(id(err))
+        chain = []
+        tb = err.__traceback__
+        while tb is not None:
+            chain.append(tb.tb_frame)
+            tb = tb.tb_next
+        for f in reversed(chain):
+            if not f.f_code.co_filename.startswith(_SKIP):
+                break
+            frames.append(f)
+        err = err.__cause__ if err.__cause__ is not None else err.__context__
+    return frames
+
+
+def _referents_of(objs: list[Any], keep: Callable[[Any], bool]) -> list[Any]:
+    """The distinct objects that ``objs`` reference and ``keep`` accepts."""
+    out: dict[int, Any] = {}
+    for o in objs:
+        for x in gc.get_referents(o):
+            if id(x) not in out and keep(x):
+                out[id(x)] = x
+    return list(out.values())
+
+
+def _held_only_by(objs: list[Any], inside: dict[int, Any], ours: tuple[Any, ...]) -> list[bool]:
+    """For each of ``objs``: whether every reference to it comes from ``inside``'s objects (by
+    id) or from the lists ``objs`` and ``ours`` (this report's own), counted exactly."""
+    index = {id(o): i for i, o in enumerate(objs)}
+    counted = [0] * len(objs)
+    alone = [True] * len(objs)
+    for r in gc.get_referrers(*objs):
+        hits = [i for x in gc.get_referents(r) if (i := index.get(id(x))) is not None]
+        if r is objs or any(r is o for o in ours) or inside.get(id(r)) is r:
+            for i in hits:
+                counted[i] += 1
+        else:
+            for i in hits:
+                alone[i] = False
+    r = None  # the loop's last referrer may be one of objs: no reference of ours is left over
+    # sys.getrefcount counts its own argument too
+    return [alone[i] and sys.getrefcount(objs[i]) - 1 == counted[i] for i in range(len(objs))]
 
 
 def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
@@ -298,20 +413,6 @@ def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
     ]
     rows.sort(key=lambda h: (-h.bytes, -h.count, h.site, h.scope))
     return rows
-
-
-def failed(arr: Any) -> bool:
-    """Whether ``arr``'s computation failed: an out-of-memory error JAX raises only when the
-    array is waited for. JAX calls such a buffer ready, and reading its address or values aborts
-    the process, so reports ask this first. Never waits for an array still being computed."""
-    base = getattr(arr, "_base_array", arr)  # a typed PRNG key's array of words
-    try:
-        if base.is_deleted() or not base.is_ready():
-            return False
-        base.block_until_ready()
-    except JaxRuntimeError:
-        return True
-    return False
 
 
 # -- what was running --------------------------------------------------------------------------

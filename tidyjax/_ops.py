@@ -250,6 +250,25 @@ FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
 }  # fmt: skip
 
 
+def _inplace(attr: str) -> Callable[..., Any]:
+    """``t op= x``: a plain Tensor is immutable, like ``jax.Array``, so the name is rebound to
+    the result; a Variable is assigned the result (``w -= lr * g`` updates ``w`` in place, and
+    a shape or dtype change raises as :meth:`Variable.assign` does)."""
+
+    def inplace(self: Tensor, other: Any) -> Any:
+        result = getattr(self, attr)(other)
+        if result is NotImplemented or getattr(self, "_var", None) is None:
+            return result
+        try:
+            self.assign(result)
+        finally:
+            result.dispose()  # the Variable holds the buffer now; the temporary goes
+        return self
+
+    inplace.__name__ = inplace.__qualname__ = attr.replace("__", "__i", 1)
+    return inplace
+
+
 def _install(attr: str, method: Callable[..., Any], name: str) -> None:
     method.__name__ = attr
     setattr(Tensor, attr, method)
@@ -265,6 +284,8 @@ def install_tensor_methods() -> None:
         _install(f"__{name}__", _binary(op, reflected=False), name)
     for name, unary in _UNARY.items():
         _install(f"__{name}__", _unary(unary), name)
+    for name in _BINARY:
+        setattr(Tensor, f"__i{name}__", _inplace(f"__{name}__"))
     _install("__divmod__", _method(divmod, "divmod", jit_plain=False), "divmod")
     _install("__rdivmod__", _method(lambda a, b: divmod(b, a), "divmod", False), "divmod")
     _install("__getitem__", _getitem, "getitem")
@@ -274,6 +295,8 @@ def install_tensor_methods() -> None:
             setattr(Tensor, name, _method(fn, name, jit_plain=name in _JIT_METHODS))
     for name, fn in FUNCTION_METHODS.items():
         setattr(Tensor, name, _method(fn, name, jit_plain=False))
+    # round(t), round(t, 2): as on jax.Array (an int dtype without ndigits, as for a float).
+    Tensor.__round__ = _method(ArrayImpl.__round__, "round", jit_plain=True)  # type: ignore[attr-defined]
     Tensor.at = property(lambda self: _At(self))  # type: ignore[attr-defined]
     Tensor.at.__doc__ = (  # type: ignore[attr-defined]
         "Functional updates, as ``jax.Array.at``: ``t.at[0].set(5.0)`` returns a new Tensor."

@@ -52,7 +52,7 @@ VARIABLE: Any = _Marker("VARIABLE")
 class Buffer(weakref.ref):
     """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
 
-    __slots__ = ("dead", "more", "n", "nbytes", "owned", "scope")
+    __slots__ = ("dead", "home", "more", "n", "nbytes", "nvars", "owned", "scope")
 
     dead: Reason | None  # why every Tensor on this buffer is unusable; None while usable
     more: list[weakref.ref[Any]] | None  # other jax.Array objects over the same buffer
@@ -60,6 +60,9 @@ class Buffer(weakref.ref):
     nbytes: int  # logical bytes, computed lazily (-1)
     owned: bool  # False: a caller's own array seen through an op, never deleted by tidyjax
     scope: Any  # the owner
+    # Set only once a Variable holds the buffer (read with getattr; unset on the per-op path):
+    nvars: int  # live Variables holding it
+    home: Any  # the owner before the first Variable took it; it owns the buffer again after
 
     def arrays(self) -> list[Any]:
         """The live ``jax.Array`` objects over this buffer."""
@@ -129,6 +132,13 @@ def new(arr: Any, scope: Any, owned: bool = True) -> Buffer:
     if observers:
         _notify("buffer_added", rec)
     return rec
+
+
+def suspect(rec: Buffer) -> None:
+    """``rec``'s array came from outside tidyjax's own operations and is committed to its device:
+    it may be a second array object over a buffer another record holds (a raw ``device_put`` to
+    where the buffer already is). Checked by :func:`resolve` before the next deletion."""
+    suspects.append(rec)
 
 
 def lookup(arr: Any) -> Buffer | None:
@@ -224,7 +234,12 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
 
 def free(rec: Buffer) -> Any:
     """Delete a dead record's buffer if tidyjax owns it and drop it from the books; returns the
-    deleted array, or None."""
+    deleted array, or None. A buffer another live record also holds is only dropped."""
+    if suspects:
+        resolve()
+    if _groups and id(rec) in _groups and _leave_group(rec):
+        _drop(rec)
+        return None
     arr = rec()
     if rec.more:
         return _free_aliased(rec)
@@ -255,6 +270,15 @@ def _free_aliased(rec: Buffer) -> Any:
     return arr
 
 
+def _drop(rec: Buffer) -> None:
+    """Forget a dead record whose buffer lives on in another record of its group."""
+    for alias in rec.arrays():
+        if _buffers.get(id(alias)) is rec:
+            del _buffers[id(alias)]
+    if observers:
+        _notify("buffer_freed", rec)
+
+
 def kill(rec: Buffer, why: Reason) -> None:
     """Mark every Tensor on ``rec`` unusable: its buffer was consumed (donated) by JAX."""
     with _lock:
@@ -279,6 +303,9 @@ def sweep() -> None:
             gone = (rec() is None and not rec.more) or (rec.dead is not None and _stale(rec))
             if gone and _buffers.get(key) is rec:
                 del _buffers[key]
+        for group in {id(g): g for g in _groups.values()}.values():
+            for rec in [r for r in group if r.array() is None]:
+                _leave_group(rec)
         _sweep_at = max(4096, 2 * len(_buffers))
 
 
@@ -292,7 +319,8 @@ def _stale(rec: Buffer) -> bool:
 
 def live() -> tuple[list[Buffer], list[Buffer]]:
     """The records whose buffers are alive, and those deleted outside tidyjax that live
-    Tensors still hold."""
+    Tensors still hold. Records over one buffer (see :func:`distinct`) are all listed."""
+    resolve()
     sweep()
     seen: set[int] = set()
     alive, deleted = [], []
@@ -310,19 +338,131 @@ def live() -> tuple[list[Buffer], list[Buffer]]:
     return alive, deleted
 
 
-def same_buffer_key(arr: Any) -> Any:
-    """The device addresses behind ``arr``, or None while its buffer is not ready.
+def distinct(recs: list[Buffer]) -> list[Buffer]:
+    """``recs`` with one record per device buffer (a group of records over one buffer counts
+    once)."""
+    if not _groups:
+        return recs
+    seen: set[int] = set()
+    out = []
+    for rec in recs:
+        group = _groups.get(id(rec))
+        if group is not None:
+            if id(group) in seen:
+                continue
+            seen.add(id(group))
+        out.append(rec)
+    return out
 
-    Only a ready buffer is asked for its address: on an array whose allocation failed, JAX's
-    address call aborts the process. Used by reports, never on the per-op path.
-    """
+
+# -- array objects over one buffer, made outside tidyjax ---------------------------------------
+#
+# JAX hands back a *new* array object over the same buffer for a ``device_put`` to where the
+# buffer already is. Through tidyjax's own ``t.to()`` and ``adopt()`` such an object joins its
+# buffer's record. Made by user code (a raw ``jax.device_put`` of a Tensor or its array, a tree
+# map, a function lifted with ``tidyjax.lift``) it first gets a record of its own; the record is
+# a *suspect* when its array is committed to a device (every such alias is). Before anything is
+# deleted, and before a report, ``resolve`` compares each suspect's buffer address with those
+# of the records of the same shape and dtype and puts records over one buffer in a *group*: a
+# buffer is deleted only when every record of its group is dead. No address is read on the
+# per-op path, and none of an array whose allocation failed.
+
+suspects: list[Buffer] = []
+_groups: dict[int, list[Buffer]] = {}  # id(record) -> the records over its buffer (2 or more)
+
+
+def resolve() -> None:
+    """Group each suspect record with the records over the same buffer. Waits for the suspects'
+    buffers (an alias is ready exactly when its twin is)."""
+    if not suspects:
+        return
+    with _lock:
+        pending = suspects[:]
+        suspects.clear()
+    wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]] = {}
+    for rec in pending:
+        arr = rec.array()  # a suspect being freed right now is dead already: checked too
+        if arr is None:
+            continue
+        key = _address(arr, wait=True)
+        if key is not None:
+            wanted.setdefault((arr.shape, arr.dtype), []).append((key, rec))
+    if not wanted:
+        return
+    for other in list({id(r): r for r in _buffers.values()}.values()):
+        if other.dead is not None:
+            continue
+        arr = other.array()
+        if arr is None:
+            continue
+        found = wanted.get((arr.shape, arr.dtype))
+        if not found:
+            continue
+        key = _address(arr, wait=False)
+        for k, rec in found:
+            if rec is not other and k == key:
+                _join_group(rec, other)
+
+
+def _address(arr: Any, wait: bool) -> Any:
+    """The device addresses of ``arr``'s buffer; None if it is deleted, its allocation failed,
+    or (without ``wait``) it is not ready yet. A failed buffer is "ready" and raises when
+    waited for; its address would abort the process, so it is waited for first."""
     base = getattr(arr, "_base_array", arr)
     try:
-        if not base.is_ready():
+        if base.is_deleted() or (not wait and not base.is_ready()):
             return None
+        base.block_until_ready()
         return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
-    except Exception:  # deleted meanwhile
+    except Exception:  # a failed allocation, or deleted meanwhile
         return None
+
+
+def _join_group(a: Buffer, b: Buffer) -> None:
+    with _lock:
+        ga = _groups.get(id(a)) or [a]
+        gb = _groups.get(id(b)) or [b]
+        if ga is gb:
+            return
+        merged = ga + [r for r in gb if all(r is not x for x in ga)]
+        for r in merged:
+            _groups[id(r)] = merged
+
+
+def _leave_group(rec: Buffer) -> bool:
+    """Take ``rec`` out of its group; whether another live record still holds the buffer."""
+    with _lock:
+        group = _groups.pop(id(rec), None)
+        if group is None:
+            return False
+        group[:] = [r for r in group if r is not rec]
+        if len(group) < 2:
+            for r in group:
+                _groups.pop(id(r), None)
+        return any(r.dead is None and r.array() is not None for r in group)
+
+
+def let_go(rec: Buffer) -> None:
+    """A Variable stopped holding ``rec`` (assigned a new value, or disposed). When no Variable
+    holds it any more, the buffer belongs again to its owner before the first Variable (the
+    scope that made it, or the nearest open scope around it once that one exited; ``KEPT``)."""
+    n = getattr(rec, "nvars", 1) - 1
+    rec.nvars = n
+    if n > 0 or rec.scope is not VARIABLE:
+        return
+    home = getattr(rec, "home", None)
+    while home is not None and home is not KEPT and getattr(home, "_state", 1) == 2:
+        home = home.parent  # that scope has exited
+    rec.scope = home
+    if home is not None and home is not KEPT:
+        home._owned.append(rec)
+
+
+def same_buffer_key(arr: Any) -> Any:
+    """The device addresses behind ``arr``, or None while its buffer is not ready (or its
+    allocation failed: JAX's address call would abort the process). Used by reports, never on
+    the per-op path."""
+    return _address(arr, wait=False)
 
 
 def device_bytes(rec: Buffer) -> dict[Any, int]:

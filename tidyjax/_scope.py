@@ -11,19 +11,23 @@ marked disposed without deleting anything.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import gc
 import inspect
 import logging
-from collections.abc import Callable
+import sys
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry
-from ._arrays import describe
+from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
 from ._registry import KEPT, VARIABLE
-from ._tensor import dispose_many, forget_array
-from ._trees import _gather, records_in
+from ._tensor import Tensor, _ids, dispose_many, forget_array
+from ._trees import _gather, is_container, records_in
 
 __all__ = ["Scope", "dispose", "keep", "tidy"]
 
@@ -33,9 +37,12 @@ _log = logging.getLogger("tidyjax")
 _NEW, _OPEN, _CLOSED = 0, 1, 2
 _GENERATOR_IN_SCOPE = (
     "{what} returned a generator: its body would run after the scope has ended, and the "
-    "scope would free tensors it still needs. Return a list instead (`list(x for x in ...)` "
-    "or a list comprehension), or put `with tidy():` inside the generator around each step."
+    "scope would free tensors it still needs. Decorate the generator function itself with "
+    "@tidy (each resume runs in the generator's own scope and what it yields is handed to the "
+    "caller), or return a list (`list(x for x in ...)`)."
 )
+_CO_GENERATOR = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_finalizing = sys.is_finalizing
 _AWAITABLE_IN_SYNC = (
     "{what} returned {kind}: a synchronous tidy scope would end before it runs and could free "
     "tensors it still needs. Use `async with tidy():` inside the coroutine, or decorate the "
@@ -58,6 +65,9 @@ class Scope(Tracker):
     __slots__ = (
         "_bare",
         "_created",
+        "_first_id",
+        "_forced",
+        "_frame",
         "_freed",
         "_handed",
         "_handed_tensors",
@@ -76,11 +86,14 @@ class Scope(Tracker):
         self._state = _NEW
         self._token: Any = None
         self._handed: set[int] = set()  # ids of records handed out by scope.keep
-        self._handed_tensors: set[int] = set()  # ids of Tensor objects handed out likewise
+        self._handed_tensors: dict[int, Any] = {}  # Tensor objects handed out likewise, by id
         self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
         self._moved_in = 0  # records handed in by inner scopes (not created here)
         self._created = 0
+        self._first_id = 0  # Tensors with this id or larger were made while it was open
+        self._frame: Any = None  # the generator frame it was entered in, if any
+        self._forced = False  # closed by an enclosing scope that exited first
         self.num_freed = 0
         self.num_handed_out = 0
 
@@ -115,16 +128,26 @@ class Scope(Tracker):
 
     # -- entering and leaving ---------------------------------------------------------------
 
-    def _open(self) -> Scope:
+    def _open(self, entered_by_with: bool = False) -> Scope:
         if self._state != _NEW:
             raise ScopeError(
                 f"scope {self.path!r} was already entered; a scope object is used once. "
                 "Call tidy() again for a new scope."
             )
-        parent = CURRENT.get()
+        parent = current()
         self.parent = parent
         if parent is not None:
             self.path = f"{parent.path}/{self.name or '<tidy>'}"
+        if entered_by_with:
+            frame = _user_frame()
+            if frame is not None and frame.f_code.co_flags & _CO_GENERATOR:
+                # A generator shares its caller's context, so this scope stays current in the
+                # caller while the generator is suspended: what the caller makes then goes to
+                # the caller's own scope (see _Redirect).
+                self._frame = frame
+                self._owned = _Redirect(self, "_owned")
+                self._aliases = _Redirect(self, "_aliases")
+        self._first_id = next(_ids)
         self._token = CURRENT.set(self)
         self._state = _OPEN
         if _registry.observers:  # a timeline draws scopes as bands
@@ -132,43 +155,84 @@ class Scope(Tracker):
                 observer.event("scope_enter", self)
         return self
 
-    def _close(self, result: Any = None) -> None:
+    def _close(self, result: Any = None, failing: bool = False) -> None:
+        """Exit: hand out what ``result`` and ``keep`` reach, free the rest.
+
+        ``failing``: an exception is propagating through the scope. Inner scopes still open
+        (entered by hand, an unclosed ``ExitStack``) are closed first; without an exception
+        that is a ``ScopeError`` once everything is consistent, with one the exception wins.
+        A suspended generator's scope inside this one is left open: its generator exits it.
+        """
         if self._state != _OPEN:
+            if self._forced:
+                return  # already closed by an enclosing scope that exited first
             what = "has not been entered" if self._state == _NEW else "has already exited"
             raise ScopeError(f"cannot exit scope {self.path!r}: it {what}.")
-        current = CURRENT.get()
-        if current is not self:
-            inner = "no scope" if current is None else f"scope {current.path!r}"
-            raise ScopeError(
-                f"cannot exit scope {self.path!r}: {inner} is the innermost open scope here. "
-                "Scopes must exit in reverse order of entry, in the thread or task that entered "
-                "them."
-            )
-        try:
-            CURRENT.reset(self._token)
-        except ValueError as e:
+        innermost = CURRENT.get()
+        above: list[Tracker] = []  # the scopes between the innermost one and this one
+        s = innermost
+        while s is not None and s is not self:
+            above.append(s)
+            s = s.parent
+        if s is None and self._frame is None:  # not on this context's stack
             raise ScopeError(
                 f"cannot exit scope {self.path!r} from another thread, task or context than the "
                 "one that entered it."
-            ) from e
+            )
+        forced = [t for t in above if isinstance(t, Scope) and not t._transparent()]
+        for inner in forced:  # innermost first
+            inner._forced = True
+            inner._state = _CLOSED
+            inner._token = None
+            inner._free(None)
+        if s is None:
+            pass  # a generator's scope its caller left: the stack here no longer holds it
+        elif above and not forced:
+            above[-1].parent = self.parent  # only suspended generators' scopes are inside
+        elif self._frame is not None:  # its token may predate a relink (see above)
+            CURRENT.set(_effective(self.parent))
+        else:
+            try:
+                CURRENT.reset(self._token)
+            except ValueError:  # entered in another context (a generator resumed elsewhere)
+                CURRENT.set(self.parent)
         self._state = _CLOSED
         self._token = None
         self._free(result)
         if _registry.observers:
             for observer in list(_registry.observers):
                 observer.event("scope_exit", self)
+        if forced and not failing:
+            names = ", ".join(repr(t.path) for t in forced)
+            raise ScopeError(
+                f"scope {self.path!r} exited while scope(s) {names} inside it were still open; "
+                "they were closed first and freed what they owned. Exit scopes in reverse order "
+                "of entry (close an ExitStack, leave a with-block)."
+            )
+
+    def _transparent(self) -> bool:
+        """A scope entered in a generator that is suspended now: its caller skips it."""
+        frame = self._frame
+        return frame is not None and frame.f_back is None and self._state == _OPEN
 
     def _free(self, result: Any) -> None:
         recs, tensors = records_in(result)
+        handed_tensors = self._handed_tensors
+        for t in tensors:
+            handed_tensors[id(t)] = t
         escaping = self._handed | {id(r) for r in recs}
-        escaping_tensors = self._handed_tensors | {id(t) for t in tensors}
-        parent = self.parent
+        parent = _effective(self.parent)
         doomed: list[_registry.Buffer] = []
+        survivors: list[_registry.Buffer] = []  # made or handed here, and outliving the exit
         handed = 0
         owned, self._owned = self._owned, []
         for rec in owned:
-            if rec.scope is not self or rec.dead is not None:
-                continue  # kept, held by a Variable, handed on, or already freed
+            if rec.dead is not None:
+                continue
+            if rec.scope is not self:
+                if rec.scope is KEPT or rec.scope is VARIABLE:
+                    survivors.append(rec)  # its Tensor objects made here may still go
+                continue  # handed on, or another scope's
             if id(rec) in escaping:
                 rec.scope = parent
                 if parent is not None:
@@ -176,28 +240,54 @@ class Scope(Tracker):
                     if isinstance(parent, Scope):
                         parent._moved_in += 1
                 handed += 1
+                survivors.append(rec)
             elif rec() is not None or rec.more:  # else Python collected it, and JAX freed it
                 doomed.append(rec)
         why = scope_exited(self.path)
         self._freed = _registry.delete_many(doomed, why)
-        # Tensor objects made here on buffers owned elsewhere: disposed, nothing deleted.
+        # Tensor objects made here on buffers that live on: disposed (TensorFlow.js), nothing
+        # deleted, unless returned or kept; those returned become the parent's.
+        known: dict[int, int] = {}  # id(record) -> its live holders accounted for
+        counted: set[int] = set()
+        first = self._first_id
+        for t in handed_tensors.values():
+            rec = t._rec
+            if rec is not None:
+                counted.add(id(t))
+                known[id(rec)] = known.get(id(rec), 0) + 1
+                if (
+                    parent is not None
+                    and t._id >= first
+                    and not getattr(t, "_kept", False)
+                    and getattr(t, "_var", None) is None
+                ):
+                    parent._aliases.append(weakref.ref(t))  # the parent's object now
         for ref in self._aliases:
             t = ref()
-            if (
-                t is not None
-                and t._rec is not None
-                and id(t) not in escaping_tensors
-                and not getattr(t, "_kept", False)
-            ):
-                rec = t._rec
-                t._rec = None
-                t._why = rec.dead if rec.dead is not None else why
-                if rec.dead is None:
-                    _registry.unhold(rec)
-                    forget_array(t)
+            if t is None or t._rec is None or id(t) in counted:
+                continue
+            rec = t._rec
+            if getattr(t, "_kept", False) or getattr(t, "_var", None) is not None:
+                counted.add(id(t))  # kept, or a Variable (counted in nvars)
+                if getattr(t, "_var", None) is None:
+                    known[id(rec)] = known.get(id(rec), 0) + 1
+                continue
+            t._rec = None
+            t._why = rec.dead if rec.dead is not None else why
+            if rec.dead is None:
+                _registry.unhold(rec)
+                forget_array(t)
+        strays = [
+            rec
+            for rec in {id(r): r for r in survivors}.values()
+            if rec.dead is None
+            and rec.n > known.get(id(rec), 0) + (getattr(rec, "nvars", 0) if rec.scope is VARIABLE else 0)
+        ]
+        if strays:
+            self._dispose_strays(strays, handed_tensors, why)
         self._aliases = []
         self._handed = set()
-        self._handed_tensors = set()
+        self._handed_tensors = {}
         self._created = len(owned) + self._pruned - self._moved_in
         self.num_freed = len(self._freed)
         self.num_handed_out = handed
@@ -206,6 +296,31 @@ class Scope(Tracker):
                 "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d",
                 self.path, self._created, self.num_freed, self.bytes_freed, handed,
             )  # fmt: skip
+
+    def _dispose_strays(self, strays: list[Any], handed: dict[int, Any], why: Any) -> None:
+        """Dispose (object only) the Tensors made here that hold a buffer which outlives the
+        exit through another holder: ``b = scope.keep(a.clone())`` disposes ``a``, as in
+        TensorFlow.js. They are not on any list (a fresh buffer's first Tensor is not), so one
+        pass of the garbage collector's referrers finds them; it runs only in this case."""
+        targets = {id(r) for r in strays}
+        arrays = [a for rec in strays for a in rec.arrays()]
+        for obj in gc.get_referrers(*arrays):
+            if type(obj) is not Tensor:
+                continue
+            rec = obj._rec
+            if (
+                rec is None
+                or id(rec) not in targets
+                or obj._id < self._first_id
+                or id(obj) in handed
+                or getattr(obj, "_kept", False)
+                or getattr(obj, "_var", None) is not None
+            ):
+                continue
+            obj._rec = None
+            obj._why = why
+            _registry.unhold(rec)
+            forget_array(obj)
 
     def keep(self, *values: Any) -> Any:
         """Hand ``values`` out of this scope exactly as returning them would; returns them.
@@ -232,6 +347,7 @@ class Scope(Tracker):
         if s is None:
             inner = []
         recs, tensors = records_in(values)
+        _check_found(values, recs, tensors, f"scope {self.path!r}.keep()")
         for rec in recs:
             owner = rec.scope
             if owner is not self and any(owner is s for s in inner):
@@ -243,20 +359,20 @@ class Scope(Tracker):
                 self._handed.add(id(rec))
         for scope in (*inner, self):
             if isinstance(scope, Scope):
-                scope._handed_tensors.update(id(t) for t in tensors)
+                scope._handed_tensors.update((id(t), t) for t in tensors)
         return values[0] if len(values) == 1 else values
 
     def __enter__(self) -> Scope:
-        return self._open()
+        return self._open(entered_by_with=True)
 
     def __exit__(self, *exc: object) -> None:
-        self._close(None)
+        _exit(self, exc[0] is not None)
 
     async def __aenter__(self) -> Scope:
-        return self._open()
+        return self._open(entered_by_with=True)
 
     async def __aexit__(self, *exc: object) -> None:
-        self._close(None)
+        _exit(self, exc[0] is not None)
 
     # -- decorating -------------------------------------------------------------------------
 
@@ -265,6 +381,51 @@ class Scope(Tracker):
         if self._state != _NEW:
             raise ScopeError(f"scope {self.path!r} is already in use; decorate with tidy(name).")
         return _decorate(fn, self.name)
+
+
+def current() -> Tracker | None:
+    """The innermost open scope of the running code: scopes of suspended generators (which
+    stay in their caller's context) are skipped."""
+    return _effective(CURRENT.get())
+
+
+def _effective(s: Tracker | None) -> Tracker | None:
+    while isinstance(s, Scope) and (s._state == _CLOSED or s._transparent()):
+        s = s.parent
+    return s
+
+
+class _Redirect(list):  # type: ignore[type-arg]
+    """The ``_owned``/``_aliases`` list of a scope entered in a generator. While the generator
+    is suspended the scope is still the innermost one in its caller's context; what the caller
+    makes then goes to the caller's own scope instead. Plain lists for every other scope, so
+    the per-op path pays nothing for this."""
+
+    __slots__ = ("attr", "scope")
+
+    def __init__(self, scope: Scope, attr: str) -> None:
+        super().__init__()
+        self.scope = scope
+        self.attr = attr
+
+    def append(self, item: Any) -> None:
+        scope = self.scope
+        if not scope._transparent():
+            list.append(self, item)
+            return
+        target = _effective(scope.parent)
+        if self.attr == "_owned" and item.scope is scope:
+            item.scope = target
+        if target is not None:
+            getattr(target, self.attr).append(item)
+
+
+def _user_frame() -> Any:
+    """The frame of the code that entered a scope (outside tidyjax and contextlib)."""
+    frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "contextlib"):
+        frame = frame.f_back
+    return frame
 
 
 @_html.never_raises
@@ -286,20 +447,47 @@ def _scope_html(s: Scope) -> str:
     return _html.box(title, _html.dim(state), _html.table(header, [row], numeric=range(5)))
 
 
-def _check_function(fn: Any, what: str) -> None:
+def _exit(scope: Scope, failing: bool) -> None:
+    try:
+        scope._close(None, failing)
+    except Exception:
+        if _finalizing():  # a generator collected at interpreter exit: the process frees all
+            return
+        raise
+
+
+def _check_found(x: Any, recs: list[Any], tensors: list[Any], what: str) -> None:
+    """``keep`` of a value holding no Tensor or array is a mistake: say so."""
+    if not recs and not tensors and not is_container(x):
+        raise TidyjaxTypeError(
+            f"{what} takes Tensors, jax.Arrays or pytrees holding them; got "
+            f"{type(x).__name__} {x!r:.60}, which holds none, so there is nothing to keep."
+        )
+
+
+def _check_function(fn: Any, what: str, generators: bool = False) -> None:
     if not callable(fn):
         raise TidyjaxTypeError(f"{what} needs a function, got {type(fn).__name__} {fn!r:.60}.")
-    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+    gen = inspect.isgeneratorfunction(fn)
+    if (gen and not generators) or inspect.isasyncgenfunction(fn):
+        fix = (
+            "Decorate it with @tidy instead: each resume runs in the generator's own scope."
+            if gen
+            else "Inside it, make each item in `async with tidy() as s:` and hand it out with "
+            "`item = s.keep(...)`, then yield it after the block."
+        )
         raise TidyjaxTypeError(
             f"{what} cannot wrap generator function {getattr(fn, '__qualname__', fn)!r}: its body "
-            "runs after the scope has ended. Put `with tidy():` inside the generator (around each "
-            "step's work) instead."
+            f"runs after the scope has ended. {fix}"
         )
 
 
 def _decorate(fn: F, name: str | None) -> F:
-    _check_function(fn, "@tidy")
+    _check_function(fn, "@tidy", generators=True)
     scope_name = name or getattr(fn, "__name__", None)
+
+    if inspect.isgeneratorfunction(fn):
+        return _decorate_generator(fn, scope_name)  # type: ignore[return-value]
 
     if inspect.iscoroutinefunction(fn):
 
@@ -309,7 +497,7 @@ def _decorate(fn: F, name: str | None) -> F:
             try:
                 result = await fn(*args, **kwargs)
             except BaseException:
-                scope._close(None)
+                scope._close(None, failing=True)
                 raise
             scope._close(result)
             return result
@@ -323,12 +511,80 @@ def _decorate(fn: F, name: str | None) -> F:
     return run  # type: ignore[return-value]
 
 
+def _decorate_generator(fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+    """``@tidy`` on a generator function: the generator runs in a scope of its own, in a
+    context of its own, so its scope is never current in the caller. What it yields (and
+    returns) is handed to the caller's scope at that moment. The scope exits when the generator
+    finishes, is closed, or is collected."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        ctx = contextvars.copy_context()
+        scope = Scope(name)
+        gen = ctx.run(_start_generator, scope, fn, args, kwargs)
+        try:
+            method: Any = gen.send
+            value: Any = None
+            while True:
+                try:
+                    item = ctx.run(method, value)
+                except StopIteration as stop:
+                    _hand_out(scope, stop.value)
+                    return stop.value  # type: ignore[no-any-return]
+                _hand_out(scope, item)
+                try:
+                    value = yield item
+                    method = gen.send
+                except GeneratorExit:
+                    raise
+                except BaseException as e:  # thrown in by the caller: passed on
+                    method, value = gen.throw, e
+        finally:
+            ctx.run(_finish_generator, scope, gen)
+
+    return run
+
+
+def _start_generator(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    scope._open()
+    try:
+        return fn(*args, **kwargs)
+    except BaseException:
+        scope._close(None, failing=True)
+        raise
+
+
+def _finish_generator(scope: Scope, gen: Any) -> None:
+    try:
+        gen.close()
+    finally:
+        if scope._state == _OPEN:
+            _exit(scope, failing=sys.exc_info()[0] is not None)
+
+
+def _hand_out(scope: Scope, value: Any) -> None:
+    """Give what ``value`` reaches from ``scope`` to the caller's innermost scope now."""
+    if value is None:
+        return
+    target = current()
+    recs, tensors = records_in(value)
+    for rec in recs:
+        if rec.scope is scope:
+            rec.scope = target
+            if target is not None:
+                target._owned.append(rec)
+    for t in tensors:
+        scope._handed_tensors[id(t)] = t
+        if target is not None:
+            target._aliases.append(weakref.ref(t))
+
+
 def _run(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     scope._open()
     try:
         result = fn(*args, **kwargs)
     except BaseException:
-        scope._close(None)
+        scope._close(None, failing=True)
         raise
     what = f"function {getattr(fn, '__qualname__', fn)!r}"
     if inspect.isgenerator(result):
@@ -428,19 +684,19 @@ class _Tidy:
     def __enter__(self) -> Scope:
         scope = Scope(None)
         scope._bare = True
-        return scope._open()
+        return scope._open(entered_by_with=True)
 
     def __exit__(self, *exc: object) -> None:
-        scope = CURRENT.get()
+        scope = current()
         if not isinstance(scope, Scope) or not scope._bare:
             raise ScopeError("`with tidy:` exited, but the innermost open scope is not its own.")
-        scope._close(None)
+        _exit(scope, exc[0] is not None)
 
     async def __aenter__(self) -> Scope:
         return self.__enter__()
 
     async def __aexit__(self, *exc: object) -> None:
-        self.__exit__()
+        self.__exit__(*exc)
 
     def __repr__(self) -> str:
         return "tidyjax.tidy"
@@ -463,11 +719,17 @@ def keep(x: Any) -> Any:
     Returns ``x``.
     """
     recs, tensors = records_in(x)
+    _check_found(x, recs, tensors, "keep()")
     for rec in recs:
-        if rec.scope is not VARIABLE:  # a Variable's buffer is never scope-freed anyway
+        if rec.scope is VARIABLE:  # a Variable's buffer is never scope-freed anyway...
+            rec.home = KEPT  # ...and kept once no Variable holds it
+        else:
             rec.scope = KEPT
+    scope = current()
     for t in tensors:  # a clone made in a scope on a buffer it does not own survives it too
         t._kept = True
+        if scope is not None:  # accounted for at the scope's exit (see Scope._free)
+            scope._aliases.append(weakref.ref(t))
     return x
 
 
@@ -489,7 +751,11 @@ def dispose(x: Any) -> None:
     for arr in raws:
         if arr.is_deleted():
             continue
-        rec = _registry.lookup(arr) or _registry.find_alias(arr)
+        rec = _registry.lookup(arr)
+        # An array whose computation failed shares no buffer: it is just deleted below.
+        # (find_alias waits for it too, and would raise JAX's error.)
+        if rec is None and not failed(arr, wait=True):
+            rec = _registry.find_alias(arr)
         if rec is not None and rec.dead is None:
             raise TidyjaxValueError(
                 f"dispose() got a raw jax.Array {describe(arr)} whose buffer a live Tensor "

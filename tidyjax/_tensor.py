@@ -13,7 +13,7 @@ import operator
 import sys
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from ._arrays import (
     PRNGKeyArray,
     Tracer,
     describe,
+    failed,
 )
 from ._context import CURRENT, TRACING
 from ._errors import (
@@ -38,7 +39,7 @@ from ._errors import (
     TidyjaxTypeError,
     TidyjaxValueError,
 )
-from ._oom import raise_for
+from ._oom import raise_for, raise_if_oom
 
 __all__ = ["Tensor", "adopt", "tensor"]
 
@@ -47,6 +48,7 @@ _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
 _fresh = _registry.fresh
+VARIABLE = _registry.VARIABLE
 
 
 class Tensor:
@@ -113,9 +115,18 @@ class Tensor:
 
     @property
     def is_disposed(self) -> bool:
-        """True once the Tensor was disposed, freed by a scope, or its buffer was donated."""
+        """True once the Tensor was disposed, freed by a scope, or its buffer was donated.
+
+        Also true once its buffer was deleted behind tidyjax's back (``t.array.delete()``, a
+        raw ``jax.jit(..., donate_argnums=...)`` call): the buffer's record is marked dead then.
+        """
         rec = self._rec
-        return rec is None or rec.dead is not None
+        if rec is None or rec.dead is not None:
+            return True
+        if rec is not _UNTRACKED and type(self._array) in CONCRETE and self._array.is_deleted():
+            _registry.check(rec)  # deleted outside tidyjax: the record is dead from now on
+            return rec.dead is not None
+        return False
 
     def dispose(self) -> None:
         """Release this Tensor now; its buffer is deleted unless another live Tensor shares it.
@@ -205,6 +216,93 @@ class Tensor:
     def device(self) -> Any:
         return self._value().device
 
+    # What else a jax.Array tells about itself, so that a Tensor stands in for one wherever a
+    # user reads it. Each reads the live array (DisposedError once disposed), except itemsize,
+    # which like shape and dtype is metadata that stays readable.
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element, as ``jax.Array.itemsize``; readable after dispose."""
+        return int(self._array.dtype.itemsize)
+
+    @property
+    def weak_type(self) -> bool:
+        """Whether the dtype is weak (from a Python scalar), as ``jax.Array.weak_type``."""
+        return bool(self._value().weak_type)
+
+    @property
+    def committed(self) -> bool:
+        """Whether the buffer is committed to its device(s), as ``jax.Array.committed``."""
+        return bool(self._value().committed)
+
+    @property
+    def is_fully_addressable(self) -> bool:
+        """Whether this process holds every shard, as ``jax.Array.is_fully_addressable``."""
+        return bool(self._value().is_fully_addressable)
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        """Whether every device holds all the data, as ``jax.Array.is_fully_replicated``."""
+        return bool(self._value().is_fully_replicated)
+
+    @property
+    def format(self) -> Any:
+        """The layout and sharding of the buffer, as ``jax.Array.format``."""
+        return self._value().format
+
+    def on_device_size_in_bytes(self) -> int:
+        """Bytes the buffer takes on its device(s), padding included (as ``jax.Array``'s)."""
+        return int(self._value().on_device_size_in_bytes())
+
+    @property
+    def addressable_shards(self) -> list[Any]:
+        """This process's shards, as ``jax.Array.addressable_shards``.
+
+        JAX's own ``Shard`` objects, whose ``.data`` are raw ``jax.Array`` objects over this
+        Tensor's buffer: tidyjax does not track them, and they are gone when the Tensor is
+        disposed. Waits for the value first, so that a failed computation raises instead of
+        aborting.
+        """
+        return list(self.block_until_ready()._array.addressable_shards)
+
+    @property
+    def global_shards(self) -> list[Any]:
+        """Every shard, as ``jax.Array.global_shards`` (raw, untracked; see
+        :attr:`addressable_shards`)."""
+        return list(self.block_until_ready()._array.global_shards)
+
+    def addressable_data(self, index: int) -> Any:
+        """The ``index``-th local shard as a raw ``jax.Array`` (untracked; see
+        :attr:`addressable_shards`)."""
+        return self.block_until_ready()._array.addressable_data(index)
+
+    def is_ready(self) -> bool:
+        """Whether the value is computed, without waiting (as ``jax.Array.is_ready``)."""
+        return bool(self._value().is_ready())
+
+    def is_deleted(self) -> bool:
+        """Whether the buffer is gone: the same as :attr:`is_disposed` (a Tensor's buffer is
+        freed by disposing it, never by deleting it)."""
+        return self.is_disposed
+
+    def delete(self) -> None:
+        """Not for Tensors: tidyjax frees a Tensor's buffer; call :meth:`dispose`."""
+        raise TidyjaxTypeError(
+            f"{kind(self)} {describe(self._array)} (id {self._id}) has no delete(): tidyjax "
+            "frees its buffer. Call t.dispose() (the buffer is deleted unless another live "
+            "Tensor shares it), or let its tidy() scope free it."
+        )
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802 - the array API's name
+        """The transpose of the last two axes, as ``jax.Array.mT``."""
+        return wrap(self._value().mT)
+
+    def to_device(self, device: Any, *, stream: Any = None) -> Tensor:
+        """A Tensor on ``device``, as ``jax.Array.to_device`` (the array API's :meth:`to`)."""
+        arr = self._value()
+        return wrap_transfer(arr.to_device(device, stream=stream), (arr,))
+
     @property
     def T(self) -> Tensor:  # noqa: N802 - numpy's name
         return wrap(self._value().T)
@@ -255,6 +353,35 @@ class Tensor:
         self._value().block_until_ready()
         return self
 
+    def copy_to_host_async(self) -> None:
+        """Start copying the values to the host without waiting (as ``jax.Array``'s), so that a
+        later :meth:`numpy` is quicker."""
+        self._value().copy_to_host_async()
+
+    def tobytes(self, order: str = "C") -> bytes:
+        """The values as raw bytes, as ``jax.Array.tobytes``."""
+        return bytes(self.block_until_ready()._array.tobytes(order))
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """The DLPack capsule of the array (``np.from_dlpack(t)``, ``torch.from_dlpack(t)``).
+
+        The consumer shares this Tensor's buffer: it is valid until the Tensor is disposed.
+        """
+        return self.block_until_ready()._array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._value().__dlpack_device__()
+
+    @property
+    def __cuda_array_interface__(self) -> Any:  # GPU buffers only, as on jax.Array
+        return self.block_until_ready()._array.__cuda_array_interface__
+
+    def __contains__(self, value: Any) -> bool:
+        """``x in t``: whether any element of the 1-D Tensor ``t`` equals the scalar ``x``."""
+        if isinstance(value, Tensor):
+            value = value._value()
+        return bool(value in self._value())
+
     def __bool__(self) -> bool:
         return bool(self._value())
 
@@ -284,6 +411,11 @@ class Tensor:
         name = kind(self)
         if self.is_disposed:
             return f"<{name} {describe(self._array)} id={self._id}: disposed, {reason(self)}>"
+        if type(self._array) in CONCRETE and failed(self._array, wait=True):
+            # JAX's repr waits for the values too, and then reading them aborts the process
+            label = self.name
+            named = f"name={label!r}, " if label else ""
+            return f"{name}({named}{_failed_note(self._array)})"
         text = repr(self._array)
         if text.startswith("Array(") and text.endswith(")"):
             text = text[len("Array(") : -1]
@@ -293,7 +425,7 @@ class Tensor:
         return f"{name}(name={label!r}, {text})" if label else f"{name}({text})"
 
     def __str__(self) -> str:
-        if self.is_disposed:
+        if self.is_disposed or (type(self._array) in CONCRETE and failed(self._array, wait=True)):
             return repr(self)
         return str(self._array)
 
@@ -400,12 +532,25 @@ def shell(value: Any) -> Tensor:
 def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
     """``t`` is one more holder of an existing record (clone, same-dtype astype, x[...])."""
     _registry.join(rec)
-    if scope is not None and rec.scope is not scope:
-        # The buffer belongs elsewhere, but this Tensor object was made here: the scope
-        # disposes the object at exit and leaves the buffer to its owner.
+    if scope is not None:
+        # This Tensor object was made here: the scope disposes the object at exit unless it is
+        # returned or kept (TensorFlow.js), and leaves the buffer to its owner.
         scope._aliases.append(weakref.ref(t))
     if _registry.observers:
         _registry._notify("tensor_added", rec)
+
+
+def wrap_foreign(arr: Any) -> Any:
+    """``wrap`` for an array made outside tidyjax's own operations (a pytree rebuilt by JAX,
+    ``tensors()``, a lifted function's result): a new record of a committed array may be a
+    second object over a buffer another record holds, so it is checked before the next deletion
+    (``_registry.resolve``)."""
+    t = wrap(arr)
+    if type(t) is Tensor:
+        rec = t._rec
+        if rec is not _UNTRACKED and rec.n == 1 and rec.more is None and arr.committed:
+            _registry.suspect(rec)
+    return t
 
 
 def wrap_all(arrays: list[Any]) -> list[Any]:
@@ -520,6 +665,8 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
                 continue
             rec.n -= 1
             if dead is None:
+                if rec.scope is VARIABLE and getattr(t, "_var", None) is not None:
+                    _registry.let_go(rec)
                 released.append(rec)
                 if rec.n <= 0:
                     rec.dead = RELEASED
@@ -610,6 +757,11 @@ def scope_path(t: Tensor) -> str | None:
     return getattr(rec.scope, "path", None) if rec is not None else None
 
 
+def _failed_note(arr: Any) -> str:
+    """``float32[7000000000] · allocation failed (26.1 GiB)``: a repr that reads no value."""
+    return f"{describe(arr)} · allocation failed ({_html.fmt_bytes(int(arr.nbytes))})"
+
+
 @_html.never_raises
 def _tensor_html(t: Tensor) -> str:
     name = kind(t)
@@ -625,6 +777,10 @@ def _tensor_html(t: Tensor) -> str:
     path = scope_path(t)
     owner = rec.scope if rec is not None else None
     where = f" · scope {path!r}" if path else " · kept" if owner is _registry.KEPT else ""
+    if failed(arr, wait=True):  # its values are never read: that would abort the process
+        return _html.box(title, f" {_html.esc(describe(arr))} · ",
+                         _html.bad(f"allocation failed ({_html.fmt_bytes(int(arr.nbytes))})"),
+                         _html.dim(f": holds no memory · id {t._id}{where}"))  # fmt: skip
     info = (
         f"{describe(arr)} · {_html.fmt_bytes(int(arr.nbytes))} · {_placement(arr)} · "
         f"id {t._id}{where}"
@@ -683,6 +839,12 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
             f"tensor() cannot make an array from {type(data).__name__}: {e}"
         ) from e
     except ValueError as e:
+        where = _none_in(data)
+        if where is not None:
+            raise TidyjaxTypeError(
+                f"tensor() got None at {where} ({data!r:.60}): None is not a number. Use "
+                "float('nan') for a missing value, or keep a boolean mask beside the data."
+            ) from e
         if isinstance(data, (list, tuple)):
             raise TidyjaxValueError(
                 f"tensor() got a ragged nested sequence ({data!r:.60}): every row must have "
@@ -693,12 +855,48 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
         raise_for(e, "tensor", (data,))
         raise
     if device is not None:
+        if isinstance(device, (str, bytes, int)):
+            raise _device_error(device, None)
         try:
             arr = jax.device_put(arr, device)
+        except ValueError as e:
+            raise _device_error(device, e) from e
         except RuntimeError as e:
             raise_for(e, "tensor", (data,))
             raise
     return arr
+
+
+def _none_in(data: Any) -> str | None:
+    """Where the first ``None`` is in nested lists and tuples (``data[1][0]``), or None.
+
+    Only on the error path: it walks the whole sequence.
+    """
+    stack: list[tuple[Any, str]] = [(data, "data")]
+    while stack:
+        item, path = stack.pop()
+        if item is None:
+            return path
+        if isinstance(item, (list, tuple)):
+            stack.extend((x, f"{path}[{i}]") for i, x in reversed(list(enumerate(item))))
+    return None
+
+
+def _device_error(device: Any, error: ValueError | None) -> Exception:
+    """The error for a ``device=`` that JAX cannot place on, naming the forms it takes."""
+    example = "jax.devices('cpu')[0]"
+    if isinstance(device, str):  # "cpu", "gpu:1": name the expression that gives that device
+        platform, _, index = device.partition(":")
+        example = f"jax.devices({platform!r})[{index if index.isdigit() else 0}]"
+    text = (
+        f"tensor() takes device= as a jax.Device or a jax.sharding.Sharding, e.g. {example}; "
+        f"got {type(device).__name__} {device!r:.60}."
+    )
+    if error is None:
+        return TidyjaxTypeError(text)
+    if isinstance(device, (jax.Device, jax.sharding.Sharding)):  # the right kind, refused
+        return TidyjaxValueError(f"tensor() cannot place the data on {device!r:.80}: {error}")
+    return TidyjaxTypeError(f"{text} JAX said: {error}")
 
 
 def tensor(data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
@@ -710,11 +908,14 @@ def tensor(data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
     Args:
         data: a number, nested sequences, a NumPy or jax array, or a Tensor.
         dtype: the dtype, as for ``jnp.array``.
-        device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the copy on.
+        device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the copy on
+            (``jax.devices('cpu')[0]``; a device name such as ``"cpu"`` is not accepted).
 
     Raises:
-        TidyjaxTypeError: ``data`` is not array-like.
-        TidyjaxValueError: ``data`` is a ragged nested sequence.
+        TidyjaxTypeError: ``data`` is not array-like or holds ``None`` (use ``float('nan')``
+            or a mask), or ``device`` is not a device or sharding.
+        TidyjaxValueError: ``data`` is a ragged nested sequence, or JAX cannot place it on
+            ``device``.
         DisposedError: ``data`` is a disposed Tensor.
     """
     arr = _copy_in(data, dtype, device)
@@ -728,7 +929,10 @@ def adopt(array: jax.Array) -> Tensor:
 
     Raises:
         TidyjaxTypeError: ``array`` is not a concrete ``jax.Array``.
-        TidyjaxValueError: ``array`` was already deleted.
+        TidyjaxValueError: ``array`` was already deleted, or its computation failed.
+        OutOfMemoryError: ``array``'s allocation failed (JAX says so when an array is waited
+            for; an array still being computed is not waited for, unless it was moved to a
+            device, which ``adopt`` compares with the buffers it records).
     """
     if isinstance(array, Tensor):
         raise TidyjaxTypeError(
@@ -743,10 +947,31 @@ def adopt(array: jax.Array) -> Tensor:
         raise TidyjaxValueError(
             f"adopt() got a deleted jax.Array ({describe(array)}); nothing to own."
         )
+    if failed(array):
+        _adopt_failed(array)
     if array.committed and _registry.lookup(array) is None:
         # Only a transfer (device_put, a shard view) makes a new object over a recorded
         # buffer, and its result is committed to its device: fresh arrays skip the search.
-        rec = _registry.find_alias(array)
+        try:
+            rec = _registry.find_alias(array)  # waits for the array
+        except jax.errors.JaxRuntimeError:
+            _adopt_failed(array)
         if rec is not None:  # another object over a buffer tidyjax records: share its record
             _registry.add_alias(rec, array)
     return wrap(array)
+
+
+def _adopt_failed(array: Any) -> NoReturn:
+    """Raise for an array whose computation failed: it holds no buffer to own."""
+    try:
+        getattr(array, "_base_array", array).block_until_ready()
+    except jax.errors.JaxRuntimeError as e:
+        what = f"the computation of the {describe(array)} array given to adopt()"
+        raise_if_oom(e, what)
+        raise TidyjaxValueError(
+            f"adopt() got a jax.Array ({describe(array)}) whose computation failed, so it holds "
+            f"no buffer to own. JAX said: {str(e).strip()}"
+        ) from e
+    raise TidyjaxValueError(
+        f"adopt() got a jax.Array ({describe(array)}) whose computation failed."
+    )

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeVar, overload
 
 from . import _html, _registry, _timeline_html
-from ._arrays import shard_bytes
+from ._arrays import failed, shard_bytes
 from ._context import CURRENT
 from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._inspect import Site, SiteStat, Snapshot, TensorRecord, creation_site, holders
@@ -50,7 +50,9 @@ class TimelineEvent(NamedTuple):
     Attributes:
         kind: ``"alloc"``, ``"free"``, ``"scope_enter"`` or ``"scope_exit"``.
         time: seconds on ``time.perf_counter()``'s clock (monotonic).
-        bytes: the buffer's logical bytes, as ``memory().num_bytes`` counts them (0 for scopes).
+        bytes: the buffer's logical bytes, as ``memory().num_bytes`` counts them (0 for scopes,
+            and for a buffer whose allocation failed: JAX says so only once the array is
+            waited for, so a timeline rewrites such an allocation, and its peak, when read).
         device: the device holding the buffer (``str(device)``), several joined by ``","``.
         site: the :class:`tidyjax.Site` that created its array, or None.
         scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
@@ -290,6 +292,7 @@ class Timeline:
     def events(self) -> list[TimelineEvent]:
         """The events kept, oldest first."""
         with _lock:
+            self._forget_failed()
             return list(self._events)
 
     @property
@@ -300,7 +303,54 @@ class Timeline:
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
         """What dropped events left alive, and the events kept: together, the whole replay."""
         with _lock:
+            self._forget_failed()
             return list(self._base.values()), list(self._events)
+
+    def _forget_failed(self) -> None:
+        """Rewrite to 0 bytes the allocations of live buffers whose computation has failed by
+        now, and the running total and the peak with them: such a buffer never held memory.
+
+        JAX says an allocation failed only when the array is waited for (the per-op path never
+        asks), so this runs when the timeline is read or stops; nothing here waits for an array
+        still being computed. Under ``_lock``.
+        """
+        amended: dict[int, TimelineEvent] = {}
+        for entry in list(self._live.values()):
+            ev = entry[1]
+            if ev.bytes and failed(entry[0].array()):
+                entry[1] = amended[id(ev)] = ev._replace(
+                    bytes=0, per_device=tuple((d, 0) for d, _ in ev.per_device)
+                )
+                self._bytes -= ev.bytes
+        if not amended:
+            return
+        self._events = collections.deque(amended.get(id(e), e) for e in self._events)
+        self._base = {k: amended.get(id(e), e) for k, e in self._base.items()}
+        if self._peak_live is not None:
+            self._peak_live = [amended.get(id(e), e) for e in self._peak_live]
+        self._repeak()
+
+    def _repeak(self) -> None:
+        """The peak again, after allocations were rewritten smaller: the largest total of the
+        moments that can be replayed (what dropped events left alive, each event kept), or of
+        a peak reached among the dropped events (``_peak_live``)."""
+        events = self._events
+        first = self._seq - len(events)  # the sequence number of events[0]
+        if self._peak_live is not None:
+            best, at, seq = sum(e.bytes for e in self._peak_live), self.peak_time, self._peak_seq
+        else:
+            best, at, seq = 0, (self.start_time or 0.0), -1
+        running = sum(e.bytes for e in self._base.values())
+        for i, ev in enumerate(events):
+            if ev.kind == ALLOC:
+                running += ev.bytes
+                if running > best:
+                    best, at, seq = running, ev.time, first + i
+            elif ev.kind == FREE:
+                running -= ev.bytes
+        if seq != self._peak_seq:
+            self._peak_live = None  # the peak is now at an event kept
+        self.peak_bytes, self.peak_time, self._peak_seq = best, at, seq
 
     def live_at(self, time: float) -> list[TensorRecord]:
         """The buffers alive at ``time`` (``time.perf_counter()``'s clock), oldest first.
@@ -338,6 +388,8 @@ class Timeline:
         return Snapshot(self.live_at(moment)).statistics()[:n]
 
     def __repr__(self) -> str:
+        with _lock:
+            self._forget_failed()
         state = "recording" if self._depth else "stopped"
         if self._loaded:
             state = "loaded"
@@ -596,6 +648,7 @@ class Timeline:
             for rec, ts in found:
                 if id(rec) not in self._live and rec.dead is None:
                     self._alloc(rec, now, tuple(sorted(t._id for t in ts)))
+            self._forget_failed()  # a buffer that failed before: not counted from the start
 
     def _stop(self) -> None:
         with _lock:
@@ -612,6 +665,7 @@ class Timeline:
             if self in _registry.observers:
                 _registry.observers.remove(self)
             self.stop_time = time.perf_counter()
+            self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
 
     # -- the observer (see _registry) ------------------------------------------------------
 

@@ -7,17 +7,19 @@ Plain containers (tuple, list, dict, namedtuples) are walked here: that is cheap
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from . import _registry
 from ._arrays import CONCRETE, PLAIN, Tracer
-from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_all, wrap_borrowed
+from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_all, wrap_borrowed, wrap_foreign
 
 __all__ = [
-    "arrays", "is_tensor", "records_in", "tensors", "tensors_in", "unwrap", "unwrap_args",
+    "arrays", "is_container", "is_tensor", "records_in", "tensors", "tensors_in", "unwrap", "unwrap_args",
     "wrap_arrays", "wrap_tree",
 ]  # fmt: skip
 
@@ -129,7 +131,9 @@ def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _wrap_leaf(v: Any) -> Any:
-    if type(v) in CONCRETE or isinstance(v, Tracer):
+    if type(v) in CONCRETE:
+        return wrap_foreign(v)
+    if isinstance(v, Tracer):
         return wrap(v)
     return v
 
@@ -164,8 +168,51 @@ def tensors_in(x: Any) -> list[Tensor]:
     return out
 
 
-def _gather(x: Any, tensors: list[Tensor], raws: list[Any] | None) -> None:
-    """Append the Tensors in ``x`` to ``tensors`` and, with ``raws``, its raw jax.Arrays."""
+def is_container(x: Any) -> bool:
+    """Whether ``x`` is a pytree container (``None``, a list, tuple or dict, a registered node)
+    rather than a single leaf."""
+    tx = type(x)
+    if x is None or tx is list or tx is tuple or tx is dict:
+        return True
+    if tx in TENSOR_TYPES or tx in CONCRETE or tx in PLAIN:
+        return False
+    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+
+
+#: Leaves whose attributes are never searched for Tensors.
+_OPAQUE = (
+    str, bytes, int, float, complex, bool, type, np.ndarray, np.generic, types.FunctionType,
+    types.BuiltinFunctionType, types.MethodType, types.ModuleType, range, set, frozenset,
+)  # fmt: skip
+_MAX_OBJECTS = 10_000  # attribute search: objects visited at most per call
+
+
+def _gather_attributes(
+    obj: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int]
+) -> None:
+    """The Tensors and arrays in the attributes of an object JAX does not know as a pytree (a
+    plain class, an unregistered dataclass), as TensorFlow.js finds them in plain objects."""
+    if id(obj) in seen or len(seen) > _MAX_OBJECTS or isinstance(obj, _OPAQUE):
+        return
+    seen.add(id(obj))
+    module = type(obj).__module__ or ""
+    if module.startswith(("jax", "numpy")):
+        return
+    values = list(vars(obj).values()) if isinstance(getattr(obj, "__dict__", None), dict) else []
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                values.append(getattr(obj, name, None))
+    for v in values:
+        _gather(v, tensors, raws, seen)
+
+
+def _gather(
+    x: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int] | None = None
+) -> None:
+    """Append the Tensors in ``x`` to ``tensors`` and, with ``raws``, its raw jax.Arrays.
+    Objects that are not pytrees are searched through their attributes."""
     tx = type(x)
     if tx in TENSOR_TYPES:
         tensors.append(x)
@@ -180,19 +227,22 @@ def _gather(x: Any, tensors: list[Tensor], raws: list[Any] | None) -> None:
             if tv in TENSOR_TYPES:  # inline: most leaves of a parameter tree
                 tensors.append(v)
             elif tv not in PLAIN:
-                _gather(v, tensors, raws)
+                _gather(v, tensors, raws, seen)
             elif raws is not None and tv in CONCRETE:
                 raws.append(v)
+    elif isinstance(x, Tensor):
+        tensors.append(x)
     else:
-
-        def leaf(v: Any) -> Any:
+        for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor):
             if isinstance(v, Tensor):
                 tensors.append(v)
-            elif raws is not None and type(v) in CONCRETE:
-                raws.append(v)
-            return v
-
-        walk(x, leaf)
+            elif type(v) in CONCRETE:
+                if raws is not None:
+                    raws.append(v)
+            elif v is not None and not isinstance(v, _OPAQUE):
+                if seen is None:
+                    seen = set()
+                _gather_attributes(v, tensors, raws, seen)
 
 
 def records_in(x: Any) -> tuple[list[_registry.Buffer], list[Tensor]]:

@@ -81,6 +81,12 @@ Variable.__module__ = "tidyjax"
 def variable_info(t: Tensor, what: str) -> _VarInfo:
     """``t``'s variable flag, or a clear error for a plain Tensor."""
     var = getattr(t, "_var", None)
+    if var is None and what == "assign":
+        raise TidyjaxTypeError(
+            f"Tensor {describe(t._array)} (id {t._id}) is not a Variable; Tensors are immutable, "
+            "like jax.Array. Make a Variable with tidyjax.Variable(t) to assign to it, or use "
+            "the new value directly."
+        )
     if var is None:
         raise TidyjaxTypeError(
             f"Tensor {describe(t._array)} (id {t._id}) is not a Variable, so it has no {what} "
@@ -101,7 +107,7 @@ def assign(self: Tensor, value: Any) -> Tensor:
         TidyjaxValueError: the shape differs.
         DisposedError: this Variable or ``value`` is disposed.
     """
-    variable_info(self, "value to assign")
+    variable_info(self, "assign")
     if self._rec is None:  # disposed; a donated variable (rec.dead) may take a new value
         self._value()
     label = _label(self)
@@ -126,6 +132,7 @@ def assign(self: Tensor, value: Any) -> Tensor:
     self._array = new
     self._rec = rec
     if old_rec is not None and old_rec.dead is None:
+        _registry.let_go(old_rec)
         _registry.release(old_rec)  # freed unless another live Tensor holds it
     return self
 
@@ -155,9 +162,14 @@ def _hold(arr: Any, value: Any) -> _registry.Buffer:
     """
     rec = _registry.lookup(arr)
     if rec is None or rec.dead is not None:
-        return _registry.new(arr, _registry.VARIABLE)
+        rec = _registry.new(arr, _registry.VARIABLE)
+        rec.nvars = 1
+        return rec
     _registry.join(rec)
     owner = rec.scope
+    if owner is not _registry.VARIABLE:
+        rec.home = owner  # the buffer is its again once no Variable holds it
+    rec.nvars = getattr(rec, "nvars", 0) + 1
     if isinstance(owner, Tracker) and isinstance(value, Tensor) and not isinstance(value, Variable):
         owner._aliases.append(weakref.ref(value))
     rec.scope = _registry.VARIABLE

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import jax
+import numpy as np
 
 from ._arrays import CONCRETE
-from ._errors import TidyjaxTypeError
+from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._tensor import Tensor
 from ._trees import is_tensor
 
@@ -29,6 +30,10 @@ T = TypeVar("T")
 # name -> a function returning the watched object (None once a weakly held one is gone), in the
 # order of the watch calls. Reports copy it under the lock and walk the objects outside it.
 _watched: dict[str, Callable[[], Any]] = {}
+# Every name ever watched: unwatching one again is no error, unwatching a typo is.
+_names: set[str] = set()
+# Values that never hold an array.
+_SCALARS = (bool, int, float, complex, str, bytes, np.generic)
 _lock = threading.Lock()
 
 
@@ -51,7 +56,8 @@ def watch(obj: T, name: str) -> T:
         ``obj``, so that ``model = tidyjax.watch(Model(...), "model")`` reads naturally.
 
     Raises:
-        TidyjaxTypeError: ``name`` is not a non-empty string.
+        TidyjaxTypeError: ``name`` is not a non-empty string, or ``obj`` cannot hold arrays
+            (None, a number, a string, an object JAX sees as a single non-array leaf).
 
     Example::
 
@@ -63,6 +69,18 @@ def watch(obj: T, name: str) -> T:
             f"watch() takes a name (a non-empty str) as its second argument, got {name!r}: "
             f'write tidyjax.watch(obj, "model").'
         )
+    if not _may_hold_arrays(obj):
+        why = (
+            "which holds none"
+            if obj is None or isinstance(obj, _SCALARS)
+            else "which JAX sees as one leaf: register its class as a pytree, or watch the "
+            "dict or module holding its arrays"
+        )
+        raise TidyjaxTypeError(
+            "watch() takes an object that holds arrays (a pytree such as a dict or list of "
+            "arrays, an Equinox module or an optax state; a Flax NNX module or optimizer; a "
+            f"jax.Array or Tensor), got {type(obj).__name__} {obj!r:.60}, {why}."
+        )
     try:
         ref: Callable[[], Any] = weakref.ref(obj)
     except TypeError:  # dicts, lists, tuples: held until unwatch()
@@ -72,19 +90,44 @@ def watch(obj: T, name: str) -> T:
             del _watched[old]
         _watched.pop(name, None)
         _watched[name] = ref
+        _names.add(name)
     return obj
+
+
+def _may_hold_arrays(obj: Any) -> bool:
+    """False for what can never hold an array: None, a number, a string, an object JAX sees as
+    one leaf that is neither an array nor a Flax NNX object (which need not be a pytree)."""
+    if obj is None or isinstance(obj, _SCALARS):
+        return False
+    if isinstance(obj, (Tensor, jax.Array, np.ndarray)):
+        return True
+    nnx_graph = sys.modules.get("flax.nnx.graph")
+    if nnx_graph is not None and nnx_graph.is_graph_node(obj):
+        return True
+    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(obj, is_leaf=is_tensor))
 
 
 def unwatch(obj: Any) -> None:
     """Stop reporting ``obj`` (the watched object itself, or the name it was watched under).
 
-    Idempotent: unwatching what is not watched does nothing.
+    Unwatching an object or a name again does nothing (its object may also be gone already).
+
+    Raises:
+        TidyjaxValueError: ``obj`` is a name that was never watched (a typo?); the message
+            lists the names watched now.
     """
     with _lock:
-        for name in [
+        names = [
             n for n, r in _watched.items() if r() is obj or (isinstance(obj, str) and n == obj)
-        ]:
+        ]
+        for name in names:
             del _watched[name]
+        if isinstance(obj, str) and not names and obj not in _names:
+            now = [n for n, r in _watched.items() if r() is not None]
+            raise TidyjaxValueError(
+                f"unwatch() got {obj!r}, a name that was never watched; the watched names are "
+                f"{', '.join(map(repr, now)) if now else 'none'}."
+            )
 
 
 class _Strong:

@@ -6,6 +6,7 @@ Registered through the ``pytest11`` entry point, so it is active wherever tidyja
   leak report grouped by creation site, if Tensors it created are alive when it ends.
 * ``--tidyjax-leaks`` (ini: ``tidyjax_leaks = true``): the same for every test;
   ``--tidyjax-leak-allowance=N`` (ini: ``tidyjax_leak_allowance``) sets the default allowance.
+  A bad value of either is one usage error at the start of the session.
 * ``tidy_scope`` fixture: the test body runs in a fresh ``tidy("test")`` scope, exited (and its
   Tensors freed) at teardown.
 
@@ -40,25 +41,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("tidyjax_leak_allowance", "leaked Tensors a test may leave", default="0")
 
 
+# (check every test, default allowance), read once at session start by pytest_configure.
+_OPTIONS = pytest.StashKey[tuple[bool, int]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{_MARKER}(allowance=0): fail the test if Tensors it created are still alive at its end",
     )
+    config.stash[_OPTIONS] = _options(config)
+
+
+def _options(config: pytest.Config) -> tuple[bool, int]:
+    """The session's options, or one usage error naming the option and the values it takes."""
+    try:
+        everywhere = bool(config.getoption("--tidyjax-leaks") or config.getini("tidyjax_leaks"))
+    except (ValueError, pytest.UsageError) as e:
+        raise pytest.UsageError(
+            f"tidyjax: ini option tidyjax_leaks takes true or false (also yes/no, on/off, 1/0); "
+            f"{e}."
+        ) from None
+    default = config.getoption("--tidyjax-leak-allowance")
+    where = "--tidyjax-leak-allowance"
+    if default is None:
+        default = config.getini("tidyjax_leak_allowance") or 0
+        where = "ini option tidyjax_leak_allowance"
+    try:
+        n = int(default)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise pytest.UsageError(
+            f"tidyjax: {where} takes a number of Tensors a test may leave, a non-negative int; "
+            f"got {default!r}."
+        )
+    return everywhere, n
 
 
 def _settings(item: pytest.Item) -> int | None:
     """The allowance if the leak check applies to ``item``, else None."""
     config = item.config
     marker = item.get_closest_marker(_MARKER)
-    everywhere = config.getoption("--tidyjax-leaks") or config.getini("tidyjax_leaks")
+    everywhere, default = config.stash.get(_OPTIONS, None) or _options(config)
     if marker is None and not everywhere:
         return None
-    default = config.getoption("--tidyjax-leak-allowance")
-    if default is None:
-        default = _allowance(
-            config.getini("tidyjax_leak_allowance") or 0, "ini tidyjax_leak_allowance"
-        )
     if marker is not None:
         value = marker.args[0] if marker.args else marker.kwargs.get("allowance", default)
         return _allowance(value, f"@pytest.mark.{_MARKER}(allowance=...)")
