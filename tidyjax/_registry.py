@@ -303,10 +303,10 @@ def sweep() -> None:
             gone = (rec() is None and not rec.more) or (rec.dead is not None and _stale(rec))
             if gone and _buffers.get(key) is rec:
                 del _buffers[key]
-        for group in {id(g): g for g in _groups.values()}.values():
-            for rec in [r for r in group if r.array() is None]:
-                _leave_group(rec)
         _sweep_at = max(4096, 2 * len(_buffers))
+    for group in list({id(g): g for g in _groups.values()}.values()):
+        for rec in [r for r in group if r.array() is None]:
+            _leave_group(rec)  # takes the lock
 
 
 def _stale(rec: Buffer) -> bool:

@@ -140,7 +140,7 @@ class Scope(Tracker):
             self.path = f"{parent.path}/{self.name or '<tidy>'}"
         if entered_by_with:
             frame = _user_frame()
-            if frame is not None and frame.f_code.co_flags & _CO_GENERATOR:
+            if frame is not None and frame.f_code.co_flags & _CO_GENERATOR and _iterated(frame):
                 # A generator shares its caller's context, so this scope stays current in the
                 # caller while the generator is suspended: what the caller makes then goes to
                 # the caller's own scope (see _Redirect).
@@ -184,6 +184,7 @@ class Scope(Tracker):
             inner._forced = True
             inner._state = _CLOSED
             inner._token = None
+            inner._frame = None
             inner._free(None)
         if s is None:
             pass  # a generator's scope its caller left: the stack here no longer holds it
@@ -198,6 +199,7 @@ class Scope(Tracker):
                 CURRENT.set(self.parent)
         self._state = _CLOSED
         self._token = None
+        self._frame = None  # a generator's frame holds its locals: let them go
         self._free(result)
         if _registry.observers:
             for observer in list(_registry.observers):
@@ -263,10 +265,10 @@ class Scope(Tracker):
                 ):
                     parent._aliases.append(weakref.ref(t))  # the parent's object now
         for ref in self._aliases:
-            t = ref()
-            if t is None or t._rec is None or id(t) in counted:
+            alias = ref()
+            if alias is None or alias._rec is None or id(alias) in counted:
                 continue
-            rec = t._rec
+            t, rec = alias, alias._rec
             if getattr(t, "_kept", False) or getattr(t, "_var", None) is not None:
                 counted.add(id(t))  # kept, or a Variable (counted in nvars)
                 if getattr(t, "_var", None) is None:
@@ -280,8 +282,7 @@ class Scope(Tracker):
         strays = [
             rec
             for rec in {id(r): r for r in survivors}.values()
-            if rec.dead is None
-            and rec.n > known.get(id(rec), 0) + (getattr(rec, "nvars", 0) if rec.scope is VARIABLE else 0)
+            if rec.dead is None and rec.n > known.get(id(rec), 0) + _variables_on(rec)
         ]
         if strays:
             self._dispose_strays(strays, handed_tensors, why)
@@ -347,7 +348,8 @@ class Scope(Tracker):
         if s is None:
             inner = []
         recs, tensors = records_in(values)
-        _check_found(values, recs, tensors, f"scope {self.path!r}.keep()")
+        for value in values if not recs and not tensors else ():
+            _check_found(value, [], [], f"scope {self.path!r}.keep()")
         for rec in recs:
             owner = rec.scope
             if owner is not self and any(owner is s for s in inner):
@@ -383,6 +385,10 @@ class Scope(Tracker):
         return _decorate(fn, self.name)
 
 
+def _variables_on(rec: _registry.Buffer) -> int:
+    return getattr(rec, "nvars", 0) if rec.scope is VARIABLE else 0
+
+
 def current() -> Tracker | None:
     """The innermost open scope of the running code: scopes of suspended generators (which
     stay in their caller's context) are skipped."""
@@ -395,7 +401,7 @@ def _effective(s: Tracker | None) -> Tracker | None:
     return s
 
 
-class _Redirect(list):  # type: ignore[type-arg]
+class _Redirect(list):
     """The ``_owned``/``_aliases`` list of a scope entered in a generator. While the generator
     is suspended the scope is still the innermost one in its caller's context; what the caller
     makes then goes to the caller's own scope instead. Plain lists for every other scope, so
@@ -418,6 +424,15 @@ class _Redirect(list):  # type: ignore[type-arg]
             item.scope = target
         if target is not None:
             getattr(target, self.attr).append(item)
+
+
+def _iterated(frame: Any) -> bool:
+    """Whether the generator running ``frame`` is iterated by its caller, rather than being a
+    context manager (``contextlib.contextmanager``, a pytest yield fixture), whose scope is
+    meant to wrap the caller's with-block."""
+    driver = frame.f_back
+    name = driver.f_globals.get("__name__", "") if driver is not None else ""
+    return not (name == "contextlib" or name.startswith("_pytest"))
 
 
 def _user_frame() -> Any:
@@ -530,7 +545,7 @@ def _decorate_generator(fn: Callable[..., Any], name: str | None) -> Callable[..
                     item = ctx.run(method, value)
                 except StopIteration as stop:
                     _hand_out(scope, stop.value)
-                    return stop.value  # type: ignore[no-any-return]
+                    return stop.value
                 _hand_out(scope, item)
                 try:
                     value = yield item
@@ -748,6 +763,7 @@ def dispose(x: Any) -> None:
     tensors: list[Any] = []
     raws: list[Any] = []
     _gather(x, tensors, raws)
+    escaped: list[_registry.Buffer] = []  # recorded buffers no Tensor holds (returned raw)
     for arr in raws:
         if arr.is_deleted():
             continue
@@ -756,13 +772,18 @@ def dispose(x: Any) -> None:
         # (find_alias waits for it too, and would raise JAX's error.)
         if rec is None and not failed(arr, wait=True):
             rec = _registry.find_alias(arr)
-        if rec is not None and rec.dead is None:
+        if rec is None or rec.dead is not None:
+            continue
+        if rec.n > 0 or rec.scope is VARIABLE:
+            holders = "a Variable" if rec.scope is VARIABLE else f"{rec.n} live Tensor(s)"
             raise TidyjaxValueError(
-                f"dispose() got a raw jax.Array {describe(arr)} whose buffer a live Tensor "
-                "holds; dispose that Tensor (its buffer is freed with its last holder), or "
+                f"dispose() got a raw jax.Array {describe(arr)} whose buffer {holders} "
+                "hold; dispose those (the buffer is freed with its last holder), or "
                 "tidyjax.adopt() the array first."
             )
+        escaped.append(rec)
     dispose_many(tensors, DISPOSED)
+    _registry.delete_many(escaped, DISPOSED)
     for arr in raws:
         if not arr.is_deleted():
             arr.delete()

@@ -548,8 +548,9 @@ def wrap_foreign(arr: Any) -> Any:
     t = wrap(arr)
     if type(t) is Tensor:
         rec = t._rec
-        if rec is not _UNTRACKED and rec.n == 1 and rec.more is None and arr.committed:
-            _registry.suspect(rec)
+        fresh = rec is not None and rec is not _UNTRACKED and rec.n == 1 and rec.more is None
+        if fresh and arr.committed:
+            _registry.suspect(rec)  # type: ignore[arg-type]
     return t
 
 

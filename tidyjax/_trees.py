@@ -19,8 +19,8 @@ from ._arrays import CONCRETE, PLAIN, Tracer
 from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_all, wrap_borrowed, wrap_foreign
 
 __all__ = [
-    "arrays", "is_container", "is_tensor", "records_in", "tensors", "tensors_in", "unwrap", "unwrap_args",
-    "wrap_arrays", "wrap_tree",
+    "arrays", "is_container", "is_tensor", "records_in", "tensors", "tensors_in", "unwrap",
+    "unwrap_args", "wrap_arrays", "wrap_tree",
 ]  # fmt: skip
 
 _NAMEDTUPLES: set[type] = set()

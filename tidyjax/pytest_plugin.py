@@ -140,8 +140,8 @@ def tidy_scope() -> Generator[Any, None, None]:
     from ._scope import tidy
 
     scope = tidy("test")
-    scope.__enter__()
+    scope._open()  # a scope around the test body, though entered in this generator
     try:
         yield scope
     finally:
-        scope.__exit__(None, None, None)
+        scope._close(None)
