@@ -305,6 +305,14 @@ def _untracked_here(err: tj.OutOfMemoryError) -> list[dict[str, int]]:
     return sorted((dict(h.shapes) for h in rows), key=str)
 
 
+_OLD_JAX = pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7),
+    reason="JAX 0.6 drops the failed call's frames from the error's traceback, so the fill value "
+    "they hold cannot be told from a user's array; the report lists it there",
+)
+
+
+@_OLD_JAX
 def test_an_oom_report_leaves_out_the_scalar_jnp_zeros_made_in_the_failed_call():
     # jnp.zeros makes its fill value (a float32[] scalar) before the allocation fails; only the
     # failed call's frames hold it, and its creation site is the user's line.
@@ -321,6 +329,7 @@ def test_an_oom_report_leaves_out_the_scalar_jnp_zeros_made_in_the_failed_call()
     del raw
 
 
+@_OLD_JAX
 def test_an_oom_report_still_names_the_users_arrays_the_failed_call_was_given():
     x = jnp.ones(5).block_until_ready()  # passed in, and the user's
     fill = jnp.float32(2).block_until_ready()  # the user's own fill value

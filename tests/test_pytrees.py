@@ -215,7 +215,7 @@ def test_dispose_deletes_a_raw_array_no_tensor_holds_and_refuses_one_that_does()
     tj.dispose({"a": raw})
     assert raw.is_deleted()
     t = tj.tensor([1.0])
-    with pytest.raises(tj.TidyjaxValueError, match="dispose that Tensor"):
+    with pytest.raises(tj.TidyjaxValueError, match="dispose those"):
         tj.dispose([t.array])
     assert not t.is_disposed and not t.array.is_deleted()  # nothing was disposed
     tj.dispose(t)

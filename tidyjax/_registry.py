@@ -270,11 +270,19 @@ def _free_aliased(rec: Buffer) -> Any:
     return arr
 
 
+#: Set by ``_tensor``: makes the disposed Tensors of a dropped record let go of its array
+#: objects (which would keep the shared buffer alive after the group's other records are gone).
+on_drop: Any = None
+
+
 def _drop(rec: Buffer) -> None:
     """Forget a dead record whose buffer lives on in another record of its group."""
-    for alias in rec.arrays():
+    arrays = rec.arrays()
+    for alias in arrays:
         if _buffers.get(id(alias)) is rec:
             del _buffers[id(alias)]
+    if on_drop is not None and arrays:
+        on_drop(rec, arrays)
     if observers:
         _notify("buffer_freed", rec)
 

@@ -707,6 +707,19 @@ def forget_array(t: Tensor) -> None:
         t._array = _Meta(arr)
 
 
+def _forget_dropped(rec: _registry.Buffer, arrays: list[Any]) -> None:
+    """The Tensors on ``rec``, a record dropped because another record over its buffer lives
+    on, drop their array objects (one referrer pass; groups are rare)."""
+    import gc
+
+    for obj in gc.get_referrers(*arrays):
+        if type(obj) is Tensor and (obj._rec is rec or obj._rec is None):  # disposed
+            forget_array(obj)
+
+
+_registry.on_drop = _forget_dropped
+
+
 def reason(t: Tensor) -> Reason | str:
     """Why ``t`` is disposed."""
     rec = t._rec
