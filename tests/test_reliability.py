@@ -172,10 +172,9 @@ def _out_of_order():
     a.__enter__()
     b.__enter__()
     try:
-        a.__exit__(None, None, None)
+        a.__exit__(None, None, None)  # closes b, then a; then says b was left open
     finally:
-        b.__exit__(None, None, None)
-        a.__exit__(None, None, None)
+        b.__exit__(None, None, None)  # b's own late exit does nothing
 
 
 def _assign(value):
