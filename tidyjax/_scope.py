@@ -249,43 +249,48 @@ class Scope(Tracker):
         self._freed = _registry.delete_many(doomed, why)
         # Tensor objects made here on buffers that live on: disposed (TensorFlow.js), nothing
         # deleted, unless returned or kept; those returned become the parent's.
-        known: dict[int, int] = {}  # id(record) -> its live holders accounted for
-        counted: set[int] = set()
-        first = self._first_id
-        for t in handed_tensors.values():
-            rec = t._rec
-            if rec is not None:
-                counted.add(id(t))
-                known[id(rec)] = known.get(id(rec), 0) + 1
-                if (
-                    parent is not None
-                    and t._id >= first
-                    and not getattr(t, "_kept", False)
-                    and getattr(t, "_var", None) is None
-                ):
-                    parent._aliases.append(weakref.ref(t))  # the parent's object now
+        held = [t._rec for t in handed_tensors.values()]  # None: disposed meanwhile
+        if parent is not None:
+            first = self._first_id
+            parent._aliases.extend(
+                weakref.ref(t)  # the parent's objects now
+                for t in handed_tensors.values()
+                if t._id >= first
+                and t._rec is not None
+                and not getattr(t, "_kept", False)
+                and getattr(t, "_var", None) is None
+            )
+        counted: set[int] = set()  # kept Tensors (and Variables) on the list, seen once
         for ref in self._aliases:
             alias = ref()
-            if alias is None or alias._rec is None or id(alias) in counted:
+            if alias is None or alias._rec is None:
+                continue
+            if id(alias) in handed_tensors or id(alias) in counted:
                 continue
             t, rec = alias, alias._rec
             if getattr(t, "_kept", False) or getattr(t, "_var", None) is not None:
-                counted.add(id(t))  # kept, or a Variable (counted in nvars)
-                if getattr(t, "_var", None) is None:
-                    known[id(rec)] = known.get(id(rec), 0) + 1
+                counted.add(id(t))
+                if getattr(t, "_var", None) is None:  # a Variable is counted in nvars
+                    held.append(rec)
                 continue
             t._rec = None
             t._why = rec.dead if rec.dead is not None else why
             if rec.dead is None:
                 _registry.unhold(rec)
                 forget_array(t)
-        strays = [
-            rec
-            for rec in {id(r): r for r in survivors}.values()
-            if rec.dead is None and rec.n > known.get(id(rec), 0) + _variables_on(rec)
-        ]
+        # A surviving buffer with more live holders than those accounted for (returned, kept,
+        # Variables) has Tensors made here that nothing returned. The usual case, one holder
+        # that is returned, is settled by a set lookup.
+        accounted = {id(r) for r in held if r is not None}
+        strays = [r for r in survivors if r.dead is None and (r.n > 1 or id(r) not in accounted)]
         if strays:
-            self._dispose_strays(strays, handed_tensors, why)
+            known: dict[int, int] = {}  # id(record) -> its live holders accounted for
+            for r in held:
+                if r is not None:
+                    known[id(r)] = known.get(id(r), 0) + 1
+            strays = [r for r in strays if r.n > known.get(id(r), 0) + _variables_on(r)]
+        if strays:
+            self._dispose_strays(list({id(r): r for r in strays}.values()), handed_tensors, why)
         self._aliases = []
         self._handed = set()
         self._handed_tensors = {}
