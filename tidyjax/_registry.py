@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from ._arrays import CONCRETE, local_nbytes, shard_bytes
+from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, RELEASED, Reason
 
 __all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer"]
@@ -415,14 +415,13 @@ def resolve() -> None:
 def _address(arr: Any, wait: bool) -> Any:
     """The device addresses of ``arr``'s buffer; None if it is deleted, its allocation failed,
     or (without ``wait``) it is not ready yet. A failed buffer is "ready" and raises when
-    waited for; its address would abort the process, so it is waited for first."""
+    waited for; its address would abort the process, so ``failed`` waits for it first."""
     base = getattr(arr, "_base_array", arr)
     try:
-        if base.is_deleted() or (not wait and not base.is_ready()):
+        if base.is_deleted() or (not wait and not base.is_ready()) or failed(base, wait=True):
             return None
-        base.block_until_ready()
         return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
-    except Exception:  # a failed allocation, or deleted meanwhile
+    except Exception:  # deleted meanwhile
         return None
 
 

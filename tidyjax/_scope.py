@@ -353,8 +353,9 @@ class Scope(Tracker):
         if s is None:
             inner = []
         recs, tensors = records_in(values)
-        for value in values if not recs and not tensors else ():
-            _check_found(value, [], [], f"scope {self.path!r}.keep()")
+        if not recs and not tensors:
+            for value in values:
+                _check_found(value, [], [], f"scope {self.path!r}.keep()")
         for rec in recs:
             owner = rec.scope
             if owner is not self and any(owner is s for s in inner):
