@@ -15,6 +15,7 @@ import pytest
 import tidyjax as tj
 from tidyjax import DisposedError, Tensor, Variable, tidy
 from tidyjax._arrays import CONCRETE, JAX_KEY_CHECKS, JAX_OPERATORS
+from tidyjax._lift import PRIMITIVES_TAKE_TENSORS
 
 from .conftest import counts
 
@@ -148,12 +149,31 @@ def test_jax_binary_operators_are_found():
 # -- raw JAX on Tensors: errors that name the fix ------------------------------------------------
 
 
-def test_raw_lax_on_a_tensor_names_the_tidyjax_form():
+@pytest.mark.skipif(PRIMITIVES_TAKE_TENSORS, reason="this JAX converts Tensors at every bind")
+def test_raw_lax_on_a_tensor_names_the_tidyjax_form_where_jax_refuses_it():
     t = tj.tensor([0.0, 1.0])
     with pytest.raises(tj.TidyjaxValueError, match=r"jax\.lax\.exp got a tidyjax Tensor"):
         jax.lax.exp(t)
     with pytest.raises(tj.TidyjaxValueError, match=r"Call tidyjax\.lax\.add instead"):
         jax.lax.add(t, t)
+    t.dispose()
+
+
+@pytest.mark.skipif(not PRIMITIVES_TAKE_TENSORS, reason="JAX before 0.9 has no bind hook")
+def test_raw_lax_takes_a_tensor_and_gives_jax_values():
+    """Private to JAX: the bind-time conversion (fails loudly when it moves)."""
+    t = tj.tensor([0.0, 1.0])
+    out = jax.lax.exp(t)
+    assert type(out) in CONCRETE  # JAX's own value, as jnp.exp(t) gives
+    np.testing.assert_allclose(np.asarray(out), np.exp([0.0, 1.0]), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(jax.lax.add(t, t)), [0.0, 2.0])
+    t.dispose()
+    with pytest.raises(tj.DisposedError):
+        jax.lax.exp(t)
+
+
+def test_raw_random_on_a_key_tensor_names_the_tidyjax_form():
+    t = tj.tensor([0.0, 1.0])
     key = tj.random.key(0)  # a typed key Tensor: JAX checks it as raw key data
     with pytest.raises(tj.TidyjaxValueError, match=r"Call tidyjax\.random\.normal instead"):
         jax.random.normal(key, (2,))
@@ -196,7 +216,9 @@ def test_arrays_and_tensors_convert_a_tree_both_ways():
     with tidy():
         again = tj.tensors({"w": raw, "t": state["w"]})
         assert isinstance(again["w"], Tensor) and again["t"] is state["w"]
-    assert again["w"].is_disposed and raw.is_deleted()  # owned by the scope
+    # the scope lets go of the Tensor; the array stays the caller's (adopt() hands one over)
+    assert again["w"].is_disposed and not raw.is_deleted()
+    np.testing.assert_array_equal(np.asarray(raw), [5.0])
     tj.dispose(state)
 
 

@@ -56,9 +56,12 @@ CURRENT: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar(  # 
     "tidyjax_scope", default=None
 )
 
-#: True while a tidyjax transformation (``tidyjax.jit``/``grad``/``value_and_grad``/``vmap``) runs
-#: the user's function on tracers: there, results stay Tensors wrapping tracers, so Tensor-only
-#: methods (``t.relu()``, ``t.add(u)``) chain. Elsewhere (inside raw ``jax.jit``, ``jax.grad``,
-#: ``lax.scan``, Equinox and Flax transformations) an op on a traced Tensor hands back JAX's own
-#: tracer: JAX needs plain traced values out of a function it transforms.
-TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("tidyjax_tracing", default=False)
+#: The traces of the tidyjax transformations (``tidyjax.jit``/``grad``/``value_and_grad``/``vmap``)
+#: now running the user's function. An op on a Tensor whose result is a tracer of one of them
+#: gives a Tensor (an untracked shell), so Tensor-only methods (``t.relu()``, ``t.add(u)``) chain
+#: on what the function was given. Any other tracer (inside a raw ``jax.grad``, ``lax.scan``, an
+#: Equinox or Flax transformation, nested at any depth) comes back as JAX's own value: JAX needs
+#: plain traced values out of a function it transforms.
+TRACING: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+    "tidyjax_tracing", default=()
+)

@@ -38,6 +38,8 @@ from ._ops import lift
 from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
+_leaves = jax.tree_util.tree_leaves
+
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
 
 
@@ -53,7 +55,12 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
 
     * a concrete array: a Tensor tracked by the current scope (a buffer a live Tensor holds is
       shared, ref-counted);
-    * a tracer: the tracer itself (inside a tidyjax transformation: an untracked Tensor shell);
+    * a tracer: an untracked Tensor shell around it, so the rebuilt tree has the structure JAX
+      compares it with (``jax.jvp`` tangents, ``jacfwd``/``jacrev``, optax's updates); an op on
+      the shell gives JAX's own tracer back (``_context.TRACING``), so what a function JAX
+      transforms returns is plain. On JAX without the bind hook (``PRIMITIVES_TAKE_TENSORS``)
+      a library's ``lax`` call could not take a shell: there the tracer comes back as itself
+      (a shell only for a tidyjax transformation's own trace);
     * data a tree map computed (a number, a shape tuple, a string, a NumPy array from
       ``jax.device_get``, a ``ShapeDtypeStruct``): the value itself, as for a plain array;
     * anything else (``None`` from ``eqx.partition``, booleans of a mask or filter, a library's
@@ -64,7 +71,7 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
     if type(child) in CONCRETE:
         return wrap_foreign(child)
     if isinstance(child, Tracer):
-        return wrap(child)
+        return shell(child) if PRIMITIVES_TAKE_TENSORS else wrap(child)
     if type(child) in _DATA:
         return child
     return shell(child)
@@ -74,6 +81,7 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
 #: named tuples are masks and library objects, which keep their Tensor node).
 _DATA: frozenset[type] = frozenset(
     {int, float, complex, str, bytes, tuple, np.ndarray, jax.ShapeDtypeStruct, np.dtype}
+    | {jax.core.ShapedArray}
     | {type(np.dtype("float32")), np.float32, np.float64, np.int32, np.int64}
 )
 
@@ -84,15 +92,31 @@ _DATA: frozenset[type] = frozenset(
 jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
 
 
-# JAX looks a value's type up in these tables before it raises a message about __jax_array__
-# that names no fix; ``refused_by_jax`` raises one that does. Private to JAX, and they moved
-# between versions: tests/test_pytrees.py fails loudly if a Tensor given to jax.lax no longer
-# gets that error.
+def _as_jax_value(t: Tensor) -> Any:
+    """What a JAX primitive is given for a Tensor: its array, or its tracer."""
+    return t._value()
+
+
+# Where JAX lets a type convert itself at every primitive bind (JAX 0.9+: a private registry,
+# ``register_canonicalize_value_handler``), a Tensor is accepted by every JAX function as its
+# array or tracer: ``jax.lax.exp(t)`` and a library's internal ``lax.select`` on a traced Tensor
+# work and give JAX's own value, and a shell's tracer keeps its derivative. Older JAX has no such
+# hook; there JAX looks a Tensor's type up in its type tables and ``refused_by_jax`` raises an
+# error naming the ``tidyjax`` form. Private to JAX, and they moved between versions:
+# tests/test_pytrees.py fails loudly if either path stops working.
+_register_value = getattr(
+    importlib.import_module("jax._src.dtypes"), "register_canonicalize_value_handler", None
+)
+#: True where JAX primitives take Tensors (converted at bind).
+PRIMITIVES_TAKE_TENSORS = _register_value is not None
+if _register_value is not None:
+    _register_value(Tensor, _as_jax_value)
 _JAX_TYPE_TABLES = (
     ("jax._src.core", "pytype_aval_mappings"),
-    ("jax._src.dtypes", "canonicalize_value_handlers"),  # JAX 0.7+
     ("jax._src.interpreters.xla", "canonicalize_dtype_handlers"),  # JAX before 0.7
 )
+if _register_value is None:
+    _JAX_TYPE_TABLES += (("jax._src.dtypes", "canonicalize_value_handlers"),)  # JAX 0.7, 0.8
 for _module, _table in _JAX_TYPE_TABLES:
     with contextlib.suppress(ImportError, AttributeError):
         getattr(importlib.import_module(_module), _table)[Tensor] = refused_by_jax
@@ -184,7 +208,8 @@ def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
                 (args, kwargs),
                 is_leaf=is_tensor,
             )
-        token = TRACING.set(True)
+        trace = next((x._trace for x in _leaves((args, kwargs)) if isinstance(x, Tracer)), None)
+        token = TRACING.set((*TRACING.get(), trace))
         try:
             return unwrap(fn(*args, **kwargs))
         finally:

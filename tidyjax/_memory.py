@@ -15,7 +15,7 @@ from ._html import fmt_bytes as _fmt_bytes  # the one byte format; other modules
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._watch import watched as _watched
 
-__all__ = ["MemoryInfo", "memory"]
+__all__ = ["MemoryInfo", "WatchedUsage", "buffer_id", "memory", "watched_usage"]
 
 
 class MemoryInfo:
@@ -40,6 +40,9 @@ class MemoryInfo:
         watched: bytes held by each object registered with :func:`tidyjax.watch`, by name
             (each buffer once per name). Counted apart: not in ``untracked_*``; a Tensor inside
             a watched object also counts in ``num_bytes``.
+        watched_arrays: how many arrays hold ``watched[name]``'s bytes, by name: the count
+            beside each byte figure (a Tensor inside a watched object is one of them). Arrays
+            whose computation failed hold nothing and are in neither.
     """
 
     __slots__ = (
@@ -54,6 +57,7 @@ class MemoryInfo:
         "untracked_arrays",
         "untracked_bytes",
         "watched",
+        "watched_arrays",
     )
 
     num_tensors: int
@@ -67,10 +71,12 @@ class MemoryInfo:
     device_stats: Mapping[Any, Mapping[str, int]]
     per_process: tuple[MemoryInfo, ...] | None
     watched: Mapping[str, int]
+    watched_arrays: Mapping[str, int]
 
     def __init__(self, **fields: Any) -> None:
         fields.setdefault("per_process", None)
         fields.setdefault("watched", MappingProxyType({}))
+        fields.setdefault("watched_arrays", MappingProxyType({}))
         for name in self.__slots__:
             object.__setattr__(self, name, fields[name])
 
@@ -91,8 +97,8 @@ class MemoryInfo:
         return (
             f"MemoryInfo(num_tensors={self.num_tensors}, num_data_buffers="
             f"{self.num_data_buffers}, num_bytes={self.num_bytes}, bytes_per_device="
-            f"{per_device}, watched={dict(self.watched)}, unreliable={self.unreliable}, "
-            f"reasons={self.reasons})"
+            f"{per_device}, watched={dict(self.watched)}, watched_arrays="
+            f"{dict(self.watched_arrays)}, unreliable={self.unreliable}, reasons={self.reasons})"
         )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -107,7 +113,7 @@ class MemoryInfo:
             f"  {d}: {_fmt_bytes(b)}"
             for d, b in sorted(self.bytes_per_device.items(), key=lambda kv: str(kv[0]))
         ]
-        lines += [f"  watched {name!r}: {_fmt_bytes(b)}" for name, b in self.watched.items()]
+        lines += [f"  {_watched_line(self, name)}" for name in self.watched]
         if self.untracked_arrays:
             lines.append(f"  untracked: {_untracked(self)}")
         if self.unreliable:
@@ -120,6 +126,12 @@ def _headline(m: MemoryInfo) -> str:
         f"{_count(m.num_tensors, 'tensor')}, {_count(m.num_data_buffers, 'buffer')}, "
         f"{_fmt_bytes(m.num_bytes)}"
     )
+
+
+def _watched_line(m: MemoryInfo, name: str) -> str:
+    """``watched 'model': 4.0 MiB in 2 arrays``: a watched object's bytes with their count."""
+    n = m.watched_arrays.get(name, 0)
+    return f"watched {name!r}: {_fmt_bytes(m.watched.get(name, 0))} in {_count(n, 'array')}"
 
 
 def _untracked(m: MemoryInfo) -> str:
@@ -163,7 +175,8 @@ def _memory_html(m: MemoryInfo) -> str:
         rows.append(row)
     pad = ["", "", ""] if stats else []
     for name, b in m.watched.items():
-        label = f"watched {name!r} (tidyjax.watch)"
+        n = m.watched_arrays.get(name, 0)
+        label = f"watched {name!r} (tidyjax.watch): {_count(n, 'array')}"
         rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
     if untracked:
         b = m.untracked_bytes or 0
@@ -218,7 +231,7 @@ def memory(
             per_device[dev] = per_device.get(dev, 0) + b
     deleted_outside = len(deleted)
     watched = _watched()
-    watched_bytes = {name: sum(_own_bytes(a) for _, a in found) for name, found in watched.items()}
+    usage = watched_usage(watched)
 
     reasons: list[str] = []
     if deleted_outside:
@@ -255,8 +268,66 @@ def memory(
         untracked_arrays=untracked_arrays,
         untracked_bytes=untracked_bytes,
         device_stats=MappingProxyType(device_stats),
-        watched=MappingProxyType(watched_bytes),
+        watched=MappingProxyType({name: u.bytes for name, u in usage.items()}),
+        watched_arrays=MappingProxyType({name: u.arrays for name, u in usage.items()}),
     )
+
+
+class WatchedUsage:
+    """What one watched object holds now, as every report counts it: its arrays (each buffer
+    once; none whose computation failed) and their bytes, and how many of them are Tensors'
+    (tidyjax tracks those, so they count among the Tensors too)."""
+
+    __slots__ = ("arrays", "bytes", "tensor_bytes", "tensors")
+
+    def __init__(self, arrays: int, bytes: int, tensors: int, tensor_bytes: int) -> None:
+        self.arrays, self.bytes, self.tensors, self.tensor_bytes = (
+            arrays,
+            bytes,
+            tensors,
+            tensor_bytes,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"WatchedUsage(arrays={self.arrays}, bytes={self.bytes}, tensors={self.tensors}, "
+            f"tensor_bytes={self.tensor_bytes})"
+        )
+
+
+def watched_usage(
+    found: Mapping[str, list[tuple[str, Any]]] | None = None,
+) -> dict[str, WatchedUsage]:
+    """Each watched name's :class:`WatchedUsage`, from ``found`` (``_watch.watched()``; by
+    default, read now): the one count behind ``memory().watched`` and the reports."""
+    if found is None:
+        found = _watched()
+    out: dict[str, WatchedUsage] = {}
+    for name, pairs in found.items():
+        arrays = nbytes = tensors = tensor_bytes = 0
+        seen: set[Any] = set()
+        for _, arr in pairs:
+            if failed(arr):  # never allocated: holds nothing
+                continue
+            rec = _registry.lookup(arr)
+            key = buffer_id(rec) if rec is not None else id(arr)
+            if key in seen:  # two objects over one recorded buffer: once
+                continue
+            seen.add(key)
+            b = _own_bytes(arr)
+            arrays += 1
+            nbytes += b
+            if rec is not None:
+                tensors += 1
+                tensor_bytes += b
+        out[name] = WatchedUsage(arrays, nbytes, tensors, tensor_bytes)
+    return out
+
+
+def buffer_id(rec: _registry.Buffer) -> int:
+    """One id per device buffer: a group of records over one buffer shares its group's."""
+    group = _registry._groups.get(id(rec)) if _registry._groups else None
+    return id(rec) if group is None else id(group)
 
 
 def _own_bytes(arr: Any) -> int:
@@ -294,14 +365,15 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
         untracked_bytes=None if None in untracked else sum(r.untracked_bytes or 0 for r in reports),
         device_stats=MappingProxyType(stats),
         per_process=tuple(reports),
-        watched=MappingProxyType(_sum_watched(reports)),
+        watched=MappingProxyType(_sum_watched(reports, "watched")),
+        watched_arrays=MappingProxyType(_sum_watched(reports, "watched_arrays")),
     )
 
 
-def _sum_watched(reports: list[MemoryInfo]) -> dict[str, int]:
+def _sum_watched(reports: list[MemoryInfo], field: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in reports:
-        for name, b in r.watched.items():
+        for name, b in getattr(r, field).items():
             out[name] = out.get(name, 0) + b
     return out
 
@@ -317,6 +389,7 @@ def _to_json(m: MemoryInfo) -> dict[str, Any]:
         "untracked_bytes": m.untracked_bytes,
         "device_stats": {str(d.id): dict(s) for d, s in m.device_stats.items()},
         "watched": dict(m.watched),
+        "watched_arrays": dict(m.watched_arrays),
     }
 
 
@@ -337,6 +410,7 @@ def _from_json(d: dict[str, Any]) -> MemoryInfo:
             {devices[int(k)]: MappingProxyType(s) for k, s in d["device_stats"].items()}
         ),
         watched=MappingProxyType(d.get("watched", {})),
+        watched_arrays=MappingProxyType(d.get("watched_arrays", {})),
     )
 
 

@@ -15,6 +15,7 @@ report is built, so the per-op modules can import this one.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import datetime
@@ -36,7 +37,8 @@ from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived
 from ._errors import OutOfMemoryError, TidyjaxTypeError
 
 __all__ = [
-    "OOMHolder", "OOMReport", "failed", "guard_waits", "oom_report", "raise_for", "raise_if_oom",
+    "OOMHolder", "OOMReport", "OOMWatched", "failed", "guard_waits", "oom_report", "raise_for",
+    "raise_if_oom",
 ]  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -116,7 +118,8 @@ class OOMHolder:
         site: where they were created (``"train.py:12 in step"``), or ``"<unknown site>"``.
         scope: the scope path that frees them (``"train/step"``), ``""`` outside every scope,
             ``"<kept>"``, ``"<variable>"``; ``"<untracked>"`` for arrays tidyjax does not own.
-        bytes: their buffers' bytes, each shared buffer once.
+        bytes: their buffers' bytes, each shared buffer once in the whole report (in the row
+            of its first holder), so that the rows of a kind add up to that kind's total.
         count: how many Tensors (or untracked arrays).
         shapes: ``{"float32[1024,1024]": 2, ...}``.
         tracked: False for arrays tidyjax does not own (``jax.live_arrays()`` minus its own).
@@ -142,6 +145,35 @@ class OOMHolder:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class OOMWatched:
+    """What one object registered with :func:`tidyjax.watch` holds, as ``memory()`` counts it.
+
+    Attributes:
+        name: the name it was watched under.
+        arrays: how many arrays it holds (each buffer once), ``memory().watched_arrays[name]``.
+        bytes: their bytes, ``memory().watched[name]``.
+        tensors, tensor_bytes: how many of those arrays are Tensors' and their bytes: tidyjax
+            tracks them, so they are among the Tensors too.
+    """
+
+    name: str
+    arrays: int
+    bytes: int
+    tensors: int = 0
+    tensor_bytes: int = 0
+
+    def __str__(self) -> str:
+        fmt, count = _html.fmt_bytes, _html.count
+        text = f"{self.name!r}: {fmt(self.bytes)} in {count(self.arrays, 'array')}"
+        if self.tensors:
+            text += (
+                f" ({count(self.tensors, 'tensor')}, {fmt(self.tensor_bytes)}, of them also "
+                "counted above)"
+            )
+        return text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class OOMReport:
     """What an :class:`OutOfMemoryError` knows: the request, and who holds the memory.
 
@@ -150,17 +182,24 @@ class OOMReport:
     Attributes:
         what: the op or block that ran out (``"add(Tensor float32[4096,1], ...)"``).
         requested: the bytes JAX could not allocate, read from its message (None if it gave none).
-        tracked_bytes: bytes of the buffers tidyjax tracks, as ``memory().num_bytes`` counts
-            them (arrays whose computation failed hold nothing).
-        untracked_bytes, untracked_arrays: jax arrays alive that tidyjax does not own.
+        tracked_bytes: bytes of the buffers of the live Tensors, each buffer once, as
+            ``memory().num_bytes`` counts them (arrays whose computation failed hold nothing):
+            the sum of the ``tracked`` holders' bytes. :attr:`tensors` is their count.
+        untracked_bytes, untracked_arrays: jax arrays alive that tidyjax neither tracks nor
+            watches: the sums of the untracked holders' bytes and counts.
         device: the device with the most memory in use, where ``memory_stats()`` reports one
             (GPU, TPU); None on CPU.
         limit, in_use: that device's ``bytes_limit`` and ``bytes_in_use`` (all of JAX), or None.
-        holders: :class:`OOMHolder` rows, largest first: tidyjax's (``tracked``) and untracked.
+        holders: :class:`OOMHolder` rows, largest first: tidyjax's Tensors (``tracked``) and
+            untracked arrays.
         failed: arrays alive whose computation failed (not counted), described.
         files: the open timeline's page and JSON, saved with the error (else empty).
         jax_message: JAX's own message.
         problems: what went wrong while reporting (a timeline not saved), one sentence each.
+        watched: an :class:`OOMWatched` per object registered with :func:`tidyjax.watch`, as
+            ``memory().watched`` and ``memory().watched_arrays`` count them (a watched raw
+            array is neither a Tensor nor untracked); :attr:`watched_bytes` and
+            :attr:`watched_arrays` are their sums.
     """
 
     what: str
@@ -176,6 +215,22 @@ class OOMReport:
     files: tuple[str, ...]
     jax_message: str
     problems: tuple[str, ...] = ()
+    watched: tuple[OOMWatched, ...] = ()
+
+    @property
+    def tensors(self) -> int:
+        """How many live Tensors hold :attr:`tracked_bytes`: the tracked holders' counts."""
+        return sum(h.count for h in self.holders if h.tracked)
+
+    @property
+    def watched_bytes(self) -> int:
+        """The bytes of every watched object: the sum of :attr:`watched`'s."""
+        return sum(w.bytes for w in self.watched)
+
+    @property
+    def watched_arrays(self) -> int:
+        """How many arrays hold :attr:`watched_bytes`: the sum of :attr:`watched`'s."""
+        return sum(w.arrays for w in self.watched)
 
     def __str__(self) -> str:
         fmt, count = _html.fmt_bytes, _html.count
@@ -189,14 +244,19 @@ class OOMReport:
                 "(all of JAX)."
             )
         tracked = [h for h in self.holders if h.tracked]
-        n = sum(h.count for h in tracked)
         lines.append(
-            f"tidyjax holds {fmt(self.tracked_bytes)} in {count(n, 'tensor')}"
+            f"tidyjax holds {fmt(self.tracked_bytes)} in {count(self.tensors, 'tensor')}"
             + ("; the largest, by creation site and scope:" if tracked else ".")
         )
         lines += [f"  {h}" for h in tracked[:TOP]]
         if len(tracked) > TOP:
             lines.append(f"  ... and {count(len(tracked) - TOP, 'more site')}")
+        if self.watched:
+            lines.append(
+                f"Watched (tidyjax.watch; tidyjax frees none of it): {fmt(self.watched_bytes)} "
+                f"in {count(self.watched_arrays, 'array')}:"
+            )
+            lines += [f"  {w}" for w in self.watched]
         untracked = [h for h in self.holders if not h.tracked]
         lines.append(
             f"Untracked (jax arrays tidyjax does not own): {fmt(self.untracked_bytes)} in "
@@ -262,14 +322,20 @@ def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
     from . import _registry
     from ._inspect import TensorRecord, creation_site, live_tensors
-    from ._memory import find_untracked, memory
+    from ._memory import find_untracked, memory, watched_usage
+    from ._watch import watched
 
     recs, _ = _registry.live()
     broken = [rec for rec in recs if any(failed(a) for a in rec.arrays())]
     broken_ids = {id(rec) for rec in broken}
     info = memory(scan_untracked=False)  # counts no bytes of a failed buffer
-    tracked = [r for r in live_tensors() if r._buffer not in broken_ids]
-    raw = find_untracked(recs)  # arrays whose computation failed are not in it
+    found = watched()  # read once: the watched section and the untracked scan agree
+    usage = watched_usage(found)
+    # The Tensors only: a watched raw array (a "<watched>" record, id 0) is in the watched
+    # section, counted there with its bytes, as memory().watched counts it.
+    tracked = [r for r in live_tensors() if r.scope != "<watched>" and r._buffer not in broken_ids]
+    watched_ids = {id(getattr(a, "_base_array", a)) for pairs in found.values() for _, a in pairs}
+    raw = find_untracked(recs, watched_ids)  # arrays whose computation failed are not in it
     temporaries = _call_temporaries(_reporting.get(), raw)
     if temporaries:
         raw = [a for a in raw if id(a) not in temporaries]
@@ -285,7 +351,9 @@ def _holders_report() -> OOMReport:
                      variable=False, _buffer=id(a))
         for a in raw
     ]  # fmt: skip
-    holders = _rows(tracked, tracked=True) + _rows(as_records, tracked=False)
+    tensor_rows = _rows(tracked, tracked=True)
+    untracked_rows = _rows(as_records, tracked=False)
+    holders = tensor_rows + untracked_rows
     device = limit = in_use = None
     stats = [(d, s) for d, s in info.device_stats.items() if s.get("bytes_limit")]
     if stats:
@@ -294,9 +362,9 @@ def _holders_report() -> OOMReport:
     return OOMReport(
         what="",
         requested=None,
-        tracked_bytes=info.num_bytes,
-        untracked_bytes=sum(int(a.nbytes) for a in raw),
-        untracked_arrays=len(raw),
+        tracked_bytes=sum(h.bytes for h in tensor_rows),
+        untracked_bytes=sum(h.bytes for h in untracked_rows),
+        untracked_arrays=sum(h.count for h in untracked_rows),
         device=device,
         limit=limit,
         in_use=in_use,
@@ -307,6 +375,10 @@ def _holders_report() -> OOMReport:
         ),
         files=(),
         jax_message="",
+        watched=tuple(
+            OOMWatched(name, u.arrays, u.bytes, u.tensors, u.tensor_bytes)
+            for name, u in usage.items()
+        ),
     )
 
 
@@ -400,17 +472,25 @@ def _held_only_by(objs: list[Any], inside: dict[int, Any], ours: tuple[Any, ...]
 
 
 def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
-    """One row per (scope, creation site), largest first: ``snapshot()``'s grouping per scope."""
-    from ._inspect import _group
+    """One row per (scope, creation site), largest first: ``snapshot()``'s grouping per scope.
 
-    by_scope: dict[str, list[Any]] = {}
+    A buffer counts once in the whole list, in the row of its first record, so the rows' bytes
+    add up to the bytes of all ``records``' buffers, each once."""
+    from ._inspect import _site_key
+
+    groups: dict[tuple[str, str], list[Any]] = {}
     for r in records:
-        by_scope.setdefault(r.scope, []).append(r)
-    rows = [
-        OOMHolder(stat.site, scope, stat.bytes, stat.count, stat.shapes, tracked)
-        for scope, rs in by_scope.items()
-        for stat in _group(rs).values()
-    ]
+        groups.setdefault((r.scope, _site_key(r)), []).append(r)
+    claimed: set[int] = set()
+    rows = []
+    for (scope, site), rs in groups.items():
+        nbytes = 0
+        for r in rs:
+            if r._buffer not in claimed:
+                claimed.add(r._buffer)
+                nbytes += r.bytes
+        shapes = collections.Counter(f"{r.dtype}{list(r.shape)}".replace(" ", "") for r in rs)
+        rows.append(OOMHolder(site, scope, nbytes, len(rs), dict(shapes), tracked))
     rows.sort(key=lambda h: (-h.bytes, -h.count, h.site, h.scope))
     return rows
 

@@ -171,11 +171,17 @@ def add_alias(rec: Buffer, arr: Any) -> None:
 
 def unhold(rec: Buffer) -> None:
     """A Tensor on ``rec`` was disposed by a scope that does not own the buffer: one holder
-    fewer, and nothing is deleted (the buffer's owner frees it)."""
+    fewer, and nothing is deleted (the buffer's owner frees it). A caller's own array
+    (``owned`` False, no owner) leaves the books with its last holder."""
     with _lock:
         rec.n -= 1
-    if observers and rec.dead is None:
+        last = rec.n <= 0 and not rec.owned and rec.scope is None and rec.dead is None
+        if last:
+            rec.dead = RELEASED
+    if observers and (rec.dead is None or last):
         _notify("tensor_removed", rec)
+    if last:
+        free(rec)
 
 
 def find_alias(arr: Any) -> Buffer | None:

@@ -483,8 +483,8 @@ def wrap(arr: Any) -> Any:
 
     ``arr`` is a new buffer (the usual op result: a fresh record, owned by the innermost scope)
     or an array object tidyjax already records (an alias: the record gains a holder). A tracer is
-    never counted: it comes back as it is, or as an untracked Tensor shell while a tidyjax
-    transformation traces (see ``_context.TRACING``).
+    never counted: a tracer of a tidyjax transformation's own trace comes back as an untracked
+    Tensor shell, any other as it is (see ``_context.TRACING``).
     """
     if type(arr) is ArrayImpl or type(arr) is PRNGKeyArray:
         t = _new(Tensor)
@@ -514,7 +514,7 @@ def wrap(arr: Any) -> Any:
             t._rec = rec
             _join(t, rec, scope)
         return t
-    if isinstance(arr, Tracer) and not TRACING.get():
+    if isinstance(arr, Tracer) and arr._trace not in TRACING.get():
         return arr
     return shell(arr)
 
@@ -598,6 +598,21 @@ def wrap_borrowed(arr: Any) -> Tensor:
     if rec is not None and rec.dead is None:
         return wrap(arr)
     return _wrap_unowned(arr)
+
+
+def wrap_given(arr: Any) -> Any:
+    """A Tensor on an array the caller hands to ``tensors()``: an array tidyjax records joins
+    its record; any other stays the caller's (counted, never deleted: a scope disposes only
+    the Tensor, and the buffer goes when its last reference does). ``adopt`` hands one over."""
+    if type(arr) not in CONCRETE:
+        return wrap(arr)
+    rec = _registry.lookup(arr)
+    if rec is not None and rec.dead is None:
+        return wrap(arr)
+    t = _wrap_unowned(arr)
+    if arr.committed:  # perhaps a second object over a recorded buffer (a raw device_put)
+        _registry.suspect(t._rec)  # type: ignore[arg-type]
+    return t
 
 
 def _wrap_unowned(arr: Any) -> Tensor:

@@ -16,7 +16,15 @@ import numpy as np
 
 from . import _registry
 from ._arrays import CONCRETE, PLAIN, Tracer
-from ._tensor import TENSOR_TYPES, Tensor, wrap, wrap_all, wrap_borrowed, wrap_foreign
+from ._tensor import (
+    TENSOR_TYPES,
+    Tensor,
+    wrap,
+    wrap_all,
+    wrap_borrowed,
+    wrap_foreign,
+    wrap_given,
+)
 
 __all__ = [
     "arrays", "is_container", "is_tensor", "records_in", "tensors", "tensors_in", "unwrap",
@@ -53,12 +61,19 @@ def arrays(tree: Any) -> Any:
 
 
 def tensors(tree: Any) -> Any:
-    """``tree`` with every ``jax.Array`` in it replaced by a Tensor tracked by the current scope
-    (the scope owns the arrays from now on, as with :func:`tidyjax.adopt`); Tensors stay.
+    """``tree`` with every ``jax.Array`` in it replaced by a Tensor; Tensors stay.
 
-    The way back from :func:`arrays`: ``state = tidyjax.tensors(restore(...))``.
+    The arrays stay the caller's: tidyjax counts them, and a scope exit or ``dispose`` lets go
+    of the Tensor without deleting the array, so memory is freed as soon as nothing else holds
+    it (``tensors(step(...))`` in a loop stays flat) and an array the caller still holds is
+    never lost. :func:`tidyjax.adopt` hands an array over to be deleted. The way back from
+    :func:`arrays`: ``state = tidyjax.tensors(restore(...))``.
     """
-    return wrap_tree(tree)
+    return walk(tree, _given_leaf)
+
+
+def _given_leaf(v: Any) -> Any:
+    return wrap_given(v) if type(v) in CONCRETE else _wrap_leaf(v)
 
 
 def _is_value(x: Any) -> bool:
