@@ -39,6 +39,10 @@ from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 _leaves = jax.tree_util.tree_leaves
+# Private to JAX (``jax._src.core``): whether a trace is running (tests/test_pytrees.py guards it).
+_jax_core = importlib.import_module("jax._src.core")
+_EvalTrace = _jax_core.EvalTrace
+_ShapedArray = jax.core.ShapedArray
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
 
@@ -62,7 +66,9 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
       a library's ``lax`` call could not take a shell: there the tracer comes back as itself
       (a shell only for a tidyjax transformation's own trace);
     * data a tree map computed (a number, a shape tuple, a string, a NumPy array from
-      ``jax.device_get``, a ``ShapeDtypeStruct``): the value itself, as for a plain array;
+      ``jax.device_get``, a ``ShapeDtypeStruct``, an aval): the value itself, as for a plain
+      array; inside a JAX trace a shell around it, since there such a tree is a spec a library
+      compares structure with (axes, masks);
     * anything else (``None`` from ``eqx.partition``, booleans of a mask or filter, a library's
       per-leaf objects): an untracked Tensor shell around it, so the tree keeps its structure
       and maps, merges and zips with the tree it came from.
@@ -72,8 +78,12 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
         return wrap_foreign(child)
     if isinstance(child, Tracer):
         return shell(child) if PRIMITIVES_TAKE_TENSORS else wrap(child)
-    if type(child) in _DATA:
+    if type(child) is _ShapedArray:  # JAX compares a carry's types (scan, while_loop)
         return child
+    if type(child) in _DATA:
+        # Inside a JAX trace the tree is a spec a library compares with values it traced
+        # (``eqx.filter_vmap``'s axes): the node stays. Outside, data is data.
+        return child if type(_jax_core.trace_ctx.trace) is _EvalTrace else shell(child)
     return shell(child)
 
 
@@ -81,7 +91,6 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
 #: named tuples are masks and library objects, which keep their Tensor node).
 _DATA: frozenset[type] = frozenset(
     {int, float, complex, str, bytes, tuple, np.ndarray, jax.ShapeDtypeStruct, np.dtype}
-    | {jax.core.ShapedArray}
     | {type(np.dtype("float32")), np.float32, np.float64, np.int32, np.int64}
 )
 
@@ -111,7 +120,7 @@ _register_value = getattr(
 PRIMITIVES_TAKE_TENSORS = _register_value is not None
 if _register_value is not None:
     _register_value(Tensor, _as_jax_value)
-_JAX_TYPE_TABLES = (
+_JAX_TYPE_TABLES: tuple[tuple[str, str], ...] = (
     ("jax._src.core", "pytype_aval_mappings"),
     ("jax._src.interpreters.xla", "canonicalize_dtype_handlers"),  # JAX before 0.7
 )
