@@ -235,8 +235,23 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     except RuntimeError as e:  # out of memory: name the holders; else untouched
         raise_for(e, getattr(transformed, "__name__", "function"), args)
         raise
+    except (TypeError, ValueError) as e:
+        if "tidyjax.Tensor" in str(e) and "structure" in str(e):
+            e.add_note(STRUCTURE_HINT)
+        raise
     finally:
         _CALLER_ARGS.reset(token)
+
+
+#: Added to JAX's tree-structure error when a Tensor node meets a raw value (a tree map over
+#: Tensors and raw arrays, ``optax.apply_updates(params, raw_updates)``, a ``lax.cond`` branch
+#: returning its Tensor operand unchanged).
+STRUCTURE_HINT = (
+    "tidyjax: a Tensor is a pytree node, so a tree of Tensors does not zip with the same tree "
+    "of raw jax values. Make both sides Tensors (tidyjax.tensors(raw)) or both arrays "
+    "(tidyjax.arrays(tree)), or call the tidyjax form (tidyjax.lax.cond, tidyjax.lift(fn)), "
+    "which takes either."
+)
 
 
 def _check(fn: Any, what: str) -> None:
