@@ -159,7 +159,7 @@ def test_raw_lax_on_a_tensor_names_the_tidyjax_form_where_jax_refuses_it():
     t.dispose()
 
 
-@pytest.mark.skipif(not PRIMITIVES_TAKE_TENSORS, reason="JAX before 0.9 has no bind hook")
+@pytest.mark.skipif(not PRIMITIVES_TAKE_TENSORS, reason="JAX before 0.10.2 has no bind hook")
 def test_raw_lax_takes_a_tensor_and_gives_jax_values():
     """Private to JAX: the bind-time conversion (fails loudly when it moves)."""
     t = tj.tensor([0.0, 1.0])
