@@ -24,7 +24,7 @@ ocp = pytest.importorskip("orbax.checkpoint")
 import tidyjax as tj  # noqa: E402 - after the skips: the module needs every package above
 from tidyjax import Tensor, tidy  # noqa: E402
 from tidyjax._arrays import CONCRETE  # noqa: E402
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS
+from tidyjax._lift import PRIMITIVES_TAKE_TENSORS  # noqa: E402
 from tidyjax._watch import _watched  # noqa: E402
 
 from .conftest import counts  # noqa: E402

@@ -73,7 +73,8 @@ def test_the_standard_value_and_grad_optax_step_runs_under_tidyjax_jit():
     raw_step, tj_step = jax.jit(step), tj.jit(step)
     raw_p, raw_s, raw_loss = raw_step(raw_p, raw_s, x, y)
     p, s, loss = tj_step(p, s, x, y)
-    assert all(isinstance(leaf, Tensor) for leaf in jax.tree.leaves((p, s, loss), is_leaf=tj.is_tensor))
+    leaves = jax.tree.leaves((p, s, loss), is_leaf=tj.is_tensor)
+    assert all(isinstance(leaf, Tensor) for leaf in leaves)
     _close((p, s, loss), (raw_p, raw_s, raw_loss))
 
     # A training loop in a scope: memory stays flat, results keep matching raw JAX.
@@ -102,8 +103,10 @@ def test_jax_nn_custom_jvp_functions_differentiate_under_every_tidyjax_form():
         _close(tj.jit(jax.grad(_mlp_loss))(p, x, y), raw_g)
         _close(jax.grad(_mlp_loss)(p, x, y), raw_g)  # raw grad of a tree of Tensors
         # Tensor-only methods still chain on what the function is given
-        chained = tj.grad(lambda w, x: x.matmul(w).relu().square().mean())(p["w1"], tj.tensor(x))
-        _close(chained, jax.grad(lambda w, x: jnp.mean(jax.nn.relu(x @ w) ** 2))(_params()["w1"], x))
+        chain = tj.grad(lambda w, x: x.matmul(w).relu().square().mean())
+        chained = chain(p["w1"], tj.tensor(x))
+        want = jax.grad(lambda w, x: jnp.mean(jax.nn.relu(x @ w) ** 2))(_params()["w1"], x)
+        _close(chained, want)
         assert isinstance(chained, Tensor)
     tj.dispose(p)
 

@@ -189,8 +189,9 @@ def test_what_only_underscores_and_out_hold_is_freed(shell):
     n = shell.execution_count - 1
     assert ns["_"] is ns["Out"][n] is ns[f"_{n}"] and ns["_"].is_disposed
     assert ns["__"].is_disposed and not ns["x"].is_disposed
-    # A value from an earlier cell, now in Out[n] and `___` only, goes when its name is rebound.
-    run_numbered(shell, "y = tj.tensor([5.0])\ny")
+    # A value an earlier %%tidy cell showed, now in Out[n] and `___` only, goes when its name
+    # is rebound.
+    run_numbered(shell, "%%tidy\ny = tj.tensor([5.0])\ny")
     shown = weakref.ref(ns["_"])  # a strong reference here would be a holder
     run_numbered(shell, "1")
     run_numbered(shell, "2")
@@ -198,6 +199,14 @@ def test_what_only_underscores_and_out_hold_is_freed(shell):
     run_numbered(shell, "%%tidy\ny = tj.tensor([6.0])\n")
     assert shown().is_disposed and not ns["y"].is_disposed
     assert tj.memory().num_tensors == 2
+    # One an ordinary cell showed is not %%tidy's: `%tidyjax free` (or auto mode) frees it.
+    run_numbered(shell, "z = tj.tensor([7.0])\nz")
+    shown = weakref.ref(ns["_"])
+    run_numbered(shell, "%%tidy\nz = tj.tensor([8.0])\n")
+    assert not shown().is_disposed
+    run_numbered(shell, "%tidyjax free")
+    assert shown().is_disposed and not ns["z"].is_disposed
+    assert tj.memory().num_tensors == 3
 
 
 def test_what_a_user_name_reaches_through_any_object_is_kept(shell, capsys):

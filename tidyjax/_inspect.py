@@ -28,6 +28,7 @@ from ._arrays import failed, local_nbytes
 from ._errors import LeakError, TidyjaxTypeError, TidyjaxValueError
 from ._html import count as _count
 from ._html import fmt_bytes as _fmt_bytes
+from ._memory import buffer_id
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._registry import KEPT
 from ._tensor import Tensor, _ids
@@ -244,15 +245,22 @@ def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str]) -> TensorRe
         id=t._id,
         shape=tuple(arr.shape),
         dtype=str(arr.dtype),
-        bytes=0 if failed(arr) else rec.size(),  # a failed allocation holds nothing
-        devices=tuple(sorted(str(d) for d in arr.devices())),
+        # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
+        bytes=0 if failed(arr) or _deleted(arr) else rec.size(),
+        # from the sharding: ``devices()`` raises for a deleted array, the sharding never does
+        devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
         scope=path,
         site=creation_site(arr),
         kept=owner is KEPT,
         variable=variable,
-        _buffer=id(rec),
+        _buffer=buffer_id(rec),  # records over one buffer (a group) share it
         name=names.get(id(arr)) if names else None,
     )
+
+
+def _deleted(arr: Any) -> bool:
+    is_deleted = getattr(getattr(arr, "_base_array", arr), "is_deleted", None)
+    return bool(is_deleted()) if is_deleted is not None else False
 
 
 def _watched_record(arr: Any, name: str) -> TensorRecord:
@@ -272,6 +280,29 @@ def _watched_record(arr: Any, name: str) -> TensorRecord:
     )
 
 
+WATCHED = "<watched>"
+
+
+def summary(records: Iterable[TensorRecord]) -> str:
+    """The one headline of a list of records: the Tensors with their bytes, then the arrays
+    only watched objects hold with theirs (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``),
+    each buffer once. The watched part is left out when there is none."""
+    tensors: dict[int, int] = {}
+    raw: dict[int, int] = {}
+    n_tensors = n_raw = 0
+    for r in records:
+        if r.scope == WATCHED:
+            n_raw += 1
+            raw[r._buffer] = r.bytes
+        else:
+            n_tensors += 1
+            tensors[r._buffer] = r.bytes
+    text = f"{_count(n_tensors, 'live tensor')}, {_fmt_bytes(sum(tensors.values()))}"
+    if n_raw:
+        text += f"; {_count(n_raw, 'watched array')}, {_fmt_bytes(sum(raw.values()))}"
+    return text
+
+
 class TensorRecordList(list[TensorRecord]):
     """A list of :class:`TensorRecord` that shows itself as a table in Jupyter."""
 
@@ -284,6 +315,8 @@ def live_tensors() -> TensorRecordList:
 
     With objects registered by :func:`tidyjax.watch`, the arrays they hold come first (id 0,
     scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
+    The reports count those apart from the Tensors: ``3 live tensors, 12 B; 2 watched arrays,
+    4.0 MiB``.
     """
     names: dict[int, str] = {}
     raw: list[TensorRecord] = []
@@ -301,7 +334,7 @@ def live_tensors() -> TensorRecordList:
 @_html.never_raises
 def _records_html(records: list[TensorRecord]) -> str:
     esc = _html.esc
-    head = f"<b>{esc(_count(len(records), 'live tensor'))}</b>"
+    head = f"<b>{esc(summary(records))}</b>"
     if not records:
         return _html.box(head)
     named = any(r.name for r in records)
@@ -326,21 +359,41 @@ def _records_html(records: list[TensorRecord]) -> str:
 # -- grouping by site ------------------------------------------------------------------------
 
 
+#: What a site's key ends with when its records are arrays only watched objects hold.
+_WATCHED_SUFFIX = " (watched)"
+
+
 def _site_key(r: TensorRecord) -> str:
-    return str(r.site) if r.site is not None else "<unknown site>"
+    """A site as the reports group by it; watched arrays apart from Tensors made there."""
+    site = str(r.site) if r.site is not None else "<unknown site>"
+    return site + _WATCHED_SUFFIX if r.scope == WATCHED else site
+
+
+def _noun(site: str) -> str:
+    return "watched array" if site.endswith(_WATCHED_SUFFIX) else "tensor"
 
 
 class SiteStat:
-    """The live Tensors created at one site: how many, their bytes (shared buffers once)."""
+    """The live Tensors created at one site: how many, their bytes (shared buffers once).
+
+    The arrays that only watched objects hold are a row of their own, their site ending in
+    ``" (watched)"`` (``watched`` is True), counted as watched arrays, not Tensors.
+    """
 
     __slots__ = ("bytes", "count", "shapes", "site")
 
     def __init__(self, site: str, count: int, bytes: int, shapes: dict[str, int]) -> None:
         self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
 
+    @property
+    def watched(self) -> bool:
+        """Whether the row counts arrays only watched objects hold (not Tensors)."""
+        return self.site.endswith(_WATCHED_SUFFIX)
+
     def __str__(self) -> str:
         shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
-        return f"{self.site}: {_count(self.count, 'tensor')}, {_fmt_bytes(self.bytes)} [{shapes}]"
+        count = _count(self.count, _noun(self.site))
+        return f"{self.site}: {count}, {_fmt_bytes(self.bytes)} [{shapes}]"
 
     def __repr__(self) -> str:
         return f"SiteStat({self.site!r}, count={self.count}, bytes={self.bytes})"
@@ -359,7 +412,7 @@ class SiteDiff:
         sign = "+" if self.bytes_diff >= 0 else "-"
         return (
             f"{self.site}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
-            f"{_count(self.count, 'tensor')} ({self.count_diff:+d})"
+            f"{_count(self.count, _noun(self.site))} ({self.count_diff:+d})"
         )
 
     def __repr__(self) -> str:
@@ -374,10 +427,16 @@ def _group(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
     for r in records:
         groups[_site_key(r)].append(r)
     out = {}
+    claimed: set[tuple[bool, int]] = set()  # a buffer counts once, in its first record's row
     for site, rs in groups.items():
-        buffers = {r._buffer: r.bytes for r in rs}
+        nbytes = 0
+        for r in rs:
+            key = (r.scope == WATCHED, r._buffer)
+            if key not in claimed:
+                claimed.add(key)
+                nbytes += r.bytes
         shapes = collections.Counter(f"{r.dtype}{list(r.shape)}".replace(" ", "") for r in rs)
-        out[site] = SiteStat(site, len(rs), sum(buffers.values()), dict(shapes))
+        out[site] = SiteStat(site, len(rs), nbytes, dict(shapes))
     return out
 
 
@@ -399,21 +458,21 @@ class Snapshot:
         self.taken_at = time.time() if taken_at is None else taken_at
 
     def __repr__(self) -> str:
-        return f"<Snapshot of {_count(len(self.records), 'tensor')}>"
+        return f"<Snapshot of {summary(self.records)}>"
 
     def _repr_html_(self) -> str:
-        return _stats_html(_count(len(self.records), "live tensor"), self.statistics())
+        return _stats_html(summary(self.records), self.statistics())
 
     def __str__(self) -> str:
-        return "\n".join(
-            [_count(len(self.records), "live tensor")] + [f"  {s}" for s in self.statistics()]
-        )
+        return "\n".join([summary(self.records)] + [f"  {s}" for s in self.statistics()])
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
     def statistics(self) -> list[SiteStat]:
-        """One :class:`SiteStat` per creation site, largest first."""
+        """One :class:`SiteStat` per creation site, largest first (the watched arrays made at
+        a site a row apart). Their counts and bytes add up to the headline's, each buffer in
+        the row of its first record."""
         return sorted(_group(self.records).values(), key=lambda s: (-s.bytes, -s.count, s.site))
 
     def compare_to(self, old: Snapshot) -> SiteDiffList:

@@ -236,8 +236,9 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         raise_for(e, getattr(transformed, "__name__", "function"), args)
         raise
     except (TypeError, ValueError) as e:
-        if "tidyjax.Tensor" in str(e) and "structure" in str(e):
-            e.add_note(STRUCTURE_HINT)
+        add_note = getattr(e, "add_note", None)  # Python 3.11+
+        if add_note is not None and "tidyjax.Tensor" in str(e) and "structure" in str(e):
+            add_note(STRUCTURE_HINT)
         raise
     finally:
         _CALLER_ARGS.reset(token)

@@ -47,10 +47,15 @@ def watch(obj: T, name: str) -> T:
     again under a name in use replaces that entry (a re-run notebook cell); watching a watched
     object under a new name renames it.
 
-    At each report, the arrays ``obj`` holds then are counted: ``memory().watched[name]`` is
-    their bytes (each buffer once) and they no longer count as untracked; ``live_tensors()``
-    lists each under its path (``model.layers[0].kernel``). Tensors inside ``obj`` get that
-    name too and stay counted in ``num_bytes``. Watching costs nothing per operation.
+    At each report, the arrays ``obj`` holds then are counted, always as a count with its
+    bytes: ``memory().watched[name]`` is their bytes and ``memory().watched_arrays[name]`` their
+    number (each buffer once), and they no longer count as untracked; an out-of-memory report
+    lists the same figures in a section of its own (``OOMReport.watched``), apart from the
+    Tensors' headline. ``live_tensors()`` lists each under its path
+    (``model.layers[0].kernel``), and its headline counts them apart too (``3 live tensors,
+    12 B; 2 watched arrays, 4.0 MiB``). Tensors inside ``obj`` get that name too and stay
+    counted as Tensors (in ``num_bytes``; reports say they are also counted there). Watching
+    costs nothing per operation.
 
     Returns:
         ``obj``, so that ``model = tidyjax.watch(Model(...), "model")`` reads naturally.
@@ -62,7 +67,8 @@ def watch(obj: T, name: str) -> T:
     Example::
 
         model = tidyjax.watch(MLP(rngs=nnx.Rngs(0)), "model")
-        print(tidyjax.memory().watched)      # {'model': 1184}
+        print(tidyjax.memory().watched)          # {'model': 1184}
+        print(tidyjax.memory().watched_arrays)   # {'model': 4}
     """
     if not isinstance(name, str) or not name:
         raise TidyjaxTypeError(

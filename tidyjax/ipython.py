@@ -1,15 +1,23 @@
 """IPython / Jupyter integration: ``%load_ext tidyjax``.
 
 * ``%%tidy [name] [-q]``: run the cell in a scope. When it ends, every Tensor and raw
-  ``jax.Array`` that only IPython's history holds is freed: what only ``Out``,
-  ``_``/``__``/``___``/``_N``, the last result or a stored traceback refers to, directly or
-  through the containers and objects they show. That covers what the cell made and only showed,
-  and earlier values whose last name the cell rebound or deleted. What a user-visible name
-  reaches through any container or object (a list, a dict, a NumPy object array, an attribute,
-  a closure) is kept, and so is what anything else outside the history holds (a module, a cache,
-  a jitted function). A freed output's ``Out[n]`` and ``_`` entries become a placeholder. Prints
-  one line: ``tidy: freed N buffers (X KiB); kept M; freed K jax arrays (Y MiB)``.
-* ``%tidyjax auto on|off``: the same for every cell.
+  ``jax.Array`` that only IPython's history holds *of what ``%%tidy`` cells showed* is freed: the
+  cell's own ``Out[n]``, ``_``/``__``/``___``/``_N`` entries, result and traceback, and the
+  ``Out`` entries of earlier ``%%tidy`` (and auto-mode) cells, directly or through the containers
+  and objects they show. That covers what the cell made and only showed, and what an earlier
+  ``%%tidy`` cell showed whose last name this cell rebound or deleted. What an ordinary cell
+  showed is never freed by ``%%tidy`` (so is anything such an output also reaches): its history
+  entries count as holders. What a user-visible name reaches through any container or object (a
+  list, a dict, a NumPy object array, an attribute, a closure) is kept, and so is what anything
+  else outside the history holds (a module, a cache, a jitted function). A freed output's
+  ``Out[n]`` and ``_`` entries become a placeholder, which raises a ``DisposedError`` naming the
+  entry and what freed it when used. The body runs as the cell itself: its Tensors' creation
+  sites and tracebacks read ``In[n], line L`` with the cell's own number and line numbers (the
+  ``%%tidy`` line is line 1). Prints one line:
+  ``tidy: freed N buffers (X KiB); kept M; freed K jax arrays (Y MiB)``.
+* ``%tidyjax auto on|off``: the same around every cell, over *all* of the history: what any cell
+  showed is freed once only the history holds it.
+* ``%tidyjax free``: that once, now (what any cell showed, as auto mode does).
 * ``%tidyjax memory``: the ``memory()`` table. ``%tidyjax live``: live Tensors by creation site.
 * ``%tidyjax timeline on|off|show``: record a timeline of the cells run while on, one band per
   cell; ``show`` (or ``%tidyjax timeline`` alone) displays its chart.
@@ -34,17 +42,18 @@ import re
 import sys
 import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
 
 from . import _registry
 from ._arrays import ArrayImpl, describe, local_nbytes
+from ._errors import DisposedError, Reason, scope_exited
 from ._inspect import holders, snapshot
 from ._memory import _fmt_bytes, memory
 from ._scope import Scope
-from ._tensor import Tensor
+from ._tensor import Tensor, dispose_tensor
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension"]
 
@@ -89,6 +98,55 @@ def _module_dicts() -> set[int]:
     return {id(d) for m in list(sys.modules.values()) if (d := getattr(m, "__dict__", None))}
 
 
+def _owners(shell: Any) -> tuple[tuple[Any, tuple[str, ...]], ...]:
+    """The objects whose attributes are history (read from instance dicts: only references
+    that really exist count)."""
+    return (
+        (shell.displayhook, ("_", "__", "___")),
+        (shell.InteractiveTB, ("tb",)),
+        (shell.SyntaxTB, ("tb",)),
+        (sys, ("last_value", "last_traceback", "last_exc")),
+    )
+
+
+def _slots(shell: Any) -> list[tuple[Any, str, Any]]:
+    """Every single reference the history holds, as ``(where, name, value)``: ``where`` is
+    ``"Out"`` (``name`` the entry's key), a namespace dict (``_``, ``__``, ``___``, ``_N``), an
+    attribute's owner (the display hook, a traceback printer, ``sys``)."""
+    ns, hidden = shell.user_ns, shell.user_ns_hidden
+    slots: list[tuple[Any, str, Any]] = []
+    out = ns.get("Out")
+    if isinstance(out, dict):
+        slots.extend(("Out", n, v) for n, v in out.items())
+    for space in (ns, hidden):
+        slots.extend(
+            (space, k, v) for k, v in space.items() if _HISTORY.match(k) and k not in _BOOKS
+        )
+    for owner, names in _owners(shell):
+        attrs = getattr(owner, "__dict__", {})
+        slots.extend((owner, n, attrs[n]) for n in names if n in attrs)
+    return slots
+
+
+class _Seen:
+    """What the history showed before a cell ran: ids of its values and ``Out``'s keys (ids
+    only: holding the values would count as holding them). A value that is in the history
+    after the cell and was nowhere in it before is the cell's own (a value an earlier cell
+    showed only moves from ``_`` to ``__``)."""
+
+    def __init__(self, shell: Any) -> None:
+        slots = _slots(shell)
+        self.ids = {id(v) for _, _, v in slots}
+        self.keys = {n for where, n, _ in slots if where == "Out"}
+
+    def own(self, shell: Any) -> tuple[set[int], set[Any]]:
+        """The ids of the values the cell added to the history, and its ``Out`` keys."""
+        slots = _slots(shell)
+        ids = {id(v) for _, _, v in slots if id(v) not in self.ids}
+        keys = {n for where, n, v in slots if where == "Out" and id(v) in ids}
+        return ids, keys
+
+
 class _History:
     """IPython's own references to values: the ones that must not keep a value alive.
 
@@ -96,35 +154,50 @@ class _History:
     reference they hold counts. ``values`` are single references from a place that also holds
     other things: one per ``_``/``__``/``___``/``_N`` entry of the user and hidden namespaces, per
     display-hook attribute, per ``sys.last_*`` and per stored traceback.
+
+    ``part``: count only part of the history, as ``%%tidy`` does: ``(ids, keys)``, the ids of the
+    values it may free and the ``Out`` keys that are its to free (its own cell's and earlier
+    ``%%tidy`` cells'). Then ``Out`` is no root: only its entries under ``keys`` count, ``_N``
+    only for those keys, ``sys.last_*`` and the tracebacks only when the cell made them (their
+    ids are in ``ids``), ``_``/``__``/``___`` when they show one of those values. A reference the
+    walk does not count is a holder: what another cell's output also shows is kept.
     """
 
-    def __init__(self, shell: Any, results: Iterable[Any]) -> None:
+    def __init__(
+        self, shell: Any, results: Iterable[Any], part: tuple[set[int], set[Any]] | None = None
+    ) -> None:
         ns, hidden = shell.user_ns, shell.user_ns_hidden
-        hook = shell.displayhook
+        out = ns.get("Out")
         roots: dict[int, Any] = {}
-        for root in (ns.get("Out"), shell.last_execution_result, *results):
+        tops = (out, shell.last_execution_result) if part is None else ()
+        for root in (*tops, *results):
             if root is not None:
                 roots[id(root)] = root  # once each: a root counted twice would count refs twice
         self.roots = list(roots.values())
         self.values: list[Any] = []
-        for space in (ns, hidden):
-            self.values.extend(v for k, v in space.items() if _HISTORY.match(k) and k not in _BOOKS)
-        # Only references that really exist are counted: attributes read from instance dicts.
-        for owner, names in (
-            (hook, ("_", "__", "___")),
-            (shell.InteractiveTB, ("tb",)),
-            (shell.SyntaxTB, ("tb",)),
-            (sys, ("last_value", "last_traceback", "last_exc")),
-        ):
-            attrs = getattr(owner, "__dict__", {})
-            self.values.extend(attrs[n] for n in names if n in attrs)
+        if part is None:
+            self.values.extend(v for where, _, v in _slots(shell) if where != "Out")
+        else:
+            ids, keys = part
+            if isinstance(out, dict):
+                ids = ids | {id(out[n]) for n in keys if n in out}
+            for where, name, value in _slots(shell):
+                if where == "Out":
+                    wanted = name in keys
+                elif isinstance(where, dict) and name[1:].isdigit():
+                    wanted = int(name[1:]) in keys
+                else:
+                    wanted = id(value) in ids
+                if wanted:
+                    self.values.append(value)
         self.skip = {
             id(ns),
             id(hidden),
             id(shell),
-            id(hook),
+            id(shell.displayhook),
             id(shell.history_manager),
             id(ns.get("In")),
+            id(out),
             *roots,
         }
 
@@ -157,12 +230,14 @@ class _Decision:
         created: dict[int, Tensor],
         results: Iterable[Any],
         inert: dict[Any, int],
+        part: tuple[set[int], set[Any]] | None = None,
     ) -> None:
         """``created``: the cell's own Tensors (held only by this dict), by id. ``inert``:
         ``Out`` entries (key -> id of the value) known to hold nothing to free and nothing held
-        elsewhere, which are not walked again; updated here."""
+        elsewhere, which are not walked again; updated here. ``part``: the part of the history
+        to count (see ``_History``); None: all of it."""
         gc.collect(1)  # young unreachable cycles would count as holders
-        history = _History(shell, results)
+        history = _History(shell, results, part)
         self.shell = shell
         self.roots = history.roots
         self.nodes: dict[int, Any] = {}
@@ -177,12 +252,15 @@ class _Decision:
             for key, obj in self.nodes.items()
             if key not in held and (key in created or _freeable(obj))
         }
-        inert.clear()
-        inert.update(
-            (n, id(v))
-            for n, v in out.items()
-            if id(v) in frozen or self._inert(id(v), held, created)
-        )
+        walked = out.keys() if part is None else part[1]  # the other entries: as they were
+        for n, v in out.items():
+            if n in walked:
+                if id(v) in frozen or self._inert(id(v), held, created):
+                    inert[n] = id(v)
+                else:
+                    inert.pop(n, None)
+        for n in [n for n in inert if n not in out]:
+            del inert[n]
 
     def _inert(self, key: int, held: set[int], created: dict[int, Tensor]) -> bool:
         """Whether the node ``key`` and all below it were walked, are held by the history alone
@@ -280,29 +358,75 @@ class _Decision:
                     stack.append(ref)
         return held
 
-    def drop_history_of(self, freed: set[int]) -> None:
+    def labels(self, targets: set[int]) -> dict[int, str]:
+        """For each id in ``targets`` the history entry that showed it, as the user would
+        write it: ``Out[3]`` first, else a name (``__``), else the stored traceback."""
+        found: dict[int, str] = {}
+        if not targets:
+            return found
+        seen: set[int] = set()
+
+        def mark(value: Any, label: str) -> None:
+            stack = [value]
+            while stack:
+                obj = stack.pop()
+                key = id(obj)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if key in targets:
+                    found.setdefault(key, label)
+                if key in self.expanded:
+                    stack.extend(_referents(obj))
+
+        slots = sorted(_slots(self.shell), key=lambda s: s[0] != "Out")
+        for where, name, value in slots:
+            if where == "Out":
+                mark(value, f"Out[{name}]")
+            elif isinstance(where, dict):
+                mark(value, name)
+            else:
+                mark(value, "the stored traceback")
+            seen.clear()  # another entry may reach what this one reached first
+            if len(found) == len(targets):
+                break
+        for root in self.roots:
+            for ref in _referents(root):
+                mark(ref, "the output history")
+        return found
+
+    def drop_history_of(self, freed: set[int], who: str) -> None:
         """Replace every history entry that reaches a deleted array (``Out[n]``, ``_``,
-        ``_N``, a result) by a placeholder, so that showing it again never touches the array."""
+        ``_N``, a result) by a placeholder, so that showing it again never touches the array.
+        ``who``: what freed it (``%%tidy at the end of In[3]``), for the placeholder's error."""
         if not freed:
             return
         memo: dict[int, bool] = {}
         placeholders: dict[int, _FreedOutput] = {}
+        shell = self.shell
+        ns, hidden = shell.user_ns, shell.user_ns_hidden
+        out = ns.get("Out")
+        out = out if isinstance(out, dict) else {}
+        named: dict[int, str] = {}  # a value's label: its Out entry, else its first name
+        for where, name, value in _slots(shell):
+            if where == "Out":
+                named.setdefault(id(value), f"Out[{name}]")
+        for where, name, value in _slots(shell):
+            if isinstance(where, dict):
+                named.setdefault(id(value), name)
 
         def stale(value: Any) -> bool:
             key = id(value)
             if key not in memo:
                 memo[key] = self._reaches(value, freed)
                 if memo[key]:
-                    placeholders[key] = _FreedOutput(value)
+                    label = named.get(key, "an output")
+                    placeholders[key] = _FreedOutput(value, label, who)
             return memo[key]
 
-        shell = self.shell
-        ns, hidden = shell.user_ns, shell.user_ns_hidden
-        out = ns.get("Out")
-        if isinstance(out, dict):
-            for n, value in list(out.items()):
-                if stale(value):
-                    out[n] = placeholders[id(value)]
+        for n, value in list(out.items()):
+            if stale(value):
+                out[n] = placeholders[id(value)]
         for space in (ns, hidden):
             for name, value in list(space.items()):
                 if _HISTORY.match(name) and name not in _BOOKS and stale(value):
@@ -352,16 +476,79 @@ def _expand(obj: Any, count: Any) -> None:
         count(ref, new=not (frame and type(ref) is types.FrameType))
 
 
+_KEEP_SHOWN = (
+    "To keep what a cell shows, assign it to a name in that cell (y = ..., then y as its last "
+    "line){}; %%tidy frees only what %%tidy cells showed, auto mode and %tidyjax free what "
+    "any cell showed."
+)
+
+
+def _freed_reason(who: str, label: str | None) -> Reason:
+    """Why a Tensor that only IPython's history held is disposed, and how to keep one.
+    ``label``: the history entry that showed it (``Out[3]``), when known."""
+    where = f" ({label})" if label else ""
+    return Reason(
+        f"it was freed by {who}, because only IPython's output history held it{where}",
+        _KEEP_SHOWN.format(" or pass it to tidyjax.keep()"),
+    )
+
+
 class _FreedOutput:
-    """What stays in ``Out[n]`` and ``_`` in place of an output whose arrays tidyjax deleted."""
+    """What stays in ``Out[n]`` and ``_`` in place of an output whose arrays tidyjax deleted.
 
-    __slots__ = ("what",)
+    Showing it never raises; using it (an operator, a JAX function, an attribute, an index)
+    raises a ``DisposedError`` that names the entry, what freed it and how to keep one.
+    """
 
-    def __init__(self, value: Any) -> None:
+    __slots__ = ("label", "what", "who")
+
+    def __init__(self, value: Any, label: str = "an output", who: str = "tidyjax") -> None:
         self.what = describe(value) if isinstance(value, jax.Array) else type(value).__name__
+        self.label = label
+        self.who = who
 
     def __repr__(self) -> str:
         return f"<{self.what}: jax arrays deleted by tidyjax, held only by the output history>"
+
+    def _error(self) -> DisposedError:
+        label = self.label
+        if label.startswith("Out["):
+            label += f" (_{label[4:-1]})"
+        return DisposedError(
+            f"{label} ({self.what}) was freed by {self.who}, because only IPython's output "
+            f"history held its jax arrays: they are deleted and {self.label} is a placeholder. "
+            + _KEEP_SHOWN.format("")
+        )
+
+    def _raise(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise self._error()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # protocol probes (_repr_html_, __array_priority__): absent
+            raise AttributeError(name)
+        raise self._error()
+
+    __array__ = __getitem__ = __iter__ = __call__ = _raise
+    __float__ = __int__ = __index__ = __complex__ = _raise
+    __neg__ = __pos__ = __abs__ = __invert__ = _raise
+    __lt__ = __le__ = __gt__ = __ge__ = _raise
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _raise
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _raise
+    __pow__ = __rpow__ = __matmul__ = __rmatmul__ = __divmod__ = __rdivmod__ = _raise
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _raise
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _raise
+
+
+def _flatten_freed(placeholder: _FreedOutput) -> NoReturn:
+    raise placeholder._error()
+
+
+def _unflatten_freed(aux: Any, children: Any) -> _FreedOutput:
+    return _FreedOutput(None)  # never reached: flattening one raises
+
+
+# A JAX function given a placeholder flattens it (as a pytree) first: that raises its error.
+jax.tree_util.register_pytree_node(_FreedOutput, _flatten_freed, _unflatten_freed)
 
 
 # -- deleting raw arrays ----------------------------------------------------------------------
@@ -432,11 +619,28 @@ def _in_use(views: dict[int, Any], mine: list[Any]) -> dict[int, bool]:
 
 
 class _CellScope:
-    """A scope around one cell; closed by freeing what only IPython's history holds."""
+    """A scope around one cell; closed by freeing what only IPython's history holds.
 
-    def __init__(self, shell: Any, name: str | None, inert: dict[Any, int]) -> None:
+    ``mode``: ``"tidy"`` (a ``%%tidy`` cell: only the entries of ``%%tidy`` cells count, its own
+    and the ``Out`` keys in ``managed``), ``"auto"`` or ``"free"`` (all of the history).
+    ``managed``: the ``Out`` keys that ``%%tidy`` and auto cells showed (key -> id of the
+    value), shared by the extension's cells; the cell's own are added at its end.
+    """
+
+    def __init__(
+        self,
+        shell: Any,
+        name: str | None,
+        inert: dict[Any, int],
+        mode: str = "tidy",
+        managed: dict[Any, int] | None = None,
+    ) -> None:
         self.shell = shell
         self.inert = inert  # see _Decision
+        self.mode = mode
+        self.managed = managed if managed is not None else {}
+        self.seen = _Seen(shell)  # before the scope: what the history showed already
+        self.number = _running_number(shell)  # the cell's In[n], when it is known already
         self.scope = Scope(name or "cell")
         self.scope._open()
         self.old_freed = 0  # buffers of earlier Tensors freed at the end (the scope counts its own)
@@ -444,33 +648,68 @@ class _CellScope:
         self.arrays_freed = 0
         self.array_bytes_freed = 0
 
+    def who(self, results: Iterable[Any]) -> str:
+        """What frees at this cell's end, as its errors name it."""
+        n = self.number
+        if n is None:  # auto mode's scope opens before IPython hands the cell its number
+            n = next((r.execution_count for r in results if r.execution_count is not None), None)
+        cell = "" if n is None else f" at the end of In[{n}]"
+        if self.mode == "auto":
+            return f"auto mode (%tidyjax auto on){cell}"
+        if self.mode == "free":
+            return "%tidyjax free" + ("" if n is None else f" (In[{n}])")
+        return f"%%tidy{cell}"
+
     def close(self, results: Iterable[Any] = ()) -> Scope:
         """Free what only the history holds (the cell's Tensors, raw arrays, earlier Tensors);
         close the scope. ``results``: the cells' ExecutionResults, which are history too."""
+        results = list(results)
         scope = self.scope
+        shell = self.shell
+        who = self.who(results)
+        own_ids, own_keys = self.seen.own(shell)
+        out = shell.user_ns.get("Out")
+        out = out if isinstance(out, dict) else {}
+        part = None
+        if self.mode == "tidy":
+            mine = {n for n, i in self.managed.items() if n in out and id(out[n]) == i}
+            part = (own_ids, own_keys | mine)
+        del own_ids, out
         # The cell's Tensors are held only by ``created`` while the decision counts references.
         created: dict[int, Tensor] = {id(t): t for t in _created_in(scope)}
-        decision = _Decision(self.shell, created, results, self.inert)
+        decision = _Decision(shell, created, results, self.inert, part)
         free = decision.free
+        labels = decision.labels(free)
         scope.keep(*[t for k, t in created.items() if k not in free])
         nodes = decision.nodes
         old = [nodes[k] for k in free if k not in created and isinstance(nodes[k], Tensor)]
         arrays = [nodes[k] for k in free if type(nodes[k]) is ArrayImpl]
+        # the records of the cell's Tensors its scope frees: they say why at the end
+        mine_freed = {id(t._rec): (t._rec, labels.get(k)) for k, t in created.items() if k in free}
         del created
         try:
             scope._close(None)
         finally:
+            exited = scope_exited(scope.path)
+            for rec, label in mine_freed.values():
+                if rec is not None and rec.dead == exited:
+                    rec.dead = _freed_reason(who, label)
             for t in old:  # disposing the last holder of a buffer frees it
                 rec = t._rec
                 if rec is not None and rec.dead is None:
                     size = rec.size()
-                    t.dispose()
+                    dispose_tensor(t, _freed_reason(who, labels.get(id(t))))
                     if rec.dead is not None:
                         self.old_freed += 1
                         self.old_bytes_freed += size
             deleted, nbytes = _delete_unshared(arrays)
             self.arrays_freed, self.array_bytes_freed = len(deleted), nbytes
-            decision.drop_history_of(deleted)
+            decision.drop_history_of(deleted, who)
+            out = shell.user_ns.get("Out")
+            if isinstance(out, dict):  # what this cell showed: %%tidy's to free from now on
+                self.managed.update((n, id(out[n])) for n in own_keys if n in out)
+                for n in [n for n in self.managed if n not in out]:
+                    del self.managed[n]
         return scope
 
     def summary(self) -> str:
@@ -489,6 +728,14 @@ class _CellScope:
                 f"({_fmt_bytes(self.array_bytes_freed)})"
             )
         return "tidy: " + "; ".join(parts)
+
+
+def _running_number(shell: Any) -> int | None:
+    """The number of the cell running now (its prompt's ``In[n]``), known once IPython runs
+    its code (from a magic), not in its ``pre_run_cell`` hook."""
+    running = getattr(shell.displayhook, "exec_result", None)
+    n = getattr(running, "execution_count", None)
+    return n if isinstance(n, int) else None
 
 
 def _count(n: int, noun: str) -> str:
@@ -515,6 +762,7 @@ class _Hooks:
         self.section: Any = None  # the running cell's section of it, entered
         self.registered = False
         self.inert: dict[Any, int] = {}  # Out entries not to walk again (see _Decision)
+        self.managed: dict[Any, int] = {}  # Out entries %%tidy and auto cells showed (_CellScope)
         self.depth = 0  # cells running: a %%tidy cell runs its body as a cell inside its own
         # IPython counts a numbered cell before its pre_run_cell hook (9.8 and later) or after
         # it: learnt from each numbered cell, to name the next one as its prompt does.
@@ -532,7 +780,7 @@ class _Hooks:
             self.section = self.timeline.section(f"In[{n}]")
             self.section.__enter__()
         if self.auto:
-            self.cell = _CellScope(self.shell, "cell", self.inert)
+            self.cell = _CellScope(self.shell, "cell", self.inert, "auto", self.managed)
 
     def post_run_cell(self, result: Any = None) -> None:
         if self.depth == 0:  # an empty cell, or the one that turned a hook on
@@ -618,6 +866,31 @@ def _close_all(scope: Scope) -> None:
 # -- the magics --------------------------------------------------------------------------------
 
 
+def _run_body(shell: Any, line: str, body: str, number: int | None) -> Any:
+    """Run a ``%%tidy`` cell's body as that cell: compiled under its own number (IPython 9.8
+    and later count the cell before it runs, so the body would get the next cell's ``In[n]``)
+    and with its own line numbers (a comment stands for the ``%%tidy`` line, unless the body
+    starts with another cell magic, which must stay first)."""
+    first = next((ln for ln in body.splitlines() if ln.strip()), "")
+    if not first.lstrip().startswith("%%"):
+        indent = first[: len(first) - len(first.lstrip())]  # IPython dedents by the first line
+        body = f"{indent}# %%tidy {line}".rstrip() + "\n" + body
+    compiler = shell.compile
+    patched = number is not None and "cache" not in vars(compiler)
+    if patched:
+        cache = compiler.cache
+
+        def cache_as_this_cell(code: str, _number: int = 0, *args: Any, **kwargs: Any) -> Any:
+            return cache(code, number, *args, **kwargs)
+
+        compiler.cache = cache_as_this_cell
+    try:
+        return shell.run_cell(body, store_history=False)
+    finally:
+        if patched:
+            del compiler.cache
+
+
 def _make_magics(shell: Any) -> Any:
     from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
@@ -630,7 +903,7 @@ def _make_magics(shell: Any) -> Any:
         @cell_magic
         def tidy(self, line: str, cell: str) -> None:
             """%%tidy [name] [-q]: run the cell in a scope; at its end, free every Tensor and
-            jax array that only IPython's history holds."""
+            jax array that only IPython's history holds of what %%tidy cells showed."""
             args = line.split()
             quiet = "-q" in args
             names = [a for a in args if a != "-q"]
@@ -638,11 +911,14 @@ def _make_magics(shell: Any) -> Any:
                 from IPython.core.error import UsageError
 
                 raise UsageError(f"usage: %%tidy [name] [-q]; got {line!r}")
-            scoped = _CellScope(self.shell, names[0] if names else None, self.hooks.inert)
+            assert self.shell is not None  # set when the extension loads
+            hooks = self.hooks
+            scoped = _CellScope(
+                self.shell, names[0] if names else None, hooks.inert, "tidy", hooks.managed
+            )
             result = None
             try:
-                assert self.shell is not None  # set when the extension loads
-                result = self.shell.run_cell(cell, store_history=False)
+                result = _run_body(self.shell, line, cell, scoped.number)
             finally:
                 scoped.close([result] if result is not None else [])
             if not quiet:
@@ -655,12 +931,19 @@ def _make_magics(shell: Any) -> Any:
 
         @line_magic
         def tidyjax(self, line: str) -> Any:
-            """%tidyjax auto on|off | memory | live | timeline [on|off|show]"""
+            """%tidyjax auto on|off | free | memory | live | timeline [on|off|show]"""
             args = line.split()
             if args == ["memory"]:
                 return memory()
             if args == ["live"]:
                 return snapshot()
+            if args == ["free"]:
+                assert self.shell is not None  # set when the extension loads
+                hooks = self.hooks
+                scoped = _CellScope(self.shell, "free", hooks.inert, "free", hooks.managed)
+                _close_cell(scoped, [])
+                print(scoped.summary())
+                return None
             if len(args) == 2 and args[0] == "auto" and args[1] in ("on", "off"):
                 self.hooks.set_auto(args[1] == "on")
                 print(f"tidyjax auto mode {args[1]}")
@@ -676,8 +959,8 @@ def _make_magics(shell: Any) -> Any:
             from IPython.core.error import UsageError
 
             raise UsageError(
-                "usage: %tidyjax auto on|off | %tidyjax memory | %tidyjax live | "
-                "%tidyjax timeline [on|off|show]"
+                "usage: %tidyjax auto on|off | %tidyjax free | %tidyjax memory | "
+                "%tidyjax live | %tidyjax timeline [on|off|show]"
             )
 
         def timeline(self, what: str) -> None:
