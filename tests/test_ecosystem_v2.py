@@ -279,3 +279,20 @@ def test_a_tensor_node_meeting_a_raw_value_names_the_fix_under_tidyjax_jit():
         lifted = tj.lift(optax.apply_updates)(t, jnp.ones((3, 2)))
         np.testing.assert_array_equal(lifted.numpy(), np.full((3, 2), 2.0))
     t.dispose()
+
+
+def test_debug_log_names_untracked_arrays_a_scope_made_from_tensors(caplog):
+    kept = []
+    t = tj.tensor(np.ones(3, np.float32))
+    with caplog.at_level("DEBUG", logger="tidyjax"):
+        with tidy("step"):
+            kept.append(jnp.tanh(t))  # JAX's own array: the scope cannot free it
+            _ = t * 2  # tracked: freed
+        with tidy("clean"):
+            float(jnp.tanh(t).sum())  # dropped at once: nothing outlives the scope
+    step_line = next(r.getMessage() for r in caplog.records if "'step' exited" in r.getMessage())
+    assert "1 jax.Arrays (12 bytes) made here by raw JAX calls are not tracked" in step_line
+    assert "test_ecosystem_v2.py:" in step_line and "tidyjax.numpy" in step_line
+    clean = next(r.getMessage() for r in caplog.records if "'clean' exited" in r.getMessage())
+    assert "not tracked" not in clean
+    t.dispose()

@@ -30,6 +30,7 @@ class Tracker:
         "_owned",
         "_peak",
         "_pruned",
+        "_seen_before",
         "parent",
         "path",
     )
@@ -42,6 +43,9 @@ class Tracker:
         self.parent: Tracker | None = None
         self.path = "<tidy>"
         self._peak = -1  # the most tidyjax bytes alive while open; set while a profile runs
+        # ids of the jax.Arrays alive at entry, taken only while the "tidyjax" logger is at
+        # DEBUG: the exit's summary names untracked arrays made inside that outlive it
+        self._seen_before: set[int] | None = None
 
     def _compact(self) -> None:
         """Forget records whose arrays Python already collected; amortized O(1) per op."""

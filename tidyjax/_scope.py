@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
+import jax
+
 from . import _html, _registry
 from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
@@ -148,6 +150,8 @@ class Scope(Tracker):
                 self._owned = _Redirect(self, "_owned")
                 self._aliases = _Redirect(self, "_aliases")
         self._first_id = next(_ids)
+        if _log.isEnabledFor(logging.DEBUG):
+            self._seen_before = {id(a) for a in jax.live_arrays()}
         self._token = CURRENT.set(self)
         self._state = _OPEN
         if _registry.observers:  # a timeline draws scopes as bands
@@ -299,9 +303,11 @@ class Scope(Tracker):
         self.num_handed_out = handed
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug(
-                "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d",
+                "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d%s",
                 self.path, self._created, self.num_freed, self.bytes_freed, handed,
+                _untracked_note(self._seen_before),
             )  # fmt: skip
+        self._seen_before = None
 
     def _dispose_strays(self, strays: list[Any], handed: dict[int, Any], why: Any) -> None:
         """Dispose (object only) the Tensors made here that hold a buffer which outlives the
@@ -793,3 +799,38 @@ def dispose(x: Any) -> None:
     for arr in raws:
         if not arr.is_deleted():
             arr.delete()
+
+
+def _untracked_note(before: set[int] | None) -> str:
+    """The debug summary's note on jax.Arrays made inside a scope that tidyjax does not track
+    and that outlive it (``jnp.tanh(t)``, a raw ``jax.jit`` output): where they were made."""
+    if before is None:
+        return ""
+    sites: dict[str, int] = {}
+    nbytes = 0
+    for arr in jax.live_arrays():
+        if id(arr) in before or arr.is_deleted() or _registry.lookup(arr) is not None:
+            continue
+        nbytes += arr.nbytes
+        site = _array_site(arr)
+        sites[site] = sites.get(site, 0) + 1
+    if not sites:
+        return ""
+    top = sorted(sites.items(), key=lambda kv: -kv[1])[:3]
+    where = ", ".join(f"{site} x{n}" for site, n in top)
+    more = f" and {len(sites) - 3} more sites" if len(sites) > 3 else ""
+    return (
+        f"; {sum(sites.values())} jax.Arrays ({nbytes} bytes) made here by raw JAX calls are not "
+        f"tracked and outlive it ({where}{more}): use the tidyjax form (tidyjax.numpy.*, "
+        "tidyjax.lax.*), tidyjax.lift(fn), or tidyjax.tensors(result)"
+    )
+
+
+def _array_site(arr: Any) -> str:
+    """The first frame outside JAX and tidyjax in the traceback JAX kept for ``arr``."""
+    tb = getattr(arr, "traceback", None)
+    for frame in getattr(tb, "frames", ()):
+        name = frame.file_name
+        if "/jax/" not in name and "/jaxlib/" not in name and "/tidyjax/" not in name:
+            return f"{name}:{frame.line_num}"
+    return "an unknown site"
