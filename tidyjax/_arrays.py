@@ -13,6 +13,8 @@ import numpy as np
 from jax._src.array import ArrayImpl
 from jax.errors import JaxRuntimeError
 
+from ._format import describe as describe  # re-exported: it lived here
+
 
 def _key_array_class() -> type:
     """The class of typed PRNG key arrays (``jax.random.key``): concrete arrays of their own.
@@ -101,14 +103,6 @@ Tracer = jax.core.Tracer
 def is_concrete(x: Any) -> bool:
     """Whether ``x`` is a concrete ``jax.Array`` (typed PRNG keys included), not a tracer."""
     return type(x) in CONCRETE
-
-
-def describe(arr: Any) -> str:
-    """``float32[2,3]``: dtype and shape, readable on deleted arrays too."""
-    try:
-        return f"{arr.dtype}{list(arr.shape)}".replace(" ", "")
-    except Exception:
-        return type(arr).__name__
 
 
 def failed(arr: Any, wait: bool = False) -> bool:

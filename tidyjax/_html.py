@@ -9,8 +9,7 @@ Colours come from JupyterLab's CSS variables (``--jp-content-font-color1``,
 JupyterLab), as xarray does; dim and red text are mixed from the text colour itself, so they
 keep their contrast in any theme. Numbers are right-aligned tabular figures that never wrap.
 
-This module is also the one place that formats byte counts and counted nouns, so that every
-display and message says ``16.0 MiB`` and ``1 tensor`` alike.
+Byte counts and counted nouns are formatted by ``_format`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -21,6 +20,11 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ._format import count as count  # re-exported: the formats lived here
+from ._format import esc as esc
+from ._format import fmt_bytes as fmt_bytes
+from ._format import signed_bytes as signed_bytes
 
 _DARK = (
     "--tjx-fg:var(--jp-content-font-color1,#e8e8e8);"
@@ -91,29 +95,7 @@ def never_raises(fn: Callable[..., str]) -> Callable[..., str]:
 # -- words and numbers -------------------------------------------------------------------------
 
 
-def fmt_bytes(n: float) -> str:
-    """``512 B``, ``1.5 KiB``, ``16.0 MiB``: the one byte format of every display and message."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def signed_bytes(n: float) -> str:
-    """``+12 B``, ``-1.0 KiB``, ``0 B``: a change in bytes."""
-    if n == 0:
-        return "0 B"
-    return ("+" if n > 0 else "-") + fmt_bytes(abs(n))
-
-
-def count(n: int, noun: str, plural: str | None = None) -> str:
-    """``1 tensor``, ``2 tensors``, ``0 tensors``."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
-def esc(x: object) -> str:
-    return html.escape(str(x))
+# fmt_bytes, signed_bytes, count, esc: defined in _format, re-exported here.
 
 
 # -- pieces ------------------------------------------------------------------------------------

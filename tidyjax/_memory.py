@@ -10,8 +10,8 @@ import jax
 
 from . import _html, _registry
 from ._arrays import failed, local_nbytes
-from ._html import count as _count
-from ._html import fmt_bytes as _fmt_bytes  # the one byte format; other modules import it here
+from ._format import count as _count
+from ._format import fmt_bytes as _fmt_bytes  # re-exported: other modules import it here
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._watch import watched as _watched
 

@@ -27,6 +27,7 @@ from . import _html, _registry
 from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
+from ._format import count as _count
 from ._registry import KEPT, VARIABLE
 from ._tensor import Tensor, _ids, dispose_many, forget_array
 from ._trees import _gather, is_container, records_in
@@ -50,10 +51,6 @@ _AWAITABLE_IN_SYNC = (
     "tensors it still needs. Use `async with tidy():` inside the coroutine, or decorate the "
     "`async def` itself with @tidy."
 )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class Scope(Tracker):
