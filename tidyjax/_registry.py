@@ -121,16 +121,17 @@ def fresh(arr: Any, scope: Any, callback: Any = None) -> Buffer:
     return rec
 
 
-def new(arr: Any, scope: Any, owned: bool = True) -> Buffer:
-    """A fresh record for ``arr`` held by one Tensor, published in the registry (and reported
-    to the observers: while they watch, a record also reports its array's collection)."""
+def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
+    """A fresh record for ``arr`` held by one Tensor (id ``tensor``), published in the registry
+    (and reported to the observers: while they watch, a record also reports its array's
+    collection)."""
     rec = fresh(arr, scope, _collected if observers else None)
     rec.owned = owned
     _buffers[id(arr)] = rec
     if len(_buffers) > _sweep_at:
         sweep()
     if observers:
-        _notify("buffer_added", rec)
+        _notify("buffer_added", rec, tensor)
     return rec
 
 
@@ -438,8 +439,10 @@ def _join_group(a: Buffer, b: Buffer) -> None:
         if ga is gb:
             return
         merged = ga + [r for r in gb if all(r is not x for x in ga)]
+        owned = any(r.owned for r in merged)  # one buffer: tidyjax's if any object over it is
         for r in merged:
             _groups[id(r)] = merged
+            r.owned = owned
 
 
 def _leave_group(rec: Buffer) -> bool:
@@ -489,7 +492,9 @@ def device_bytes(rec: Buffer) -> dict[Any, int]:
 # -- observers ---------------------------------------------------------------------------------
 #
 # While ``observers`` is non-empty (a profile or timeline is open), every change to the books is
-# reported to each observer as ``observer.event(kind, rec)``. Empty, the cost is one truthiness
+# reported to each observer as ``observer.event(kind, rec, tensor)``, ``tensor`` the id of the
+# Tensor made on ``rec`` ("buffer_added", "tensor_added") or 0. Scopes report themselves as
+# ``observer.event("scope_enter" or "scope_exit", scope)``. Empty, the cost is one truthiness
 # check on each path.
 
 observers: list[Any] = []
@@ -501,6 +506,6 @@ def _collected(rec: Buffer) -> None:
         _notify("buffer_collected", rec)
 
 
-def _notify(kind: str, rec: Buffer) -> None:
+def _notify(kind: str, rec: Buffer, tensor: int = 0) -> None:
     for o in list(observers):
-        o.event(kind, rec)
+        o.event(kind, rec, tensor)
