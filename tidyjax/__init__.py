@@ -66,6 +66,27 @@ from . import nn as nn  # noqa: E402
 from . import numpy as numpy  # noqa: E402
 from . import random as random  # noqa: E402
 
+# The public surface, as docs/api.md documents it (tests/test_api.py checks both ways). The
+# lifted namespaces (numpy, lax, nn, random) are submodules, not listed: `import *` must not
+# shadow the real numpy and random.
+__all__ = [
+    # scopes
+    "tidy", "Scope", "keep", "dispose",
+    # Tensors and Variables
+    "Tensor", "tensor", "adopt", "Variable", "dispose_variables",
+    # JAX interop
+    "lift", "jit", "grad", "value_and_grad", "vmap", "is_tensor", "arrays", "tensors",
+    # memory and reports
+    "memory", "MemoryInfo", "watch", "unwatch", "profile", "ProfileInfo", "KernelRecord",
+    "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot", "SiteStat", "SiteDiff",
+    "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report", "OOMReport", "OOMHolder",
+    # notebooks
+    "load_ipython_extension", "unload_ipython_extension",
+    # errors
+    "TidyjaxError", "DisposedError", "ScopeError", "CollectiveError", "LeakError",
+    "OutOfMemoryError", "TidyjaxTypeError", "TidyjaxValueError",
+]  # fmt: skip
+
 try:
     __version__ = _version("tidyjax")
 except _PackageNotFoundError:  # pragma: no cover - running from a source tree
