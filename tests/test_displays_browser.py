@@ -37,7 +37,8 @@ import pytest
 
 import tidyjax as tj
 import tidyjax.random as tjr
-from tidyjax._inspect import Site, SiteDiffList, TensorRecordList
+from tidyjax._records import Site, TensorRecordList
+from tidyjax._snapshot import SiteDiffList
 
 from .conftest import chromium
 
@@ -344,7 +345,7 @@ def test_ipython_shows_one_tidyjax_frame_of_an_uncaught_leak_error(capsys):
     shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
     shell.user_ns.pop("z").dispose()
     assert "LeakError" in shown and "raise_leaks" not in shown and "def check" not in shown
-    assert shown.count(os.path.join("tidyjax", "_inspect.py")) == 1  # the innermost frame
+    assert shown.count(os.path.join("tidyjax", "_leaks.py")) == 1  # the innermost frame
 
 
 def test_scope_and_diff_list_have_rich_displays(displays):

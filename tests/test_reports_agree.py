@@ -20,8 +20,8 @@ import pytest
 import tidyjax as tj
 import tidyjax.numpy as tnp
 from tidyjax import _oom
-from tidyjax._inspect import Site, TensorRecord, summary
 from tidyjax._oom import OOMWatched
+from tidyjax._records import Site, TensorRecord, summary
 from tidyjax._watch import _watched
 
 HUGE = (10**13,)  # float32: 40 TB, more than any machine has

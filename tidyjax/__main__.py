@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ._errors import TidyjaxError
-from ._inspect import Snapshot
+from ._snapshot import Snapshot
 from ._timeline import Timeline
 
 

@@ -32,7 +32,8 @@ import numpy as np
 from . import _registry
 from ._arrays import CONCRETE, Tracer
 from ._context import TRACING
-from ._errors import TidyjaxTypeError, donated
+from ._decorating import check_callable
+from ._errors import donated
 from ._oom import raise_for
 from ._ops import lift
 from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
@@ -256,8 +257,7 @@ STRUCTURE_HINT = (
 
 
 def _check(fn: Any, what: str) -> None:
-    if not callable(fn):
-        raise TidyjaxTypeError(f"tidyjax.{what}() takes a function, got {type(fn).__name__}.")
+    check_callable(fn, f"tidyjax.{what}()")
 
 
 def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:

@@ -9,7 +9,7 @@ what was asked for, and the largest live holders by creation site and scope, tid
 untracked arrays' apart. Any other error passes through untouched.
 
 Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
-raised), and the reporting modules (``_inspect``, ``_memory``, ``_timeline``) are imported when a
+raised), and the reporting modules (``_records``, ``_memory``, ``_timeline``) are imported when a
 report is built, so the per-op modules can import this one.
 """
 
@@ -34,6 +34,7 @@ from jax.errors import JaxRuntimeError
 
 from . import _html
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
+from ._decorating import check_callable
 from ._errors import OutOfMemoryError, TidyjaxTypeError
 
 __all__ = [
@@ -321,8 +322,8 @@ def build_report(err: BaseException, what: str) -> OOMReport:
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
     from . import _registry
-    from ._inspect import TensorRecord, creation_site, live_tensors
     from ._memory import find_untracked, memory, watched_usage
+    from ._records import TensorRecord, creation_site, live_tensors
     from ._watch import watched
 
     recs, _ = _registry.live()
@@ -423,7 +424,7 @@ def _call_temporaries(err: BaseException | None, arrays: list[Any]) -> set[int]:
 def _failed_call_frames(err: BaseException | None) -> list[Any]:
     """The finished frames of the failed call: in each traceback of ``err`` (and the errors it
     was raised from), the frames of JAX and tidyjax below the user's last frame."""
-    from ._inspect import _SKIP  # JAX's, jaxlib's and tidyjax's folders
+    from ._records import LIBRARY_FOLDERS as _SKIP  # JAX's, jaxlib's and tidyjax's folders
 
     frames: list[Any] = []
     seen: set[int] = set()
@@ -476,7 +477,7 @@ def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
 
     A buffer counts once in the whole list, in the row of its first record, so the rows' bytes
     add up to the bytes of all ``records``' buffers, each once."""
-    from ._inspect import _site_key
+    from ._snapshot import site_key as _site_key
 
     groups: dict[tuple[str, str], list[Any]] = {}
     for r in records:
@@ -580,7 +581,7 @@ def _guarded(method: Callable[..., Any], name: str, wait: bool) -> Callable[...,
 
 
 def _waited_text(t: Any, name: str) -> str:
-    from ._inspect import creation_site
+    from ._records import creation_site
 
     site = creation_site(t._array)
     made = f", computed at {site}" if site is not None else ""
@@ -606,10 +607,7 @@ class _OOMReporting:
             _raise(exc, f"in oom_report({self.label!r})" if self.label else "in oom_report()", ())
 
     def __call__(self, fn: F) -> F:
-        if not callable(fn) or inspect.isgeneratorfunction(fn):
-            raise TidyjaxTypeError(
-                f"@oom_report decorates a plain or async function, got {type(fn).__name__}."
-            )
+        check_callable(fn, "@oom_report", decorator=True)
         label = self.label or getattr(fn, "__qualname__", type(fn).__name__)
         reporting = _OOMReporting(label)
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ._arrays import CONCRETE, ArrayImpl
-from ._errors import TidyjaxTypeError
+from ._decorating import check_callable
 from ._oom import guard_waits, raise_for
 from ._registry import UNTRACKED
 from ._tensor import TENSOR_TYPES, Tensor, disposed_error, wrap, wrap_transfer
@@ -53,8 +53,7 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
     Raises:
         TidyjaxTypeError: ``fn`` is not callable.
     """
-    if not callable(fn):
-        raise TidyjaxTypeError(f"lift() takes a callable, got {type(fn).__name__} {fn!r:.60}.")
+    check_callable(fn, "lift()")
     return lift_named(fn, getattr(fn, "__name__", type(fn).__name__))
 
 

@@ -22,6 +22,7 @@ import jax
 from . import _html, _ops, _registry
 from ._arrays import CONCRETE
 from ._context import CURRENT
+from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
 from ._memory import _fmt_bytes, memory
 from ._tensor import Tensor
@@ -383,11 +384,7 @@ def profile(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) 
         if args or kwargs:
             raise TidyjaxTypeError("profile() with arguments needs the function first.")
         return info
-    if not callable(fn):
-        raise TidyjaxTypeError(
-            f"profile() takes a function to run, got {type(fn).__name__}; "
-            "use `with tidyjax.profile() as info:` for a block."
-        )
+    check_callable(fn, "profile()", hint="Use `with tidyjax.profile() as info:` for a block.")
     with info:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):

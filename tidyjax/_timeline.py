@@ -30,9 +30,10 @@ from . import _html, _registry, _timeline_html
 from ._arrays import failed, shard_bytes
 from ._context import CURRENT
 from ._errors import TidyjaxTypeError, TidyjaxValueError
-from ._inspect import Site, SiteStat, Snapshot, TensorRecord, creation_site, holders
 from ._memory import _fmt_bytes
+from ._records import Site, TensorRecord, creation_site, holders
 from ._registry import KEPT, VARIABLE
+from ._snapshot import SiteStat, Snapshot
 from ._tensor import Tensor
 
 __all__ = ["Timeline", "TimelineEvent", "active", "timeline"]

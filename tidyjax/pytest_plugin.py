@@ -112,20 +112,20 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     allowance = _settings(item)
     if allowance is None:
         return (yield)
-    from ._inspect import check_leaks
+    from ._leaks import check_leaks
 
     checker = check_leaks(allowance=allowance).__enter__()
     result = yield  # a failing test raises here; its own failure is the one to report
     leaked = checker.leaked()
     scope = getattr(item, "funcargs", {}).get("tidy_scope")
     if scope is not None:  # the fixture's scope frees these at teardown
-        from ._inspect import live_holders
+        from ._records import live_holders
 
         owned = {t._id for rec, ts in live_holders() for t in ts if rec.scope is scope}
         leaked = [r for r in leaked if r.id not in owned]
     import jax
 
-    from ._inspect import leak_error
+    from ._leaks import leak_error
 
     # On a multi-process run, a leak on any process fails the test on every process.
     error = leak_error(leaked, allowance, f"test {item.name}", jax.process_count() > 1)

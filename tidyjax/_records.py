@@ -1,0 +1,343 @@
+"""Records of live Tensors: :class:`TensorRecord`, creation sites, ``live_tensors()``, holders.
+
+Creation sites cost nothing per op: JAX records a creation traceback on every array (on by
+default), and tidyjax reads it only when a report asks, keeping the first frame outside tidyjax
+and JAX. Records are small immutable value objects, in the manner of ``tracemalloc``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import operator
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import jaxlib
+
+from . import _html, _registry
+from ._arrays import failed, local_nbytes
+from ._format import count, describe, esc, fmt_bytes
+from ._memory import buffer_id
+from ._registry import KEPT
+from ._tensor import Tensor
+from ._variable import Variable
+from ._watch import watched
+
+__all__ = [
+    "LIBRARY_FOLDERS",
+    "WATCHED",
+    "Site",
+    "TensorRecord",
+    "TensorRecordList",
+    "creation_site",
+    "holders",
+    "live_holders",
+    "live_tensors",
+    "summary",
+]
+
+#: Folders whose frames are not a user's creation site: tidyjax itself, jax and jaxlib.
+LIBRARY_FOLDERS = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    *(os.path.dirname(f) + os.sep for m in (jax, jaxlib) if (f := getattr(m, "__file__", None))),
+)
+
+
+class Site:
+    """Where a Tensor's array was created: the first frame outside tidyjax and JAX.
+
+    ``file`` is the path as Python knows it; ``str(site)`` names a notebook cell as IPython's
+    tracebacks do (``In[3], line 2 in <module>``) and a file by its path relative to the
+    working directory (``train.py:12 in step``).
+    """
+
+    __slots__ = ("file", "function", "line")
+
+    def __init__(self, file: str, line: int, function: str) -> None:
+        self.file, self.line, self.function = file, line, function
+
+    def __str__(self) -> str:
+        cell = _cell_name(self.file)
+        if cell is not None:
+            return f"{cell}, line {self.line} in {self.function}"
+        return f"{_short_path(self.file)}:{self.line} in {self.function}"
+
+    def __repr__(self) -> str:
+        return f"Site({self.file!r}, {self.line}, {self.function!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Site) and (self.file, self.line, self.function) == (
+            other.file,
+            other.line,
+            other.function,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.file, self.line, self.function))
+
+
+def _cell_name(file: str) -> str | None:
+    """``In[3]`` for the file IPython compiled cell 3 into; None for any other file.
+
+    Asks the running shell's compiler (IPython's own mapping, also behind its tracebacks'
+    ``Cell In[3]``). Without IPython imported there is no cell: nothing is imported here.
+    """
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        compiler = ipython.get_ipython().compile
+        fmt = getattr(compiler, "format_code_name", None)  # IPython 8.0 and later
+        if fmt is not None:
+            named = fmt(file)
+            return None if named is None else str(named[1])
+        n = compiler._filename_map.get(file)
+        return None if n is None else f"In[{n}]"
+    except Exception:  # no shell, or a compiler of another kind
+        return None
+
+
+def _short_path(file: str) -> str:
+    """``file`` relative to the working directory when it lies under it."""
+    if not os.path.isabs(file):
+        return file
+    try:
+        rel = os.path.relpath(file)
+    except (OSError, ValueError):  # no working directory, or another drive
+        return file
+    return file if rel.startswith(os.pardir) else rel
+
+
+def creation_site(arr: Any) -> Site | None:
+    """The user frame that created ``arr``, from JAX's creation traceback."""
+    tb = getattr(arr, "traceback", None)
+    if tb is None:  # a typed PRNG key: its key data array has the traceback
+        tb = getattr(getattr(arr, "_base_array", None), "traceback", None)
+    if tb is None:
+        return None
+    for frame in tb.frames:
+        if not frame.file_name.startswith(LIBRARY_FOLDERS):
+            return Site(frame.file_name, frame.line_num, frame.function_name)
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class TensorRecord:
+    """One live Tensor, as :func:`live_tensors` reports it.
+
+    Attributes:
+        id: the Tensor's id.
+        shape: its shape.
+        dtype: its dtype, as a string.
+        bytes: its buffer's bytes (0 for one whose allocation failed: it holds nothing).
+        devices: the devices holding it, as strings.
+        scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
+            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
+            array that only a watched object holds (no Tensor: ``id`` is 0).
+        site: a :class:`Site` or None.
+        kept: whether it was kept.
+        variable: whether it is a Variable.
+        name: its path in an object registered with :func:`tidyjax.watch`
+            (``"model.layers[0].kernel"``), else None.
+    """
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    devices: tuple[str, ...]
+    scope: str
+    site: Site | None
+    kept: bool
+    variable: bool
+    _buffer: int  # tensors with equal values share one device buffer
+    name: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorRecord(id={self.id}, {self.dtype}{list(self.shape)}, {fmt_bytes(self.bytes)}, "
+            f"scope={self.scope!r}, site={str(self.site) if self.site else None!r}"
+            f"{f', name={self.name!r}' if self.name else ''}"
+            f"{', kept' if self.kept else ''}{', variable' if self.variable else ''})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        site = self.site
+        return {
+            "id": self.id,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "bytes": self.bytes,
+            "devices": list(self.devices),
+            "scope": self.scope,
+            "site": None
+            if site is None
+            else {"file": site.file, "line": site.line, "function": site.function},
+            "kept": self.kept,
+            "variable": self.variable,
+            "buffer": self._buffer,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TensorRecord:
+        s = d.get("site")
+        index = operator.index  # a count given as anything but an int is a malformed file
+        return cls(
+            id=index(d["id"]), shape=tuple(index(n) for n in d["shape"]), dtype=d["dtype"],
+            bytes=index(d["bytes"]), devices=tuple(d["devices"]), scope=d["scope"],
+            kept=d["kept"], variable=d["variable"], _buffer=index(d.get("buffer", d["id"])),
+            site=None if s is None else Site(s["file"], s["line"], s["function"]),
+            name=d.get("name"),
+        )  # fmt: skip
+
+
+def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[Tensor]]]:
+    """Each record with the live Tensors holding it.
+
+    The registry counts holders but keeps no reference to them (that would cost on every op),
+    so a report finds them as the referrers of the records' arrays: one pass over the heap.
+    """
+    by_rec: dict[int, tuple[_registry.Buffer, list[Tensor]]] = {id(r): (r, []) for r in recs}
+    arrays = [a for r in recs for a in r.arrays()]
+    if arrays:
+        for obj in gc.get_referrers(*arrays):
+            if isinstance(obj, Tensor):
+                rec = obj._rec
+                if rec is not None and id(rec) in by_rec:
+                    by_rec[id(rec)][1].append(obj)
+    return list(by_rec.values())
+
+
+def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
+    """Every live record with the live Tensors holding it."""
+    recs, deleted = _registry.live()
+    return holders(recs + deleted)
+
+
+def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str]) -> TensorRecord:
+    arr = t._array
+    owner = rec.scope
+    variable = isinstance(t, Variable)
+    if variable:
+        path = "<variable>"
+    elif owner is KEPT:
+        path = "<kept>"
+    else:
+        path = getattr(owner, "path", "")
+    return TensorRecord(
+        id=t._id,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
+        bytes=0 if failed(arr) or _deleted(arr) else rec.size(),
+        # from the sharding: ``devices()`` raises for a deleted array, the sharding never does
+        devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
+        scope=path,
+        site=creation_site(arr),
+        kept=owner is KEPT,
+        variable=variable,
+        _buffer=buffer_id(rec),  # records over one buffer (a group) share it
+        name=names.get(id(arr)) if names else None,
+    )
+
+
+def _deleted(arr: Any) -> bool:
+    is_deleted = getattr(getattr(arr, "_base_array", arr), "is_deleted", None)
+    return bool(is_deleted()) if is_deleted is not None else False
+
+
+def _watched_record(arr: Any, name: str) -> TensorRecord:
+    """An array only a watched object holds: no Tensor, so id 0 and scope ``<watched>``."""
+    return TensorRecord(
+        id=0,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        bytes=0 if failed(arr) else local_nbytes(getattr(arr, "_base_array", arr)),
+        devices=tuple(sorted(str(d) for d in arr.devices())),
+        scope="<watched>",
+        site=creation_site(arr),
+        kept=False,
+        variable=False,
+        _buffer=id(arr),
+        name=name,
+    )
+
+
+WATCHED = "<watched>"
+
+
+def summary(records: Iterable[TensorRecord]) -> str:
+    """The one headline of a list of records: the Tensors with their bytes, then the arrays
+    only watched objects hold with theirs (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``),
+    each buffer once. The watched part is left out when there is none."""
+    tensors: dict[int, int] = {}
+    raw: dict[int, int] = {}
+    n_tensors = n_raw = 0
+    for r in records:
+        if r.scope == WATCHED:
+            n_raw += 1
+            raw[r._buffer] = r.bytes
+        else:
+            n_tensors += 1
+            tensors[r._buffer] = r.bytes
+    text = f"{count(n_tensors, 'live tensor')}, {fmt_bytes(sum(tensors.values()))}"
+    if n_raw:
+        text += f"; {count(n_raw, 'watched array')}, {fmt_bytes(sum(raw.values()))}"
+    return text
+
+
+class TensorRecordList(list[TensorRecord]):
+    """A list of :class:`TensorRecord` that shows itself as a table in Jupyter."""
+
+    def _repr_html_(self) -> str:
+        return _records_html(self)
+
+
+def live_tensors() -> TensorRecordList:
+    """A record of every live Tensor and Variable, oldest first (a list).
+
+    With objects registered by :func:`tidyjax.watch`, the arrays they hold come first (id 0,
+    scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
+    The reports count those apart from the Tensors: ``3 live tensors, 12 B; 2 watched arrays,
+    4.0 MiB``.
+    """
+    names: dict[int, str] = {}
+    raw: list[TensorRecord] = []
+    for found in watched().values():
+        for path, arr in found:
+            if id(arr) not in names:
+                names[id(arr)] = path
+                if _registry.lookup(arr) is None:
+                    raw.append(_watched_record(arr, path))
+    out = [_record(t, rec, names) for rec, ts in live_holders() for t in ts]
+    out.sort(key=lambda r: r.id)
+    return TensorRecordList(raw + out)
+
+
+@_html.never_raises
+def _records_html(records: list[TensorRecord]) -> str:
+    head = f"<b>{esc(summary(records))}</b>"
+    if not records:
+        return _html.box(head)
+    named = any(r.name for r in records)
+    rows = [
+        (r.id, esc(describe(r)), esc(fmt_bytes(r.bytes)),
+         esc(", ".join(r.devices)), esc(r.scope), esc(r.site) if r.site else _html.dim("unknown"),
+         *([esc(r.name or "")] if named else []))
+        for r in records
+    ]  # fmt: skip
+    header = [
+        "id",
+        "tensor",
+        "bytes",
+        "devices",
+        "scope",
+        "created at",
+        *(["name"] if named else []),
+    ]
+    return _html.box(head, _html.table(header, rows, numeric={0, 2}))

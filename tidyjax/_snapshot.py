@@ -1,0 +1,264 @@
+"""Snapshots of the live Tensors, grouped by creation site, and their diffs: ``snapshot()``,
+:class:`Snapshot`, :class:`SiteStat`, :meth:`Snapshot.compare_to` and :class:`SiteDiff`, in the
+manner of ``tracemalloc``; a snapshot's JSON file (``dump``/``load``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from . import _html
+from ._errors import TidyjaxTypeError, TidyjaxValueError
+from ._format import count as _count
+from ._format import describe, esc, signed_bytes
+from ._format import fmt_bytes as _fmt_bytes
+from ._records import WATCHED, TensorRecord, live_tensors, summary
+
+__all__ = [
+    "SiteDiff",
+    "SiteDiffList",
+    "SiteStat",
+    "Snapshot",
+    "group_by_site",
+    "site_key",
+    "snapshot",
+    "stats_html",
+]
+
+
+#: What a site's key ends with when its records are arrays only watched objects hold.
+_WATCHED_SUFFIX = " (watched)"
+
+
+def site_key(r: TensorRecord) -> str:
+    """A site as the reports group by it; watched arrays apart from Tensors made there."""
+    site = str(r.site) if r.site is not None else "<unknown site>"
+    return site + _WATCHED_SUFFIX if r.scope == WATCHED else site
+
+
+def _noun(site: str) -> str:
+    return "watched array" if site.endswith(_WATCHED_SUFFIX) else "tensor"
+
+
+class SiteStat:
+    """The live Tensors created at one site: how many, their bytes (shared buffers once).
+
+    The arrays that only watched objects hold are a row of their own, their site ending in
+    ``" (watched)"`` (``watched`` is True), counted as watched arrays, not Tensors.
+    """
+
+    __slots__ = ("bytes", "count", "shapes", "site")
+
+    def __init__(self, site: str, count: int, bytes: int, shapes: dict[str, int]) -> None:
+        self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
+
+    @property
+    def watched(self) -> bool:
+        """Whether the row counts arrays only watched objects hold (not Tensors)."""
+        return self.site.endswith(_WATCHED_SUFFIX)
+
+    def __str__(self) -> str:
+        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
+        count = _count(self.count, _noun(self.site))
+        return f"{self.site}: {count}, {_fmt_bytes(self.bytes)} [{shapes}]"
+
+    def __repr__(self) -> str:
+        return f"SiteStat({self.site!r}, count={self.count}, bytes={self.bytes})"
+
+
+class SiteDiff:
+    """A site's change between two snapshots, as ``tracemalloc.StatisticDiff``."""
+
+    __slots__ = ("bytes", "bytes_diff", "count", "count_diff", "site")
+
+    def __init__(self, site: str, count: int, count_diff: int, bytes: int, bytes_diff: int):
+        self.site, self.count, self.count_diff = site, count, count_diff
+        self.bytes, self.bytes_diff = bytes, bytes_diff
+
+    def __str__(self) -> str:
+        sign = "+" if self.bytes_diff >= 0 else "-"
+        return (
+            f"{self.site}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
+            f"{_count(self.count, _noun(self.site))} ({self.count_diff:+d})"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"SiteDiff({self.site!r}, count={self.count}, count_diff={self.count_diff}, "
+            f"bytes={self.bytes}, bytes_diff={self.bytes_diff})"
+        )
+
+
+def group_by_site(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
+    groups: dict[str, list[TensorRecord]] = collections.defaultdict(list)
+    for r in records:
+        groups[site_key(r)].append(r)
+    out = {}
+    claimed: set[tuple[bool, int]] = set()  # a buffer counts once, in its first record's row
+    for site, rs in groups.items():
+        nbytes = 0
+        for r in rs:
+            key = (r.scope == WATCHED, r._buffer)
+            if key not in claimed:
+                claimed.add(key)
+                nbytes += r.bytes
+        shapes = collections.Counter(describe(r) for r in rs)
+        out[site] = SiteStat(site, len(rs), nbytes, dict(shapes))
+    return out
+
+
+class Snapshot:
+    """The live Tensors at one moment; compare two with :meth:`compare_to`.
+
+    Example::
+
+        before = tidyjax.snapshot()
+        run_some_steps()
+        for diff in tidyjax.snapshot().compare_to(before)[:5]:
+            print(diff)
+    """
+
+    __slots__ = ("records", "taken_at")
+
+    def __init__(self, records: Iterable[TensorRecord], taken_at: float | None = None) -> None:
+        self.records = tuple(records)
+        self.taken_at = time.time() if taken_at is None else taken_at
+
+    def __repr__(self) -> str:
+        return f"<Snapshot of {summary(self.records)}>"
+
+    def _repr_html_(self) -> str:
+        return stats_html(summary(self.records), self.statistics())
+
+    def __str__(self) -> str:
+        return "\n".join([summary(self.records)] + [f"  {s}" for s in self.statistics()])
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def statistics(self) -> list[SiteStat]:
+        """One :class:`SiteStat` per creation site, largest first (the watched arrays made at
+        a site a row apart). Their counts and bytes add up to the headline's, each buffer in
+        the row of its first record."""
+        return sorted(
+            group_by_site(self.records).values(), key=lambda s: (-s.bytes, -s.count, s.site)
+        )
+
+    def compare_to(self, old: Snapshot) -> SiteDiffList:
+        """Per-site differences from ``old``, the largest change in bytes first (a list)."""
+        if not isinstance(old, Snapshot):
+            raise TidyjaxTypeError(f"compare_to() takes a Snapshot, got {type(old).__name__}.")
+        new_g, old_g = group_by_site(self.records), group_by_site(old.records)
+        diffs = []
+        for site in new_g.keys() | old_g.keys():
+            n, o = new_g.get(site), old_g.get(site)
+            count, nbytes = (n.count, n.bytes) if n else (0, 0)
+            ocount, obytes = (o.count, o.bytes) if o else (0, 0)
+            if (count, nbytes) != (ocount, obytes):
+                diffs.append(SiteDiff(site, count, count - ocount, nbytes, nbytes - obytes))
+        diffs.sort(key=lambda d: (-abs(d.bytes_diff), -abs(d.count_diff), d.site))
+        return SiteDiffList(diffs)
+
+    # -- export: JSON, schema in README ("Snapshot files") ----------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "tidyjax.snapshot",
+            "version": 1,
+            "taken_at": self.taken_at,
+            "tensors": [r.to_json() for r in self.records],
+        }
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the snapshot as JSON (see the README for the schema)."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Snapshot:
+        """Read a snapshot written by :meth:`dump`.
+
+        Raises:
+            TidyjaxValueError: the file is not JSON, not a tidyjax snapshot of format version
+                1, or a malformed one (a field missing or of the wrong type); the message says
+                which.
+        """
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise TidyjaxValueError(f"{path} is not a JSON file ({e}).") from e
+        if not isinstance(data, dict) or data.get("format") != "tidyjax.snapshot":
+            raise TidyjaxValueError(
+                f'{path} is not a tidyjax snapshot (no "format": "tidyjax.snapshot"); write one '
+                "with tidyjax.snapshot().dump(path)."
+            )
+        if data.get("version") != 1:
+            raise TidyjaxValueError(
+                f"{path} is a tidyjax snapshot of format version {data.get('version')!r}; this "
+                "tidyjax reads version 1. Upgrade tidyjax to read it."
+            )
+        where = "the file"
+        try:
+            taken_at = float(data["taken_at"])
+            records = []
+            for i, d in enumerate(data["tensors"]):
+                where = f"tensors[{i}]"
+                records.append(TensorRecord.from_json(d))
+        except KeyError as e:
+            raise TidyjaxValueError(
+                f"{path} is a malformed tidyjax snapshot: {where} has no {e} field."
+            ) from e
+        except (TypeError, ValueError, AttributeError) as e:
+            raise TidyjaxValueError(
+                f"{path} is a malformed tidyjax snapshot: {where} is not as written by dump() "
+                f"({e})."
+            ) from e
+        return cls(records, taken_at)
+
+
+def snapshot() -> Snapshot:
+    """A :class:`Snapshot` of the live Tensors now."""
+    return Snapshot(live_tensors())
+
+
+class SiteDiffList(list[SiteDiff]):
+    """What :meth:`Snapshot.compare_to` returns: a list of :class:`SiteDiff` that shows itself
+    as a table in Jupyter."""
+
+    def _repr_html_(self) -> str:
+        return _diffs_html(self)
+
+
+@_html.never_raises
+def _diffs_html(diffs: list[SiteDiff]) -> str:
+    if not diffs:
+        return _html.box("<b>no change</b> between the snapshots")
+    head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
+    rows = [
+        (esc(d.site), d.count, f"{d.count_diff:+d}", esc(_fmt_bytes(d.bytes)),
+         esc(signed_bytes(d.bytes_diff)))
+        for d in diffs
+    ]  # fmt: skip
+    header = ["created at", "tensors", "change", "bytes", "change"]
+    return _html.box(head, _html.table(header, rows, numeric={1, 2, 3, 4}))
+
+
+def stats_html(title: str, stats: list[SiteStat], bad: bool = False, note: str = "") -> str:
+    @_html.never_raises
+    def build(_: object) -> str:
+        rows = [
+            (esc(s.site), s.count, esc(_fmt_bytes(s.bytes)),
+             esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
+            for s in stats
+        ]  # fmt: skip
+        head = _html.bad(title) if bad else f"<b>{esc(title)}</b>"
+        table = _html.table(["created at", "tensors", "bytes", "shapes"], rows, numeric={1, 2})
+        return _html.box(head, table if rows else "", _html.line(_html.dim(note)) if note else "")
+
+    return build(None)
