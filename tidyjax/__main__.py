@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ._errors import TidyjaxError
 from ._snapshot import Snapshot
 from ._timeline import Timeline
+from ._timeline_format import FORMAT as TIMELINE_FORMAT
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +57,7 @@ def _read(path: str) -> Timeline:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise TidyjaxError(f"{path}: a malformed tidyjax snapshot ({e!r}).") from e
-    if kind == "tidyjax.timeline":
+    if kind == TIMELINE_FORMAT:
         return Timeline.from_json(data, where=path)
     raise TidyjaxError(
         f'{path}: not a tidyjax timeline or snapshot (its "format" is {kind!r}); write one '

@@ -308,8 +308,8 @@ class _Observer:
                 scope._peak = b
             scope = scope.parent
 
-    def event(self, kind: str, rec: Any) -> None:
-        """A change to the registry's books (see ``_registry``'s observers)."""
+    def event(self, kind: str, rec: Any, tensor: int = 0) -> None:
+        """A change to the registry's books (see ``_registry``'s observers; ``tensor`` unused)."""
         with self.lock:
             if kind == "buffer_added":
                 self.tensors += 1

@@ -498,7 +498,7 @@ def wrap(arr: Any) -> Any:
         scope = CURRENT.get()
         if rec is None or rec.dead is not None:
             if _registry.observers:
-                rec = _registry.new(arr, scope)
+                rec = _registry.new(arr, scope, tensor=t._id)
             else:  # `_registry.new` without the observers
                 rec = _fresh(arr, scope)
                 _buffers[id(arr)] = rec
@@ -537,7 +537,7 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
         # returned or kept (TensorFlow.js), and leaves the buffer to its owner.
         scope._aliases.append(weakref.ref(t))
     if _registry.observers:
-        _registry._notify("tensor_added", rec)
+        _registry._notify("tensor_added", rec, t._id)
 
 
 def wrap_foreign(arr: Any) -> Any:
@@ -620,7 +620,7 @@ def _wrap_unowned(arr: Any) -> Tensor:
     t = _new(Tensor)
     t._array = arr
     t._id = next(_ids)
-    t._rec = _registry.new(arr, None, owned=False)
+    t._rec = _registry.new(arr, None, owned=False, tensor=t._id)
     scope = CURRENT.get()
     if scope is not None:
         scope._aliases.append(weakref.ref(t))

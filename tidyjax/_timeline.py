@@ -7,7 +7,8 @@ exited (``_scope`` reports those only while an observer listens), becomes one im
 the one truthiness check of ``observers`` they paid before. Replaying the events (``live_at``)
 gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
 
-The page (``to_html``) is drawn by ``_timeline_html``.
+The file format (``TimelineEvent``, ``dump``/``load``'s JSON) is ``_timeline_format``'s; the
+page (``to_html``) is drawn by ``_timeline_html``.
 """
 
 from __future__ import annotations
@@ -15,18 +16,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import gc
 import inspect
-import json
 import os
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, TypeVar, overload
 
-from . import _html, _registry, _timeline_html
+from . import _html, _registry, _timeline_format, _timeline_html
 from ._arrays import failed, shard_bytes
 from ._context import CURRENT
 from ._errors import TidyjaxTypeError, TidyjaxValueError
@@ -34,54 +32,19 @@ from ._memory import _fmt_bytes
 from ._records import Site, TensorRecord, creation_site, holders
 from ._registry import KEPT, VARIABLE
 from ._snapshot import SiteStat, Snapshot
-from ._tensor import Tensor
+from ._timeline_format import (
+    ALLOC,
+    FREE,
+    SCOPE_ENTER,
+    SCOPE_EXIT,
+    Codec,
+    TimelineEvent,
+    collection_paused,
+)
 
 __all__ = ["Timeline", "TimelineEvent", "active", "timeline"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
-KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
-FORMAT, VERSION = "tidyjax.timeline", 1
-
-
-class TimelineEvent(NamedTuple):
-    """One change to tidyjax-tracked memory, as a :class:`Timeline` records it (immutable).
-
-    Attributes:
-        kind: ``"alloc"``, ``"free"``, ``"scope_enter"`` or ``"scope_exit"``.
-        time: seconds on ``time.perf_counter()``'s clock (monotonic).
-        bytes: the buffer's logical bytes, as ``memory().num_bytes`` counts them (0 for scopes,
-            and for a buffer whose allocation failed: JAX says so only once the array is
-            waited for, so a timeline rewrites such an allocation, and its peak, when read).
-        device: the device holding the buffer (``str(device)``), several joined by ``","``.
-        site: the :class:`tidyjax.Site` that created its array, or None.
-        scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
-            ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
-            ``"free"``. For scope events, the scope's path.
-        shape, dtype: the buffer's shape and dtype (``()`` and ``""`` for scopes).
-        tensors: ids of the Tensors seen holding the buffer: the one that created it at
-            ``"alloc"``, every one seen at ``"free"``.
-        buffer: the buffer's number in this timeline, the same in its alloc and its free; for
-            scope events, the scope's number, the same in its enter and its exit.
-        name: for scope events, the scope's own name.
-        per_device: ``(device, bytes)`` for each device holding a shard or copy, as
-            ``memory().bytes_per_device`` counts them.
-    """
-
-    kind: str
-    time: float
-    bytes: int
-    device: str
-    site: Site | None
-    scope: str
-    shape: tuple[int, ...]
-    dtype: str
-    tensors: tuple[int, ...]
-    buffer: int
-    name: str = ""
-    per_device: tuple[tuple[str, int], ...] = ()
-
 
 # One lock for every timeline: events arrive from any thread, and reentrantly when a collection
 # runs a finalizer (a Tensor's __del__, a weak reference's callback) inside a handler.
@@ -93,7 +56,6 @@ _sites: dict[Any, Site | None] = {}  # JAX creation traceback -> first user fram
 _dtypes: dict[Any, str] = {}
 _device_names: dict[Any, str] = {}
 _one_device: dict[Any, str] = {}  # sharding on one local device -> its name
-_holder_names: dict[Any, tuple[str, ...]] = {}  # code -> its locals that may be the Tensor
 # Shared values, so that a million events hold a few thousand of these, not a million.
 _one_placement: dict[tuple[str, int], tuple[tuple[str, int]]] = {}
 _shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -107,11 +69,6 @@ def _shape(arr: Any) -> tuple[int, ...]:
             _shapes.clear()
         same = _shapes[shape] = shape
     return same
-
-
-_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_HOLDER_NAMES = ("t", "v", "self")
-_NO_ARRAY = object()  # matches no Tensor's array
 
 
 def _site_of(arr: Any) -> Site | None:
@@ -174,39 +131,6 @@ def _owner(owner: Any) -> str:
     if owner is VARIABLE:
         return "<variable>"
     return getattr(owner, "path", "") if owner is not None else ""
-
-
-def _holder(rec: Any, arr: Any) -> int:
-    """The id of the Tensor being made on ``rec`` now, found in tidyjax's calling frames.
-
-    The registry reports a record, not the Tensor (it keeps no holders, to stay cheap): the
-    Tensor is a local (``t``, ``v`` or ``self``) of a tidyjax frame a few levels up. Only frames
-    of tidyjax's own files that have such a local are read; 0 when none is found.
-    """
-    f: Any = sys._getframe(1)
-    for _ in range(10):
-        if f is None:
-            break
-        code = f.f_code
-        if not code.co_filename.startswith(_OWN):
-            break  # the caller's code: the Tensor was made below it
-        if code in _NOT_HOLDERS:
-            f = f.f_back
-            continue
-        names = _holder_names.get(code)
-        if names is None:
-            names = _holder_names[code] = tuple(n for n in _HOLDER_NAMES if n in code.co_varnames)
-        if names:
-            local = f.f_locals
-            for n in names:
-                v = local.get(n)
-                if isinstance(v, Tensor):
-                    if getattr(v, "_rec", None) is rec or getattr(v, "_array", None) is arr:
-                        return v._id
-                    if code.co_name == "assign":  # Variable.assign: the new buffer is its own
-                        return v._id
-        f = f.f_back
-    return 0
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -421,23 +345,9 @@ class Timeline:
 
     def to_json(self) -> dict[str, Any]:
         """The timeline as JSON data (format ``"tidyjax.timeline"``, version 1; see
-        :class:`_Codec` for the layout)."""
+        ``_timeline_format.Codec`` for the layout)."""
         base, events = self._window()
-        peak_live = self._peak_live
-        codec = _Codec()
-        with _collection_paused():
-            return self._encode(codec, base, events, peak_live)
-
-    def _encode(
-        self,
-        codec: _Codec,
-        base: list[TimelineEvent],
-        events: list[TimelineEvent],
-        peak_live: list[TimelineEvent] | None,
-    ) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION,
+        header = {
             "started_at": self.started_at,
             "start_time": self.start_time,
             "stop_time": self.stop_time,
@@ -445,20 +355,13 @@ class Timeline:
             "dropped": self.dropped,
             "peak_bytes": self.peak_bytes,
             "peak_time": self.peak_time,
-            "events": codec.encode(events),
-            "base": codec.encode(base),
-            "peak_live": None if peak_live is None else codec.encode(peak_live),
         }
-        out.update(codec.tables())
-        return out
+        return _timeline_format.encode(header, base, events, self._peak_live)
 
     def dump(self, path: str | os.PathLike[str]) -> None:
         """Write the timeline as JSON (read it back with :meth:`load`, or draw it with
         ``python -m tidyjax view FILE``)."""
-        data = self.to_json()
-        text = json.dumps(data, separators=(",", ":"))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        _timeline_format.write(self.to_json(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Timeline:
@@ -468,28 +371,14 @@ class Timeline:
             TidyjaxValueError: the file is not JSON, or not a tidyjax timeline of a format
                 version this tidyjax reads; the message says which.
         """
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise TidyjaxValueError(f"{path} is not a JSON file ({e}).") from e
-        return cls.from_json(data, where=str(path))
+        return cls.from_json(_timeline_format.read(path), where=str(path))
 
     @classmethod
     def from_json(cls, data: Any, where: str = "the data") -> Timeline:
         """A timeline from :meth:`to_json`'s data (see :meth:`load` for the errors)."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise TidyjaxValueError(
-                f'{where} is not a tidyjax timeline (no "format": {FORMAT!r}); write one with '
-                "Timeline.dump(path)."
-            )
-        if data.get("version") != VERSION:
-            raise TidyjaxValueError(
-                f"{where} is a tidyjax timeline of format version {data.get('version')!r}; "
-                f"this tidyjax reads version {VERSION}. Upgrade tidyjax to read it."
-            )
+        data = _timeline_format.check(data, where)
         try:
-            with _collection_paused():
+            with collection_paused():
                 return cls._decode(data, where)
         except TidyjaxValueError:
             raise
@@ -500,7 +389,7 @@ class Timeline:
 
     @classmethod
     def _decode(cls, data: dict[str, Any], where: str) -> Timeline:
-        codec = _Codec.read(data)
+        codec = Codec.read(data)
         tl = cls(int(data["max_events"]))
         tl._events.extend(codec.decode(data["events"], where, "event"))
         tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
@@ -670,13 +559,14 @@ class Timeline:
 
     # -- the observer (see _registry) ------------------------------------------------------
 
-    def event(self, kind: str, obj: Any) -> None:
-        """A change to the registry's books, or a scope entered or exited."""
+    def event(self, kind: str, obj: Any, tensor: int = 0) -> None:
+        """A change to the registry's books, or a scope entered or exited. ``tensor`` is the id
+        of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
         with _lock:
             if not self._depth:
                 return
             if kind == "buffer_added":
-                self._alloc(obj, time.perf_counter(), None)
+                self._alloc(obj, time.perf_counter(), (tensor,) if tensor else ())
             elif kind == "buffer_freed" or kind == "buffer_collected":
                 entry = self._live.get(id(obj))
                 if entry is not None:
@@ -684,9 +574,8 @@ class Timeline:
             elif kind == "tensor_added":
                 entry = self._live.get(id(obj))
                 if entry is not None:
-                    i = _holder(obj, _NO_ARRAY)
-                    if i and i not in entry[2]:
-                        entry[2].append(i)
+                    if tensor and tensor not in entry[2]:
+                        entry[2].append(tensor)
                     if obj.more:
                         self._watch_arrays(obj)
             elif kind == "scope_enter":
@@ -704,15 +593,12 @@ class Timeline:
         ev = TimelineEvent(kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name)
         self._append(ev, 0)
 
-    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...] | None) -> None:
+    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
         arr = rec.array()
         if arr is None or id(rec) in self._live:
             return
         nbytes = rec.size()
         device, per_device = _placement(arr, nbytes)
-        if ids is None:
-            holder = _holder(rec, arr)
-            ids = (holder,) if holder else ()
         self._next += 1
         ev = TimelineEvent(
             ALLOC, now, nbytes, device, _site_of(arr), _owner(rec.scope), _shape(arr),
@@ -775,144 +661,6 @@ class Timeline:
             self._base.pop(old.buffer, None)
         if seq == self._peak_seq:  # what was alive at the peak can no longer be replayed
             self._peak_live = list(self._base.values())
-
-
-@contextlib.contextmanager
-def _collection_paused() -> Iterator[None]:
-    """Pause Python's cyclic collector while a million records are built at once: it would run
-    full collections over the whole heap many times, for nothing (nothing built is garbage)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-_COLUMNS = ("kind", "time", "bytes", "meta", "scope", "tensors", "buffer", "name", "placement")
-
-
-class _Codec:
-    """The JSON layout of events: a column per field, repeated values in tables.
-
-    ``events``, ``base`` and ``peak_live`` each hold the columns ``kind``, ``scope``, ``name``
-    (indexes into ``strings``), ``time``, ``bytes``, ``buffer``, ``tensors`` (ids joined by
-    ``","``), ``meta`` (an index into ``metas``: ``[device, site, shape, dtype]``, the site an
-    index into ``sites``: ``[file, line, function]`` or -1) and ``placement`` (-1 when all
-    bytes are on ``device``, else an index into ``placements``: ``[[device, bytes], ...]``).
-    Columns of numbers and strings keep the file small and quick to write and read.
-    """
-
-    def __init__(self) -> None:
-        self.strings: dict[str, int] = {}
-        self.sites: dict[Site, int] = {}
-        self.metas: dict[tuple[Any, ...], int] = {}
-        self.placements: dict[tuple[tuple[str, int], ...], int] = {}
-        self._keep: list[Any] = []  # the sites whose ids key `metas`
-        # read side
-        self.meta_list: list[tuple[str, Site | None, tuple[int, ...], str]] = []
-        self.placement_list: list[tuple[tuple[str, int], ...]] = []
-        self.string_list: list[str] = []
-
-    def _s(self, x: str) -> int:
-        i = self.strings.get(x)
-        if i is None:
-            i = self.strings[x] = len(self.strings)
-        return i
-
-    def encode(self, events: list[TimelineEvent]) -> dict[str, list[Any]]:
-        cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
-        kind, time_, nbytes, meta, scope, tensors, buffer, name, placement = cols.values()
-        s, metas, placements = self._s, self.metas, self.placements
-        for ev in events:
-            key = (ev.device, id(ev.site), ev.shape, ev.dtype)
-            m = metas.get(key)
-            if m is None:
-                site = ev.site
-                si = -1
-                if site is not None:
-                    si = self.sites.setdefault(site, len(self.sites))
-                    self._keep.append(site)
-                m = metas[key] = len(metas)
-                self.meta_list.append((s(ev.device), si, list(ev.shape), s(ev.dtype)))  # type: ignore[arg-type]
-            pd = ev.per_device
-            if len(pd) == 1 and pd[0][0] == ev.device and pd[0][1] == ev.bytes:
-                pl = -1
-            else:
-                pl = placements.get(pd, -1)
-                if pl < 0:
-                    pl = placements[pd] = len(placements)
-            kind.append(s(ev.kind))
-            time_.append(ev.time)
-            nbytes.append(ev.bytes)
-            meta.append(m)
-            scope.append(s(ev.scope))
-            tensors.append(",".join(map(str, ev.tensors)))
-            buffer.append(ev.buffer)
-            name.append(s(ev.name))
-            placement.append(pl)
-        return cols
-
-    def tables(self) -> dict[str, Any]:
-        s = self._s
-        placements = [[[s(d), b] for d, b in pd] for pd in self.placements]
-        return {
-            "strings": list(self.strings),
-            "sites": [[x.file, x.line, x.function] for x in self.sites],
-            "metas": self.meta_list,
-            "placements": placements,
-        }
-
-    @classmethod
-    def read(cls, data: dict[str, Any]) -> _Codec:
-        codec = cls()
-        strings = codec.string_list = [str(x) for x in data["strings"]]
-        sites = [Site(str(f), int(line), str(fn)) for f, line, fn in data["sites"]]
-        codec.meta_list = [
-            (strings[d], None if si < 0 else sites[si], tuple(int(x) for x in shape), strings[dt])
-            for d, si, shape, dt in data["metas"]
-        ]
-        codec.placement_list = [
-            tuple((strings[d], int(b)) for d, b in pd) for pd in data["placements"]
-        ]
-        return codec
-
-    def decode(self, cols: dict[str, list[Any]], where: str, what: str) -> list[TimelineEvent]:
-        columns = [cols[c] for c in _COLUMNS]
-        n = len(columns[0])
-        if any(len(c) != n for c in columns):
-            raise TidyjaxValueError(f"{where}: the {what} columns differ in length.")
-        strings, metas, placements = self.string_list, self.meta_list, self.placement_list
-        one: dict[tuple[str, int], tuple[tuple[str, int]]] = {}
-        out = []
-        i = 0
-        try:
-            for i, (k, t, b, m, sc, ids, buf, nm, pl) in enumerate(zip(*columns, strict=True)):  # noqa: B007 - i names the bad event
-                kind = strings[k]
-                if kind not in KINDS:
-                    raise ValueError(f"unknown event kind {kind!r}")
-                device, site, shape, dtype = metas[m]
-                if pl < 0:
-                    key = (device, b)
-                    pd = one.get(key)
-                    if pd is None:
-                        pd = one[key] = (key,)
-                else:
-                    pd = placements[pl]
-                if type(t) is not float or type(b) is not int or type(buf) is not int:
-                    raise TypeError("time, bytes and buffer must be a float and ints")
-                out.append(TimelineEvent(
-                    kind, t, b, device, site, strings[sc], shape, dtype,
-                    tuple(map(int, ids.split(","))) if ids else (), buf, strings[nm], pd,
-                ))  # fmt: skip
-        except (TypeError, ValueError, IndexError, AttributeError) as e:
-            raise TidyjaxValueError(f"{where}: {what} {i} is malformed ({e}).") from e
-        return out
-
-
-# The timeline's own frames, whose `self` is the timeline, not a Tensor.
-_NOT_HOLDERS = {Timeline.event.__code__, Timeline._alloc.__code__}
 
 
 Timeline.__module__ = "tidyjax"

@@ -7,8 +7,9 @@ The x axis is the order of events (compile pauses and idle time take no room); t
 give the time. Without JavaScript (an untrusted notebook, a mail preview) the chart, the bands
 and the table still show; the script adds the hover and the device selector.
 
-Colours are CSS variables with fallbacks, as xarray does: JupyterLab's ``--jp-*`` first, then
-light or dark by ``prefers-color-scheme`` (and VS Code's dark body class).
+The style sheet and the script are package files (``_static/timeline.css``, ``timeline.js``),
+inlined into each page. Colours are CSS variables with fallbacks, as xarray does: JupyterLab's
+``--jp-*`` first, then light or dark by ``prefers-color-scheme`` (and VS Code's body classes).
 
 Reads a timeline through ``_window()``, ``dropped``, ``peak_bytes``, ``peak_time``,
 ``start_time`` and ``started_at``; imports nothing of ``_timeline``.
@@ -17,14 +18,15 @@ Reads a timeline through ``_window()``, ``dropped``, ``peak_bytes``, ``peak_time
 from __future__ import annotations
 
 import collections
-import html
+import functools
 import json
 import os
 import time
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
-from ._memory import _fmt_bytes
+from ._format import esc, fmt_bytes
 
 __all__ = ["elapsed", "fragment", "page"]
 
@@ -36,10 +38,6 @@ _X0, _PW, _Y0, _PH = 78, 1000, 14, 280
 _LANE, _WIDTH = 18, 1090
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
             "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d")  # fmt: skip
-
-
-def esc(x: object) -> str:
-    return html.escape(str(x))
 
 
 def _label(site: Any) -> str:
@@ -64,6 +62,33 @@ def _top(counter: collections.Counter[str], n: int = 3) -> str:
     return text
 
 
+class _Sites:
+    """The creation sites seen, each with its running and largest live bytes and what it
+    allocated. A site is compared by value once per distinct object, then found by ``id``."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}  # id(Site object) -> site index
+        self._by_value: dict[Any, int] = {}
+        self._keep_alive: list[Any] = []  # the Site objects whose ids are keys of `ids`
+        self.sites: list[Any] = []
+        self.cur: list[int] = []
+        self.most: list[int] = []
+        self.info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
+
+    def add(self, site: Any) -> int:
+        """The index of ``site``, a Site object not seen before (its value may have been)."""
+        i = self._by_value.get(site)
+        if i is None:
+            i = self._by_value[site] = len(self.sites)
+            self.sites.append(site)
+            self.cur.append(0)
+            self.most.append(0)
+            self.info.append({})
+        self.ids[id(site)] = i
+        self._keep_alive.append(site)
+        return i
+
+
 class _Chart:
     """The aggregated picture of a timeline's events (two passes over them, no per-buffer
     output): the top sites, each device's columns, the scopes, and what was alive at the peak."""
@@ -71,44 +96,39 @@ class _Chart:
     def __init__(self, tl: Any, top: int) -> None:
         base, events = tl._window()
         self.n = n = len(events)
-        self.columns = c = max(1, min(n, MAX_COLUMNS))
+        self.columns = max(1, min(n, MAX_COLUMNS))
         self.t0 = tl.start_time if tl.start_time is not None else (events[0].time if n else 0.0)
+        sites = _Sites()
+        devices = self._scan(base, events, sites)
+        slot = self._rank(sites, top)
+        self.devices = sorted(devices)
+        self._fill_columns(base, events, sites.ids, slot)
+        self.peak_live: list[Any] = _alive_after(base, events, self.peak_index)
+        self.device_peak: list[int] = []
+        self.device_peak_col: list[int] = []
+        for cols in self.cols:
+            sums = [sum(v) for v in cols]
+            top_sum = max(sums, default=0)
+            self.device_peak.append(top_sum)
+            self.device_peak_col.append(sums.index(top_sum) if sums else 0)
+        self.end_time = (events[-1].time - self.t0) if n else 0.0
 
-        # Sites are compared by value once per distinct object, then by index.
-        site_ids: dict[int, int] = {}  # id(Site object) -> site index
-        by_value: dict[Any, int] = {}
-        site_list: list[Any] = []
-        keep_alive = []  # the Site objects whose ids are keys above
-
-        def index_of(site: Any) -> int:
-            i = by_value.get(site)
-            if i is None:
-                i = by_value[site] = len(site_list)
-                site_list.append(site)
-            site_ids[id(site)] = i
-            keep_alive.append(site)
-            return i
-
-        # Pass 1: each site's largest live bytes and what it allocated, the devices, the
-        # scopes, the peak.
-        cur: list[int] = []
-        most: list[int] = []
-        info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
+    def _scan(self, base: list[Any], events: list[Any], sites: _Sites) -> set[str]:
+        """Pass 1: each site's largest live bytes and what it allocated, the scopes as bands,
+        the peak (``peak``, ``peak_index``: the state after that event); returns the devices."""
+        ids, cur, most, info = sites.ids, sites.cur, sites.most, sites.info
         devices: set[str] = set()
         total = peak = 0
-        self.peak_index = -1  # the state after this event is the peak (-1: before any)
+        self.peak_index = -1  # -1: the peak is before any event kept
         enters: dict[int, tuple[int, Any]] = {}
         self.bands_raw: list[tuple[int, int, str, str, float]] = []
+        nb = len(base)
         for i, ev in enumerate((*base, *events)):
             kind = ev.kind
             if kind == "alloc" or kind == "free":
-                s = site_ids.get(id(ev.site))
+                s = ids.get(id(ev.site))
                 if s is None:
-                    s = index_of(ev.site)
-                    while len(cur) <= s:
-                        cur.append(0)
-                        most.append(0)
-                        info.append({})
+                    s = sites.add(ev.site)
                 for d, _ in ev.per_device or ((ev.device, ev.bytes),):
                     devices.add(d)
                 if kind == "alloc":
@@ -120,21 +140,27 @@ class _Chart:
                         most[s] = v
                     total += ev.bytes
                     if total > peak:
-                        peak, self.peak_index = total, i - len(base)
+                        peak, self.peak_index = total, i - nb
                 else:
                     cur[s] -= ev.bytes
                     total -= ev.bytes
             elif kind == "scope_enter":
-                enters[ev.buffer] = (i - len(base), ev)
+                enters[ev.buffer] = (i - nb, ev)
             elif kind == "scope_exit":
                 start, opened = enters.pop(ev.buffer, (-1, ev))
-                j = i - len(base)
-                self.bands_raw.append((start, j, opened.name, opened.scope, ev.time - opened.time))
+                self.bands_raw.append(
+                    (start, i - nb, opened.name, opened.scope, ev.time - opened.time)
+                )
         for start, ev in enters.values():  # still open when the recording stopped
             end_time = events[-1].time if events else ev.time
-            self.bands_raw.append((start, n, ev.name, ev.scope, end_time - ev.time))
+            self.bands_raw.append((start, len(events), ev.name, ev.scope, end_time - ev.time))
         self.peak = peak
+        return devices
 
+    def _rank(self, sites: _Sites, top: int) -> list[int]:
+        """The ``top`` sites by their largest live bytes, each with its hover text (``sites``),
+        the rest as one "other"; returns each site's stack slot."""
+        site_list, most, info = sites.sites, sites.most, sites.info
         ranked = sorted(range(len(site_list)), key=lambda s: (-most[s], _label(site_list[s])))
         self.top = ranked[:top]
         others = ranked[top:]
@@ -147,26 +173,20 @@ class _Chart:
         if self.other:
             label = f"other ({len(others)} sites)"
             self.sites.append(_describe(label, [info[s] for s in others]))
+        return slot
 
-        # Pass 2: per device, each column's stack at the moment of its largest total.
-        self.devices = sorted(devices)
+    def _fill_columns(
+        self, base: list[Any], events: list[Any], site_ids: dict[int, int], slot: list[int]
+    ) -> None:
+        """Pass 2: per device, each column's stack of slots at the moment of its largest total
+        (``cols``), and each column's time (``times``)."""
+        c, n = self.columns, self.n
         dindex = {d: j for j, d in enumerate(self.devices)}
         nd = len(self.devices)
-        vec = [[0] * k for _ in range(nd)]
-        tot = [0] * nd
+        vec, tot = _stacks(base, dindex, len(self.sites), site_ids, slot)
         cols: list[list[list[int]]] = [[] for _ in range(nd)]
         best = [0] * nd
         best_vec: list[list[int]] = [[] for _ in range(nd)]
-        live: dict[int, Any] = {}
-        peak_index = self.peak_index
-        for ev in base:
-            s = slot[site_ids[id(ev.site)]]
-            for d, b in ev.per_device or ((ev.device, ev.bytes),):
-                j = dindex[d]
-                vec[j][s] += b
-                tot[j] += b
-            live[ev.buffer] = ev
-        self.peak_live: list[Any] = list(live.values()) if peak_index < 0 else []
         self.times: list[float] = []
         column = -1
         for i, ev in enumerate(events):
@@ -191,18 +211,12 @@ class _Chart:
                     if t > best[j]:
                         best[j] = t
                         best_vec[j] = v[:]
-                if i <= peak_index:
-                    live[ev.buffer] = ev
-                    if i == peak_index:
-                        self.peak_live = list(live.values())
             elif kind == "free":
                 s = slot[site_ids[id(ev.site)]]
                 for d, b in ev.per_device or ((ev.device, ev.bytes),):
                     j = dindex[d]
                     vec[j][s] -= b
                     tot[j] -= b
-                if i < peak_index:
-                    live.pop(ev.buffer, None)
         if n:
             for j in range(nd):
                 cols[j].append(best_vec[j])
@@ -211,14 +225,34 @@ class _Chart:
             for j in range(nd):
                 cols[j].append(vec[j][:])
         self.cols = cols
-        self.device_peak: list[int] = []
-        self.device_peak_col: list[int] = []
-        for j in range(nd):
-            sums = [sum(v) for v in cols[j]]
-            top_sum = max(sums, default=0)
-            self.device_peak.append(top_sum)
-            self.device_peak_col.append(sums.index(top_sum) if sums else 0)
-        self.end_time = (events[-1].time - self.t0) if n else 0.0
+
+
+def _stacks(
+    base: list[Any], dindex: dict[str, int], k: int, site_ids: dict[int, int], slot: list[int]
+) -> tuple[list[list[int]], list[int]]:
+    """Per device, the bytes in each of the ``k`` slots and in all, of what ``base`` (the
+    allocations dropped events left alive) holds."""
+    vec = [[0] * k for _ in dindex]
+    tot = [0] * len(dindex)
+    for ev in base:
+        s = slot[site_ids[id(ev.site)]]
+        for d, b in ev.per_device or ((ev.device, ev.bytes),):
+            j = dindex[d]
+            vec[j][s] += b
+            tot[j] += b
+    return vec, tot
+
+
+def _alive_after(base: list[Any], events: list[Any], index: int) -> list[Any]:
+    """The allocations alive after ``events[index]`` (-1: before the first), oldest first."""
+    live = {ev.buffer: ev for ev in base}
+    for ev in events[: index + 1]:
+        kind = ev.kind
+        if kind == "alloc":
+            live[ev.buffer] = ev
+        elif kind == "free":
+            live.pop(ev.buffer, None)
+    return list(live.values())
 
 
 def _describe(
@@ -314,7 +348,7 @@ def _axes(ch: _Chart, vmax: float) -> str:
         out.append(
             f'<line class="tj-grid" x1="{_X0}" x2="{_X0 + _PW}" y1="{y:.1f}" y2="{y:.1f}"/>'
             f'<text class="tj-tick" x="{_X0 - 6}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{esc(_fmt_bytes(v))}</text>"
+            f"{esc(fmt_bytes(v))}</text>"
         )
     columns = ch.columns
     for t in range(6):
@@ -445,7 +479,7 @@ def _chart_svg(ch: _Chart, j: int) -> str:
         f'{_axes(ch, vmax)}<g class="tj-areas">{_areas(ch, j, vmax)}</g>'
         f'<g class="tj-peak"><line x1="{px:.1f}" x2="{px:.1f}" y1="{_Y0}" y2="{_Y0 + _PH}"/>'
         f'<text x="{px + dx:.1f}" y="{_Y0 + 10}" text-anchor="{anchor}">peak '
-        f"{esc(_fmt_bytes(peak))}</text></g>"
+        f"{esc(fmt_bytes(peak))}</text></g>"
         f'<g class="tj-bands">{bands}</g></svg>'
     )
 
@@ -471,7 +505,7 @@ def _peak_table(ch: _Chart) -> str:
         g[1] += 1
     rows = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     body = "".join(
-        f'<tr><td class="tj-num">{esc(_fmt_bytes(b))}</td><td class="tj-num">{n}</td>'
+        f'<tr><td class="tj-num">{esc(fmt_bytes(b))}</td><td class="tj-num">{n}</td>'
         f'<td>{esc(shape)}</td><td class="tj-site">{esc(site)}</td><td>{esc(scope)}</td>'
         f"<td>{esc(device)}</td></tr>"
         for (site, shape, scope, device), (b, n) in rows[:TABLE_ROWS]
@@ -480,7 +514,7 @@ def _peak_table(ch: _Chart) -> str:
     if rest:
         more = sum(b for _, (b, _) in rest)
         body += (
-            f'<tr><td class="tj-num">{esc(_fmt_bytes(more))}</td><td class="tj-num">'
+            f'<tr><td class="tj-num">{esc(fmt_bytes(more))}</td><td class="tj-num">'
             f'{sum(n for _, (_, n) in rest)}</td><td colspan="4">… {len(rest)} more groups'
             "</td></tr>"
         )
@@ -493,112 +527,11 @@ def _peak_table(ch: _Chart) -> str:
     )
 
 
-_LIGHT = """--tj-fg:var(--jp-content-font-color1,#1f2328);
---tj-fg2:var(--jp-content-font-color2,#59636e);
---tj-bg:var(--jp-layout-color0,#fff);--tj-bg2:var(--jp-layout-color2,#eef1f4);
---tj-line:var(--jp-border-color2,#d5dbe1);--tj-peak:var(--jp-error-color1,#c62828);
---tj-other:#a5adb6;--tj-band:var(--jp-layout-color3,#c9d1da)"""
-_DARK = """--tj-fg:var(--jp-content-font-color1,#e6edf3);
---tj-fg2:var(--jp-content-font-color2,#9aa4ae);
---tj-bg:var(--jp-layout-color0,#0f1419);--tj-bg2:var(--jp-layout-color2,#1f262e);
---tj-line:var(--jp-border-color2,#39424c);--tj-peak:var(--jp-error-color1,#ff7b72);
---tj-other:#6e7781;--tj-band:var(--jp-layout-color3,#3a4550)"""
-# Light by default; dark by the reader's scheme. JupyterLab's --jp-* variables win where set
-# (its theme, not the system's, decides there); VS Code's notebook says its theme on <body>.
-_CSS = (
-    f".tjtl{{{_LIGHT}}}"
-    f"@media (prefers-color-scheme:dark){{.tjtl{{{_DARK}}}}}"
-    f"body.vscode-light .tjtl{{{_LIGHT}}}body.vscode-dark .tjtl{{{_DARK}}}"
-    + """
-.tjtl{color:var(--tj-fg);background:var(--tj-bg);padding:12px 14px;border-radius:6px;
-position:relative;font-size:13px;line-height:1.45;max-width:1120px;
-font-family:var(--jp-ui-font-family,system-ui,-apple-system,"Segoe UI",Roboto,sans-serif)}
-.tjtl .tj-title{font-size:15px;margin:0 0 2px;font-weight:600}
-.tjtl .tj-sub{color:var(--tj-fg2);margin:0 0 8px}
-.tjtl svg text{fill:var(--tj-fg);font-size:11px;font-family:inherit}
-.tjtl .tj-tick{fill:var(--tj-fg2)}
-.tjtl .tj-grid{stroke:var(--tj-line);stroke-width:1}
-.tjtl .tj-axis{stroke:var(--tj-fg2);stroke-width:1}
-.tjtl .tj-area{fill-opacity:.88;stroke:var(--tj-bg);stroke-width:.4}
-.tjtl .tj-area.tj-hot{fill-opacity:1;stroke:var(--tj-fg);stroke-width:1.2}
-.tjtl .tj-other{fill:var(--tj-other)}
-.tjtl .tj-peak line{stroke:var(--tj-peak);stroke-width:1.5;stroke-dasharray:4 3}
-.tjtl .tj-peak text{fill:var(--tj-peak);font-weight:600}
-.tjtl .tj-hit{fill:transparent;pointer-events:all}
-.tjtl .tj-band rect{fill:var(--tj-band)}
-.tjtl .tj-band text{font-size:10.5px}
-.tjtl .tj-legend{list-style:none;padding:0;margin:6px 0 10px;display:flex;flex-wrap:wrap;
-gap:4px 14px}
-.tjtl .tj-legend li{font-family:var(--jp-code-font-family,ui-monospace,Menlo,Consolas,monospace);
-font-size:12px}
-.tjtl .tj-devices{margin:0 0 6px}
-.tjtl .tj-devices button{font:inherit;color:var(--tj-fg);background:var(--tj-bg2);
-border:1px solid var(--tj-line);border-radius:4px;padding:1px 8px;margin-right:4px;cursor:pointer}
-.tjtl .tj-devices button[aria-pressed=true]{border-color:var(--tj-fg);font-weight:600}
-.tjtl table.tj-peak-table{border-collapse:collapse;font-size:12px;margin-top:4px;
-color:var(--tj-fg);background:transparent;table-layout:auto}
-.tjtl .tj-peak-table caption{text-align:left;font-weight:600;padding:4px 0;color:var(--tj-fg)}
-.tjtl .tj-peak-table th,.tjtl .tj-peak-table td{padding:2px 10px 2px 0;text-align:left;
-border:none;border-bottom:1px solid var(--tj-line);vertical-align:top;background:transparent}
-.tjtl .tj-peak-table th{color:var(--tj-fg2);font-weight:600}
-.tjtl .tj-peak-table .tj-num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.tjtl .tj-site{font-family:var(--jp-code-font-family,ui-monospace,Menlo,Consolas,monospace);
-word-break:break-all}
-.tjtl .tj-tip{position:absolute;z-index:10;pointer-events:none;max-width:460px;
-background:var(--tj-bg);color:var(--tj-fg);border:1px solid var(--tj-line);border-radius:5px;
-padding:6px 9px;
-box-shadow:0 2px 10px rgba(0,0,0,.25);font-size:12px}
-.tjtl .tj-tip b{font-family:var(--jp-code-font-family,ui-monospace,Menlo,Consolas,monospace);
-word-break:break-all}
-.tjtl .tj-tip div{color:var(--tj-fg2)}
-"""
-)
-
-_JS = """
-(function(){
-var root=document.getElementById("%ID%");
-if(!root||root.dataset.ready)return;
-root.dataset.ready="1";
-var data=JSON.parse(root.querySelector("script.tj-data").textContent);
-var tip=root.querySelector(".tj-tip");
-function fmt(n){
-  var u=["B","KiB","MiB","GiB"],i=0;
-  while(Math.abs(n)>=1024&&i<3){n/=1024;i++}
-  return i?n.toFixed(1)+" "+u[i]:Math.round(n)+" B"}
-function dt(s){
-  return s<1?"+"+(s*1e3).toFixed(1)+" ms":s<120?"+"+s.toFixed(2)+" s":"+"+(s/60).toFixed(1)+" min"}
-function line(text,bold){
-  var e=document.createElement(bold?"b":"div");e.textContent=text;tip.appendChild(e)}
-var buttons=root.querySelectorAll(".tj-devices button");
-function show(d){
-  root.querySelectorAll(".tj-chart").forEach(function(c){c.hidden=+c.dataset.device!==d});
-  buttons.forEach(function(b){b.setAttribute("aria-pressed",String(+b.dataset.device===d))})}
-buttons.forEach(function(b){b.addEventListener("click",function(){show(+b.dataset.device)})});
-root.querySelectorAll(".tj-area title").forEach(function(t){t.remove()});
-root.querySelectorAll(".tj-chart").forEach(function(chart){
-  var dev=data.devices[+chart.dataset.device],L=data.layout;
-  var svg=chart.querySelector("svg.tj-svg"),areas=svg.querySelectorAll(".tj-area");
-  function hide(){tip.hidden=true;areas.forEach(function(a){a.classList.remove("tj-hot")})}
-  svg.addEventListener("mouseleave",hide);
-  svg.addEventListener("mousemove",function(e){
-    var p=svg.createSVGPoint();p.x=e.clientX;p.y=e.clientY;
-    var q=p.matrixTransform(svg.getScreenCTM().inverse());
-    var c=Math.floor((q.x-L.x0)/L.pw*data.columns);
-    if(c<0||c>=data.columns||q.y<L.y0||q.y>L.y0+L.ph){hide();return}
-    var col=dev.cols[c],v=(L.y0+L.ph-q.y)/L.ph*dev.vmax,cum=0,s=-1,tot=0,i;
-    for(i=0;i<col.length;i++)tot+=col[i];
-    for(i=0;i<col.length;i++){if(col[i]>0&&v>=cum&&v<cum+col[i]){s=i;break}cum+=col[i]}
-    if(s<0){hide();return}
-    var site=data.sites[s];
-    areas.forEach(function(a){a.classList.toggle("tj-hot",+a.dataset.site===s)});
-    tip.textContent="";line(site.label,true);
-    line(fmt(col[s])+" of "+fmt(tot)+" live on "+dev.name+", at "+dt(data.times[c]));
-    line("shapes: "+site.shapes);line("dtype: "+site.dtypes);line("scope: "+site.scopes);
-    var r=root.getBoundingClientRect(),x=e.clientX-r.left+14;tip.hidden=false;
-    if(x+tip.offsetWidth>r.width)x=Math.max(0,e.clientX-r.left-tip.offsetWidth-14);
-    tip.style.left=x+"px";tip.style.top=(e.clientY-r.top+14)+"px"})});
-})();
-"""
+@functools.cache
+def _asset(name: str) -> str:
+    """A file of ``tidyjax/_static``, read once: the page's style sheet and script, inlined in
+    each page so that it opens offline as one file."""
+    return (resources.files("tidyjax") / "_static" / name).read_text(encoding="utf-8")
 
 
 def _palette_css(uid: str, k: int) -> str:
@@ -617,7 +550,7 @@ def fragment(tl: Any, *, top: int = 10) -> str:
         when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
     sub = [
         f"{events:,} events over {elapsed(ch.end_time)[1:]}",
-        f"peak {esc(_fmt_bytes(tl.peak_bytes or ch.peak))} at "
+        f"peak {esc(fmt_bytes(tl.peak_bytes or ch.peak))} at "
         f"{esc(elapsed(max(0.0, tl.peak_time - ch.t0)))}",
     ]
     if tl.dropped:
@@ -628,7 +561,7 @@ def fragment(tl: Any, *, top: int = 10) -> str:
     )
     if not ch.devices:
         return (
-            f'<div class="tjtl" id="{uid}"><style>{_CSS}</style>{head}'
+            f'<div class="tjtl" id="{uid}"><style>{_asset("timeline.css")}</style>{head}'
             "<p>No tidyjax memory events were recorded.</p></div>"
         )
     default = max(range(len(ch.devices)), key=lambda j: (ch.device_peak[j], -j))
@@ -636,7 +569,7 @@ def fragment(tl: Any, *, top: int = 10) -> str:
     if len(ch.devices) > 1:
         buttons = '<div class="tj-devices" role="group" aria-label="device">' + "".join(
             f'<button type="button" data-device="{j}" aria-pressed="{str(j == default).lower()}">'
-            f"{esc(d)} · peak {esc(_fmt_bytes(ch.device_peak[j]))}</button>"
+            f"{esc(d)} · peak {esc(fmt_bytes(ch.device_peak[j]))}</button>"
             for j, d in enumerate(ch.devices)
         ) + "</div>"  # fmt: skip
     charts = "".join(
@@ -656,11 +589,12 @@ def fragment(tl: Any, *, top: int = 10) -> str:
     }
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     return (
-        f'<div class="tjtl" id="{uid}"><style>{_CSS}{_palette_css(uid, len(ch.top))}</style>'
+        f'<div class="tjtl" id="{uid}">'
+        f"<style>{_asset('timeline.css')}{_palette_css(uid, len(ch.top))}</style>"
         f"{head}{buttons}{charts}{_legend(ch)}{_peak_table(ch)}"
         '<div class="tj-tip" hidden></div>'
         f'<script type="application/json" class="tj-data">{payload}</script>'
-        f"<script>{_JS.replace('%ID%', uid)}</script></div>"
+        f"<script>{_asset('timeline.js').replace('%ID%', uid)}</script></div>"
     )
 
 

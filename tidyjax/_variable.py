@@ -64,7 +64,7 @@ class Variable(Tensor, metaclass=_VariableType):
         v = object.__new__(Tensor)
         v._array = arr
         v._id = next(_ids)
-        v._rec = _hold(arr, value)
+        v._rec = _hold(arr, value, v._id)
         v._var = _VarInfo(name, bool(trainable))
         with _variables_lock:
             if len(_variables) > _prune_at[0]:
@@ -128,7 +128,7 @@ def assign(self: Tensor, value: Any) -> Tensor:
     if old_rec is not None and old_rec is _registry.lookup(new) and old_rec.dead is None:
         self._array = new  # the same buffer (v.assign(v), a clone, a same-dtype astype)
         return self
-    rec = _hold(new, value)
+    rec = _hold(new, value, self._id)
     self._array = new
     self._rec = rec
     if old_rec is not None and old_rec.dead is None:
@@ -154,15 +154,16 @@ def restore_variable(data: Any, name: str | None, trainable: bool) -> Tensor:
     return Variable(data, name=name, trainable=trainable)
 
 
-def _hold(arr: Any, value: Any) -> _registry.Buffer:
-    """The record of ``arr`` with one more holder (a Variable), owned by no scope from now on.
+def _hold(arr: Any, value: Any, tensor: int) -> _registry.Buffer:
+    """The record of ``arr`` with one more holder (the Variable of id ``tensor``), owned by no
+    scope from now on.
 
     When the buffer came from ``value``, a Tensor of some scope, that scope still disposes the
     Tensor object at its exit (as TensorFlow.js does); the buffer stays with the Variable.
     """
     rec = _registry.lookup(arr)
     if rec is None or rec.dead is not None:
-        rec = _registry.new(arr, _registry.VARIABLE)
+        rec = _registry.new(arr, _registry.VARIABLE, tensor=tensor)
         rec.nvars = 1
         return rec
     _registry.join(rec)
