@@ -28,7 +28,7 @@ from . import _html, _registry, _timeline_format, _timeline_html
 from ._arrays import failed, shard_bytes
 from ._context import CURRENT
 from ._errors import TidyjaxTypeError, TidyjaxValueError
-from ._memory import _fmt_bytes
+from ._format import fmt_bytes
 from ._records import Site, TensorRecord, creation_site, holders
 from ._registry import KEPT, VARIABLE
 from ._snapshot import SiteStat, Snapshot
@@ -323,7 +323,7 @@ class Timeline:
             at = f" at {_timeline_html.elapsed(self.peak_time - self.start_time)}"
         return (
             f"<tidyjax.Timeline {len(self._events)} events ({self.dropped} dropped), "
-            f"peak {_fmt_bytes(self.peak_bytes)}{at}, {state}>"
+            f"peak {fmt_bytes(self.peak_bytes)}{at}, {state}>"
         )
 
     # -- the page ---------------------------------------------------------------------------
