@@ -1,0 +1,220 @@
+"""Port: Equinox's RNN example (docs/examples/train_rnn), plain and tidyjax.
+
+Run:  pip install ".[examples]" && python examples/port_equinox_rnn.py --steps 200
+
+A GRU-cell RNN (``eqx.nn.GRUCell`` run over the sequence with ``jax.lax.scan``, then a linear
+head and a sigmoid) learns whether a spiral turns clockwise or anticlockwise, with
+``eqx.filter_value_and_grad``, ``eqx.filter_jit`` and ``optax.adam``. The same loop runs twice:
+
+* ``train_plain``: the program as written in a notebook, keeping each step's loss (a device
+  array) in ``history`` to plot later. Device memory grows with every step.
+* ``train_tidyjax``: the port. The model and optimizer state are converted once with
+  ``tidyjax.tensors``; the ``eqx.filter_jit`` step stays as it is, wrapped in ``tidyjax.lift``
+  so that what it returns is tracked; each step runs under ``tidyjax.tidy()``, keeping the new
+  model and optimizer state and disposing the previous ones. Memory is flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import pathlib
+import statistics
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+
+import tidyjax
+
+SIZE_HELP = "multiplies the batch (32) and the hidden size (16)"
+LEARNING_RATE = 3e-3
+
+
+def get_data(dataset_size, *, key):
+    t = jnp.linspace(0, 2 * math.pi, 16)
+    offset = jr.uniform(key, (dataset_size, 1), minval=0, maxval=2 * math.pi)
+    x1 = jnp.sin(t + offset) / (1 + t)
+    x2 = jnp.cos(t + offset) / (1 + t)
+    y = jnp.ones((dataset_size, 1))
+    half_dataset_size = dataset_size // 2
+    x1 = x1.at[:half_dataset_size].multiply(-1)
+    y = y.at[:half_dataset_size].set(0)
+    x = jnp.stack([x1, x2], axis=-1)
+    return x, y
+
+
+def dataloader(arrays, batch_size, *, key):
+    dataset_size = arrays[0].shape[0]
+    indices = jnp.arange(dataset_size)
+    while True:
+        perm = jr.permutation(key, indices)
+        (key,) = jr.split(key, 1)
+        start, end = 0, batch_size
+        while end <= dataset_size:
+            batch_perm = perm[start:end]
+            yield tuple(array[batch_perm] for array in arrays)
+            start, end = end, end + batch_size
+
+
+class RNN(eqx.Module):
+    hidden_size: int = eqx.field(static=True)
+    cell: eqx.nn.GRUCell
+    linear: eqx.nn.Linear
+    bias: jax.Array
+
+    def __init__(self, in_size, out_size, hidden_size, *, key):
+        ckey, lkey = jr.split(key)
+        self.hidden_size = hidden_size
+        self.cell = eqx.nn.GRUCell(in_size, hidden_size, key=ckey)
+        self.linear = eqx.nn.Linear(hidden_size, out_size, use_bias=False, key=lkey)
+        self.bias = jnp.zeros(out_size)
+
+    def __call__(self, input):
+        hidden = jnp.zeros((self.hidden_size,))
+
+        def f(carry, inp):
+            return self.cell(inp, carry), None
+
+        out, _ = jax.lax.scan(f, hidden, input)
+        return jax.nn.sigmoid(self.linear(out) + self.bias)
+
+
+@eqx.filter_value_and_grad
+def compute_loss(model, x, y):
+    pred_y = jax.vmap(model)(x)
+    return -jnp.mean(y * jnp.log(pred_y) + (1 - y) * jnp.log(1 - pred_y))
+
+
+optim = optax.adam(LEARNING_RATE)
+
+
+def make_step(model, x, y, opt_state):
+    loss, grads = compute_loss(model, x, y)
+    updates, opt_state = optim.update(grads, opt_state)
+    model = eqx.apply_updates(model, updates)
+    return loss, model, opt_state
+
+
+def setup(size):
+    data_key, loader_key, model_key = jr.split(jr.PRNGKey(5678), 3)
+    xs, ys = get_data(10000, key=data_key)
+    iter_data = dataloader((xs, ys), 32 * size, key=loader_key)
+    model = RNN(in_size=2, out_size=1, hidden_size=16 * size, key=model_key)
+    return iter_data, model
+
+
+# --- the plain JAX program ------------------------------------------------------------------
+
+
+def train_plain(steps: int, size: int = 1):
+    """Yields ``(model, loss)`` after each step, so that a harness can measure between steps."""
+    iter_data, model = setup(size)
+    opt_state = optim.init(model)
+    step_fn = eqx.filter_jit(make_step)
+    history = []
+    for x, y in itertools.islice(iter_data, steps):
+        loss, model, opt_state = step_fn(model, x, y, opt_state)
+        history.append(loss)  # one device array per step: memory grows with steps
+        yield model, history[-1]
+
+
+# --- the tidyjax port -----------------------------------------------------------------------
+
+
+def train_tidyjax(steps: int, size: int = 1):
+    """Yields ``(model, loss)`` after each step, so that a harness can measure between steps."""
+    iter_data, model = setup(size)
+    opt_state = optim.init(model)
+    model, opt_state = tidyjax.tensors((model, opt_state))
+    step_fn = tidyjax.lift(eqx.filter_jit(make_step))
+    history = []
+    for x, y in itertools.islice(iter_data, steps):
+        with tidyjax.tidy() as scope:
+            loss, new_model, new_state = step_fn(model, x, y, opt_state)
+            history.append(float(loss))  # a Python float; the Tensor is freed with the scope
+            scope.keep(new_model, new_state)
+        tidyjax.dispose((model, opt_state))
+        model, opt_state = new_model, new_state
+        yield model, history[-1]
+    tidyjax.dispose((model, opt_state))
+
+
+# --- measuring both -------------------------------------------------------------------------
+
+
+def live_bytes() -> int:
+    """Bytes held by every live ``jax.Array`` of this process (its device memory on CPU)."""
+    return sum(a.nbytes for a in jax.live_arrays())
+
+
+def run_alone(loop) -> tuple[int, float]:
+    """Run a loop to its end; returns (live bytes after the last step minus after the first,
+    the last loss)."""
+    after = []
+    for params, loss in loop:
+        last = loss  # read only after the loop: float(jax.Array) makes an aliasing jax.Array
+        jax.block_until_ready(params)
+        after.append(live_bytes())
+    del params, loss
+    return after[-1] - after[0], float(np.ravel(last)[-1])
+
+
+def time_interleaved(loops, steps: int, warmup: int = 3) -> tuple[float, float]:
+    """Median step times (s) of ``loops[0]`` and ``loops[1]``: each a function making a loop of
+    so many steps, the two stepped in alternation (which goes first alternates too), timed after
+    ``warmup`` steps of each."""
+    loops = [make(warmup + steps) for make in loops]
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for i in range(warmup + steps):
+        for k in (0, 1) if i % 2 == 0 else (1, 0):
+            t0 = time.perf_counter()
+            jax.block_until_ready(next(loops[k])[0])
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+    for loop in loops:
+        for _ in loop:  # run each to its end: the port disposes its last parameters
+            pass
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def main(steps: int = 200, size: int = 1, timing_steps: int | None = None) -> dict:
+    """Train both versions for ``steps`` steps each (memory), then time them interleaved."""
+    plain_growth, plain_loss = run_alone(train_plain(steps, size))
+    port_growth, port_loss = run_alone(train_tidyjax(steps, size))
+    loops = (lambda n: train_plain(n, size), lambda n: train_tidyjax(n, size))
+    plain_s, port_s = time_interleaved(loops, steps if timing_steps is None else timing_steps)
+    return {
+        "steps": steps,
+        "plain_growth_bytes": plain_growth,
+        "tidyjax_growth_bytes": port_growth,
+        "ratio": port_s / plain_s,
+        "final_loss_plain": plain_loss,
+        "final_loss_tidyjax": port_loss,
+        "plain_step_us": plain_s * 1e6,
+        "tidyjax_step_us": port_s * 1e6,
+    }
+
+
+def report(r: dict) -> str:
+    return (
+        f"{pathlib.Path(__file__).stem}: {r['steps']} steps\n"
+        f"  device memory growth after step 1: plain {r['plain_growth_bytes']:,} bytes, "
+        f"tidyjax {r['tidyjax_growth_bytes']:,} bytes\n"
+        f"  median step time tidyjax / plain: {r['ratio']:.3f} "
+        f"({r['tidyjax_step_us']:,.0f} / {r['plain_step_us']:,.0f} µs)\n"
+        f"  final loss: plain {r['final_loss_plain']:.6f}, tidyjax {r['final_loss_tidyjax']:.6f}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--size", type=int, default=1, help=SIZE_HELP)
+    args = parser.parse_args()
+    print(report(main(steps=args.steps, size=args.size)))
