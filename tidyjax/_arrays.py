@@ -5,76 +5,18 @@ Every other module asks here, so "is this a jax.Array tidyjax can own?" has one 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import jax
 import numpy as np
-from jax._src.array import ArrayImpl
 from jax.errors import JaxRuntimeError
 
 from ._format import describe as describe  # re-exported: it lived here
-
-
-def _key_array_class() -> type:
-    """The class of typed PRNG key arrays (``jax.random.key``): concrete arrays of their own.
-
-    Private to JAX, and it moved between versions; tests/test_interop.py fails loudly if it
-    moves again (a key would no longer be tracked).
-    """
-    for module in ("jax._src.random.prng", "jax._src.prng"):
-        try:
-            cls = importlib.import_module(module).PRNGKeyArray
-        except (ImportError, AttributeError):
-            continue
-        return cls
-    return ArrayImpl  # pragma: no cover - a jax layout we do not know
-
-
-PRNGKeyArray: type = _key_array_class()
-
-
-def _jax_operator_codes() -> frozenset[Any]:
-    """The code objects of ``jax.Array``'s binary operators.
-
-    Such an operator converts an operand that has ``__jax_array__`` and computes the result
-    itself; ``Tensor.__jax_array__`` answers these callers with the Tensor, so the operator
-    returns NotImplemented and Python calls the Tensor's reflected operator (``raw * t`` is a
-    tracked Tensor, like ``t * raw``). Private to JAX: tests/test_interop.py fails loudly when
-    the operators move.
-    """
-    try:
-        methods = importlib.import_module("jax._src.numpy.array_methods")
-    except ImportError:  # pragma: no cover - a jax layout we do not know
-        return frozenset()
-    codes = {
-        fn.__code__
-        for name, fn in vars(methods).items()
-        if name.startswith("_operator_") and hasattr(fn, "__code__")
-    }
-    defer = getattr(methods, "_defer_to_unrecognized_arg", None)  # JAX before 0.7
-    if defer is not None:
-        codes.add(defer("+", lambda a, b: None).__code__)
-    return frozenset(codes)
-
-
-JAX_OPERATORS: frozenset[Any] = _jax_operator_codes()
-
-
-def _jax_key_check_codes() -> frozenset[Any]:
-    """The code of JAX's check of raw PRNG key data, which reads ``.ndim`` of what
-    ``jax.random.*`` was given: a typed key Tensor answers it with an error naming the fix.
-    Private to JAX (it moved in 0.7): tests/test_pytrees.py fails loudly when it moves again."""
-    codes = set()
-    for module in ("jax._src.random.prng", "jax._src.prng"):
-        try:
-            codes.add(importlib.import_module(module)._check_prng_key_data.__code__)
-        except (ImportError, AttributeError):
-            continue
-    return frozenset(codes)
-
-
-JAX_KEY_CHECKS: frozenset[Any] = _jax_key_check_codes()
+from ._jaxdoors import JAX_KEY_CHECKS as JAX_KEY_CHECKS  # re-exported: they lived here
+from ._jaxdoors import JAX_OPERATORS as JAX_OPERATORS
+from ._jaxdoors import ArrayImpl as ArrayImpl
+from ._jaxdoors import PRNGKeyArray as PRNGKeyArray
+from ._jaxdoors import base_array
 
 __all__ = [
     "CONCRETE",
@@ -115,7 +57,7 @@ def failed(arr: Any, wait: bool = False) -> bool:
     for a caller about to read the values, which waits anyway. Deleted arrays, tracers and
     other values are not failed.
     """
-    base = getattr(arr, "_base_array", arr)  # a typed PRNG key's array of words
+    base = base_array(arr)  # a typed PRNG key's array of words
     if type(base) not in CONCRETE:
         return False
     try:

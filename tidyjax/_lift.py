@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import importlib
@@ -34,15 +33,13 @@ from ._arrays import CONCRETE, Tracer
 from ._context import TRACING
 from ._decorating import check_callable
 from ._errors import donated
+from ._jaxdoors import refuse_in_type_tables, register_bind_conversion, trace_of, trace_running
 from ._oom import raise_for
 from ._ops import lift
 from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 _leaves = jax.tree_util.tree_leaves
-# Private to JAX (``jax._src.core``): whether a trace is running (tests/test_pytrees.py guards it).
-_jax_core = importlib.import_module("jax._src.core")
-_EvalTrace = _jax_core.EvalTrace
 _ShapedArray = jax.core.ShapedArray
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
@@ -84,7 +81,7 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
     if type(child) in _DATA:
         # Inside a JAX trace the tree is a spec a library compares with values it traced
         # (``eqx.filter_vmap``'s axes): the node stays. Outside, data is data.
-        return child if type(_jax_core.trace_ctx.trace) is _EvalTrace else shell(child)
+        return shell(child) if trace_running() else child
     return shell(child)
 
 
@@ -107,29 +104,15 @@ def _as_jax_value(t: Tensor) -> Any:
     return t._value()
 
 
-# Where JAX lets a type convert itself at every primitive bind (JAX 0.9+: a private registry,
-# ``register_canonicalize_value_handler``), a Tensor is accepted by every JAX function as its
-# array or tracer: ``jax.lax.exp(t)`` and a library's internal ``lax.select`` on a traced Tensor
-# work and give JAX's own value, and a shell's tracer keeps its derivative. Older JAX has no such
-# hook; there JAX looks a Tensor's type up in its type tables and ``refused_by_jax`` raises an
-# error naming the ``tidyjax`` form. Private to JAX, and they moved between versions:
-# tests/test_pytrees.py fails loudly if either path stops working.
-_register_value = getattr(
-    importlib.import_module("jax._src.dtypes"), "register_canonicalize_value_handler", None
-)
+# Where JAX lets a type convert itself at every primitive bind (JAX 0.10.2+), a Tensor is
+# accepted by every JAX function as its array or tracer: ``jax.lax.exp(t)`` and a library's
+# internal ``lax.select`` on a traced Tensor work and give JAX's own value, and a shell's tracer
+# keeps its derivative. Older JAX has no such hook; there JAX looks a Tensor's type up in its type
+# tables and ``refused_by_jax`` raises an error naming the ``tidyjax`` form. Both are doors into
+# private JAX (``_jaxdoors``).
 #: True where JAX primitives take Tensors (converted at bind).
-PRIMITIVES_TAKE_TENSORS = _register_value is not None
-if _register_value is not None:
-    _register_value(Tensor, _as_jax_value)
-_JAX_TYPE_TABLES: tuple[tuple[str, str], ...] = (
-    ("jax._src.core", "pytype_aval_mappings"),
-    ("jax._src.interpreters.xla", "canonicalize_dtype_handlers"),  # JAX before 0.7
-)
-if _register_value is None:
-    _JAX_TYPE_TABLES += (("jax._src.dtypes", "canonicalize_value_handlers"),)  # JAX 0.7, 0.8
-for _module, _table in _JAX_TYPE_TABLES:
-    with contextlib.suppress(ImportError, AttributeError):
-        getattr(importlib.import_module(_module), _table)[Tensor] = refused_by_jax
+PRIMITIVES_TAKE_TENSORS = register_bind_conversion(Tensor, _as_jax_value)
+refuse_in_type_tables(Tensor, refused_by_jax)
 
 
 # -- namespaces ------------------------------------------------------------------------------
@@ -218,7 +201,7 @@ def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
                 (args, kwargs),
                 is_leaf=is_tensor,
             )
-        trace = next((x._trace for x in _leaves((args, kwargs)) if isinstance(x, Tracer)), None)
+        trace = next((trace_of(x) for x in _leaves((args, kwargs)) if isinstance(x, Tracer)), None)
         token = TRACING.set((*TRACING.get(), trace))
         try:
             return unwrap(fn(*args, **kwargs))

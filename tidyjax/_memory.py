@@ -12,6 +12,7 @@ from . import _html, _registry
 from ._arrays import failed, local_nbytes
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes  # re-exported: other modules import it here
+from ._jaxdoors import base_array
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._watch import watched as _watched
 
@@ -331,13 +332,13 @@ def buffer_id(rec: _registry.Buffer) -> int:
 
 
 def _own_bytes(arr: Any) -> int:
-    return 0 if failed(arr) else local_nbytes(getattr(arr, "_base_array", arr))
+    return 0 if failed(arr) else local_nbytes(base_array(arr))
 
 
 def _ids(watched: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
     """The ids of the watched arrays, as ``jax.live_arrays()`` lists them (a typed PRNG key
     appears there as its array of words)."""
-    return {id(getattr(a, "_base_array", a)) for found in watched.values() for _, a in found}
+    return {id(base_array(a)) for found in watched.values() for _, a in found}
 
 
 def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:

@@ -36,6 +36,7 @@ from . import _html
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._decorating import check_callable
 from ._errors import OutOfMemoryError, TidyjaxTypeError
+from ._jaxdoors import base_array
 
 __all__ = [
     "OOMHolder", "OOMReport", "OOMWatched", "failed", "guard_waits", "oom_report", "raise_for",
@@ -335,7 +336,7 @@ def _holders_report() -> OOMReport:
     # The Tensors only: a watched raw array (a "<watched>" record, id 0) is in the watched
     # section, counted there with its bytes, as memory().watched counts it.
     tracked = [r for r in live_tensors() if r.scope != "<watched>" and r._buffer not in broken_ids]
-    watched_ids = {id(getattr(a, "_base_array", a)) for pairs in found.values() for _, a in pairs}
+    watched_ids = {id(base_array(a)) for pairs in found.values() for _, a in pairs}
     raw = find_untracked(recs, watched_ids)  # arrays whose computation failed are not in it
     temporaries = _call_temporaries(_reporting.get(), raw)
     if temporaries:

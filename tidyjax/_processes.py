@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from ._errors import CollectiveError
+from ._jaxdoors import distributed_client as _client  # tests/test_processes.py reads it here
 
 __all__ = ["DEFAULT_TIMEOUT", "gather"]
 
@@ -24,17 +25,6 @@ __all__ = ["DEFAULT_TIMEOUT", "gather"]
 DEFAULT_TIMEOUT = 60.0
 
 _calls = itertools.count()
-
-
-def _client() -> Any:
-    """JAX's distributed client, or None before ``jax.distributed.initialize``.
-
-    JAX keeps it in a private module (``jax.experimental.multihost_utils`` reads it the same
-    way); tests/test_processes.py checks the names used here and fails loudly if they move.
-    """
-    from jax._src import distributed
-
-    return distributed.global_state.client
 
 
 def gather(what: str, payload: dict[str, Any], timeout: float) -> list[dict[str, Any]]:

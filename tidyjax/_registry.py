@@ -29,6 +29,7 @@ from typing import Any
 
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, RELEASED, Reason
+from ._jaxdoors import base_array, buffer_addresses
 
 __all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer"]
 
@@ -192,7 +193,7 @@ def find_alias(arr: Any) -> Buffer | None:
     Waits for ``arr`` first (a failed allocation raises JAX's error here); an alias shares its
     buffer's readiness, so its recorded twin is ready too. Scans the records of the same shape
     and dtype: for ``adopt``, never per op."""
-    getattr(arr, "_base_array", arr).block_until_ready()
+    base_array(arr).block_until_ready()
     key = same_buffer_key(arr)
     if key is None:
         return None
@@ -423,11 +424,11 @@ def _address(arr: Any, wait: bool) -> Any:
     """The device addresses of ``arr``'s buffer; None if it is deleted, its allocation failed,
     or (without ``wait``) it is not ready yet. A failed buffer is "ready" and raises when
     waited for; its address would abort the process, so ``failed`` waits for it first."""
-    base = getattr(arr, "_base_array", arr)
+    base = base_array(arr)
     try:
         if base.is_deleted() or (not wait and not base.is_ready()) or failed(base, wait=True):
             return None
-        return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
+        return buffer_addresses(base)
     except Exception:  # deleted meanwhile
         return None
 

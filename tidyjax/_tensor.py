@@ -39,6 +39,7 @@ from ._errors import (
     TidyjaxTypeError,
     TidyjaxValueError,
 )
+from ._jaxdoors import base_array, trace_of
 from ._oom import raise_for, raise_if_oom
 
 __all__ = ["Tensor", "adopt", "tensor"]
@@ -514,7 +515,7 @@ def wrap(arr: Any) -> Any:
             t._rec = rec
             _join(t, rec, scope)
         return t
-    if isinstance(arr, Tracer) and arr._trace not in TRACING.get():
+    if isinstance(arr, Tracer) and trace_of(arr) not in TRACING.get():
         return arr
     return shell(arr)
 
@@ -993,7 +994,7 @@ def adopt(array: jax.Array) -> Tensor:
 def _adopt_failed(array: Any) -> NoReturn:
     """Raise for an array whose computation failed: it holds no buffer to own."""
     try:
-        getattr(array, "_base_array", array).block_until_ready()
+        base_array(array).block_until_ready()
     except jax.errors.JaxRuntimeError as e:
         what = f"the computation of the {describe(array)} array given to adopt()"
         raise_if_oom(e, what)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ._arrays import CONCRETE
 from ._errors import TidyjaxTypeError, TidyjaxValueError
+from ._jaxdoors import base_array
 from ._tensor import Tensor
 from ._trees import is_tensor
 
@@ -178,7 +179,7 @@ def watched() -> dict[str, list[tuple[str, Any]]]:
 
 
 def _deleted(arr: Any) -> bool:
-    return bool(getattr(arr, "_base_array", arr).is_deleted())
+    return bool(base_array(arr).is_deleted())
 
 
 def _leaves(obj: Any, name: str) -> Iterable[tuple[str, Any]]:
