@@ -22,7 +22,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,21 @@ _leaves = jax.tree_util.tree_leaves
 _ShapedArray = jax.core.ShapedArray
 
 __all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+if TYPE_CHECKING:
+
+    class Jitted(Protocol[P, R_co]):
+        """What :func:`jit` returns: ``fn``'s signature, and ``lower`` as on ``jax.jit``."""
+
+        __name__: str
+        __qualname__: str
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+        def lower(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 # -- pytrees ---------------------------------------------------------------------------------
@@ -243,6 +258,12 @@ def _check(fn: Any, what: str) -> None:
     check_callable(fn, f"tidyjax.{what}()")
 
 
+@overload
+def jit(fn: Callable[P, R], /, **jit_kwargs: Any) -> Jitted[P, R]: ...
+@overload
+def jit(fn: None = None, /, **jit_kwargs: Any) -> Callable[[Callable[P, R]], Jitted[P, R]]: ...
+
+
 def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
     """``jax.jit`` that takes Tensors and returns tracked Tensors.
 
@@ -313,7 +334,7 @@ def _mark_donated(args: list[Any], name: str) -> None:
             _registry.kill(rec, why)
 
 
-def grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
+def grad(fn: Callable[P, Any], /, **grad_kwargs: Any) -> Callable[P, Any]:
     """``jax.grad`` that takes Tensors and returns the gradient as tracked Tensors.
 
     ``fn`` may return a scalar Tensor or array. With ``has_aux=True`` the aux output comes back as
@@ -324,14 +345,14 @@ def grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
     return _wrapping(transformed, fn)
 
 
-def value_and_grad(fn: Callable[..., Any], /, **grad_kwargs: Any) -> Callable[..., Any]:
+def value_and_grad(fn: Callable[P, R], /, **grad_kwargs: Any) -> Callable[P, tuple[R, Any]]:
     """``jax.value_and_grad`` taking Tensors, returning ``(value, grad)`` as tracked Tensors."""
     _check(fn, "value_and_grad")
     transformed = jax.value_and_grad(_traced(fn), **grad_kwargs)
     return _wrapping(transformed, fn)
 
 
-def vmap(fn: Callable[..., Any], /, **vmap_kwargs: Any) -> Callable[..., Any]:
+def vmap(fn: Callable[P, R], /, **vmap_kwargs: Any) -> Callable[P, R]:
     """``jax.vmap`` that takes Tensors and returns tracked Tensors."""
     _check(fn, "vmap")
     transformed = jax.vmap(_traced(fn), **vmap_kwargs)

@@ -295,9 +295,10 @@ def install_tensor_methods() -> None:
     for name, fn in FUNCTION_METHODS.items():
         setattr(Tensor, name, _method(fn, name, jit_plain=False))
     # round(t), round(t, 2): as on jax.Array (an int dtype without ndigits, as for a float).
-    Tensor.__round__ = _method(ArrayImpl.__round__, "round", jit_plain=True)  # type: ignore[attr-defined]
-    Tensor.at = property(lambda self: _At(self))  # type: ignore[attr-defined]
-    Tensor.at.__doc__ = (  # type: ignore[attr-defined]
+    # (Declared for type checkers at the end of class Tensor, hence the ignores.)
+    Tensor.__round__ = _method(ArrayImpl.__round__, "round", jit_plain=True)  # type: ignore[method-assign]
+    Tensor.at = property(lambda self: _At(self))  # type: ignore[method-assign, assignment]
+    Tensor.at.__doc__ = (
         "Functional updates, as ``jax.Array.at``: ``t.at[0].set(5.0)`` returns a new Tensor."
     )
     guard_waits(Tensor)  # .numpy(), .item(), float(t)...: an out-of-memory error names the holders

@@ -19,7 +19,7 @@ import logging
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 import jax
 
@@ -35,6 +35,9 @@ from ._trees import _gather, is_container, records_in
 __all__ = ["Scope", "dispose", "keep", "tidy"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 _log = logging.getLogger("tidyjax")
 
 _NEW, _OPEN, _CLOSED = 0, 1, 2
@@ -330,6 +333,11 @@ class Scope(Tracker):
             obj._why = why
             _registry.unhold(rec)
             forget_array(obj)
+
+    @overload
+    def keep(self, value: T, /) -> T: ...
+    @overload
+    def keep(self, first: Any, second: Any, /, *more: Any) -> tuple[Any, ...]: ...
 
     def keep(self, *values: Any) -> Any:
         """Hand ``values`` out of this scope exactly as returning them would; returns them.
@@ -673,7 +681,13 @@ class _Tidy:
             f"{type(arg).__name__} {arg!r:.60}. Use `with tidy('name'):` or `@tidy`."
         )
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
+    @overload
+    def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    def run(self, name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    # (mypy cannot match *args/**kwargs against P.args/P.kwargs overloads, hence the ignore.)
+    def run(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
         """Run ``fn(*args, **kwargs)`` in a new scope now and return its result.
 
         ``tidy.run(fn, *args)`` or ``tidy.run("name", fn, *args)``.
@@ -736,7 +750,7 @@ TensorFlow.js form ``tidy.run(fn, *args)`` / ``tidy.run("name", fn, *args)``. Se
 """
 
 
-def keep(x: Any) -> Any:
+def keep(x: T) -> T:
     """Protect every buffer in the pytree ``x`` (its Tensors and raw arrays) from all scopes.
 
     Only an explicit :func:`dispose` frees a kept Tensor. Keeping a disposed Tensor does nothing.
