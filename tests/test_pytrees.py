@@ -177,7 +177,7 @@ def test_raw_random_on_a_key_tensor_names_the_tidyjax_form():
     key = tj.random.key(0)  # a typed key Tensor: JAX checks it as raw key data
     with pytest.raises(tj.TidyjaxValueError, match=r"Call tidyjax\.random\.normal instead"):
         jax.random.normal(key, (2,))
-    assert JAX_KEY_CHECKS, "JAX's PRNG key-data check moved: update _arrays._jax_key_check_codes"
+    assert JAX_KEY_CHECKS, "JAX's PRNG key-data check moved: update _jaxdoors._jax_key_check_codes"
     assert tj.random.normal(key, (2,)).shape == (2,)
     key.dispose()
     np.testing.assert_allclose(tj.lax.exp(t).numpy(), np.exp([0.0, 1.0]), rtol=1e-6)

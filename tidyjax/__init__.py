@@ -7,7 +7,7 @@ buffer is freed the moment the scope ends, whatever else references the raw arra
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from . import _interop
+from . import _interop, _oom
 from ._errors import CollectiveError as CollectiveError
 from ._errors import DisposedError as DisposedError
 from ._errors import LeakError as LeakError
@@ -59,6 +59,7 @@ from .ipython import load_ipython_extension as load_ipython_extension
 from .ipython import unload_ipython_extension as unload_ipython_extension
 
 _install_tensor_methods()
+_oom.install(Tensor)  # out-of-memory reports: the core's error hook, the waiting methods
 _interop.install()
 
 from . import lax as lax  # noqa: E402 - the lifted namespaces need the Tensor methods above

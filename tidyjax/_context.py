@@ -7,17 +7,21 @@ that was current where it was created (ordinary ``contextvars`` semantics) and i
 
 :class:`Tracker` is the part of a scope the per-op path touches: the list of buffer records it
 owns, appended to by ``_tensor.wrap``. It lives here so that the hot path imports no scope logic.
+
+:func:`on_jax_error` is where the core hands JAX's runtime errors to the reporting layer, which
+installs its handler at package import (``_oom.install``): the core never imports a report.
 """
 
 from __future__ import annotations
 
 import contextvars
 import weakref
+from collections.abc import Callable
 from typing import Any, Optional
 
 from ._registry import Buffer
 
-__all__ = ["CURRENT", "TRACING", "Tracker"]
+__all__ = ["CURRENT", "TRACING", "Tracker", "on_jax_error", "set_jax_error_hook"]
 
 
 class Tracker:
@@ -69,3 +73,38 @@ CURRENT: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar(  # 
 TRACING: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
     "tidyjax_tracing", default=()
 )
+
+
+# -- JAX's runtime errors ----------------------------------------------------------------------
+
+JaxErrorHook = Callable[[BaseException, str, tuple[Any, ...]], None]
+
+
+def _pass_through(err: BaseException, what: str, operands: tuple[Any, ...]) -> None:
+    """No handler installed: every error passes through untouched."""
+
+
+_jax_error_hook: JaxErrorHook = _pass_through
+
+
+def on_jax_error(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
+    """Raise tidyjax's error for JAX's runtime error ``err``, raised by ``what`` (an op, a lifted
+    function, ``tensor()``) on ``operands``; return for any other, and the caller re-raises it
+    untouched::
+
+        try:
+            out = fn(*args)
+        except RuntimeError as e:
+            on_jax_error(e, name, args)
+            raise
+
+    The handler is installed at package import (``_oom.install``: out of memory, a buffer
+    deleted behind tidyjax's back); only the error path pays.
+    """
+    _jax_error_hook(err, what, operands)
+
+
+def set_jax_error_hook(hook: JaxErrorHook) -> None:
+    """Make ``hook`` the handler :func:`on_jax_error` calls."""
+    global _jax_error_hook
+    _jax_error_hook = hook

@@ -30,11 +30,10 @@ import numpy as np
 
 from . import _registry
 from ._arrays import CONCRETE, Tracer
-from ._context import TRACING
+from ._context import TRACING, on_jax_error
 from ._decorating import check_callable
 from ._errors import donated
 from ._jaxdoors import refuse_in_type_tables, register_bind_conversion, trace_of, trace_running
-from ._oom import raise_for
 from ._ops import lift
 from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
@@ -232,7 +231,7 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     try:
         return transformed(*unwrap(args), **unwrap(kwargs))
     except RuntimeError as e:  # out of memory: name the holders; else untouched
-        raise_for(e, getattr(transformed, "__name__", "function"), args)
+        on_jax_error(e, getattr(transformed, "__name__", "function"), args)
         raise
     except (TypeError, ValueError) as e:
         add_note = getattr(e, "add_note", None)  # Python 3.11+

@@ -9,8 +9,10 @@ what was asked for, and the largest live holders by creation site and scope, tid
 untracked arrays' apart. Any other error passes through untouched.
 
 Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
-raised), and the reporting modules (``_records``, ``_memory``, ``_timeline``) are imported when a
-report is built, so the per-op modules can import this one.
+raised) that calls ``_context.on_jax_error``; :func:`install` (at package import) makes
+:func:`raise_for` its handler and guards Tensor's waiting methods, so the core never imports this
+module. The reporting modules (``_records``, ``_memory``, ``_timeline``) are imported when a report
+is built.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import dataclasses
 import datetime
 import functools
 import gc
-import importlib
 import inspect
 import os
 import re
@@ -32,15 +33,18 @@ from typing import Any, NoReturn, TypeVar
 import jax
 from jax.errors import JaxRuntimeError
 
-from . import _html
+from . import _html, _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
+from ._context import set_jax_error_hook
 from ._decorating import check_callable
 from ._errors import OutOfMemoryError, TidyjaxTypeError
 from ._jaxdoors import base_array
+from ._tensor import disposed_error
+from ._trees import tensors_in
 
 __all__ = [
-    "OOMHolder", "OOMReport", "OOMWatched", "failed", "guard_waits", "oom_report", "raise_for",
-    "raise_if_oom",
+    "OOMHolder", "OOMReport", "OOMWatched", "failed", "guard_waits", "install", "oom_report",
+    "raise_for", "raise_if_oom",
 ]  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,6 +84,14 @@ def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) 
         _raise(err, what, operands)
 
 
+def install(tensor_class: type) -> None:
+    """Make :func:`raise_for` the core's handler of JAX's runtime errors
+    (``_context.on_jax_error``) and guard ``tensor_class``'s waiting methods (:func:`guard_waits`).
+    Called once, at package import, after the Tensor methods are installed."""
+    set_jax_error_hook(raise_for)
+    guard_waits(tensor_class)
+
+
 def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
     """Raise tidyjax's error for JAX's runtime error ``err`` in an op; return for any other
     (the caller re-raises it untouched).
@@ -89,15 +101,11 @@ def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> 
     """
     raise_if_oom(err, what, operands)
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
-        from ._registry import check
-        from ._tensor import disposed_error
-        from ._trees import tensors_in
-
         for t in tensors_in(operands):
             rec = t._rec
             arr = t._array
             if rec is not None and rec.dead is None and getattr(arr, "is_deleted", bool)():
-                check(rec)
+                _registry.check(rec)
                 raise disposed_error(t) from err
 
 
@@ -322,7 +330,6 @@ def build_report(err: BaseException, what: str) -> OOMReport:
 
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
-    from . import _registry
     from ._memory import find_untracked, memory, watched_usage
     from ._records import TensorRecord, creation_site, live_tensors
     from ._watch import watched
@@ -523,7 +530,9 @@ def _operand(x: Any) -> str:
 def _save_timeline() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Save the open timeline's JSON and page; (the files, what went wrong)."""
     try:
-        timeline = importlib.import_module("tidyjax._timeline").active()
+        from ._timeline import active
+
+        timeline = active()
     except Exception:  # no timeline module (yet): nothing is recorded
         return (), ()
     if timeline is None:

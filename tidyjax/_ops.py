@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from ._arrays import CONCRETE, ArrayImpl
+from ._context import on_jax_error
 from ._decorating import check_callable
-from ._oom import guard_waits, raise_for
 from ._registry import UNTRACKED
 from ._tensor import TENSOR_TYPES, Tensor, disposed_error, wrap, wrap_transfer
 from ._trees import unwrap, unwrap_args, wrap_tree
@@ -69,7 +69,7 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         try:
             out = fn(*args, **kwargs)
         except RuntimeError as e:  # out of memory: name the holders; else untouched
-            raise_for(e, name, args)
+            on_jax_error(e, name, args)
             raise
         if transfer and type(out) in CONCRETE and not any(out is r for r in raw):
             return wrap_transfer(out, tuple(v for v in args if type(v) in CONCRETE))
@@ -96,7 +96,7 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         try:
             out = fn(*vals)
         except RuntimeError as e:
-            raise_for(e, name, args)
+            on_jax_error(e, name, args)
             raise
         if type(out) is ArrayImpl:
             return wrap(out)
@@ -153,7 +153,7 @@ def _binary(op: Callable[[Any, Any], Any], reflected: bool) -> Callable[[Tensor,
                 return wrap(jitted(self._array, other))
             return wrap_tree(plain(self._array, other))
         except RuntimeError as e:
-            raise_for(e, op.__name__, (other, self) if reflected else (self, other))
+            on_jax_error(e, op.__name__, (other, self) if reflected else (self, other))
             raise
 
     return method
@@ -171,7 +171,7 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
                 return wrap(op(self._array))
             return wrap(jitted(self._array))
         except RuntimeError as e:
-            raise_for(e, op.__name__, (self,))
+            on_jax_error(e, op.__name__, (self,))
             raise
 
     return method
@@ -184,7 +184,7 @@ def _getitem(self: Tensor, index: Any) -> Tensor:
     try:
         return wrap(self._array[unwrap(index)])
     except RuntimeError as e:
-        raise_for(e, "getitem", (self, index))
+        on_jax_error(e, "getitem", (self, index))
         raise
 
 
@@ -204,7 +204,7 @@ def _method(fn: Callable[..., Any], name: str, jit_plain: bool) -> Callable[...,
                 return wrap_tree(fn(self._array))
             return wrap_tree(plain(self._array))
         except RuntimeError as e:
-            raise_for(e, name, (self,))
+            on_jax_error(e, name, (self,))
             raise
 
     method.__name__ = method.__qualname__ = name
@@ -301,7 +301,6 @@ def install_tensor_methods() -> None:
     Tensor.at.__doc__ = (
         "Functional updates, as ``jax.Array.at``: ``t.at[0].set(5.0)`` returns a new Tensor."
     )
-    guard_waits(Tensor)  # .numpy(), .item(), float(t)...: an out-of-memory error names the holders
 
 
 class _At:
@@ -330,7 +329,7 @@ class _AtIndex:
             try:
                 return wrap_tree(fn(*unwrap_args(args), **kwargs))
             except RuntimeError as e:
-                raise_for(e, f"at[...].{name}", args)
+                on_jax_error(e, f"at[...].{name}", args)
                 raise
 
         return update

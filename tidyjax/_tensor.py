@@ -30,7 +30,7 @@ from ._arrays import (
     describe,
     failed,
 )
-from ._context import CURRENT, TRACING
+from ._context import CURRENT, TRACING, on_jax_error
 from ._errors import (
     DISPOSED,
     RELEASED,
@@ -40,7 +40,6 @@ from ._errors import (
     TidyjaxValueError,
 )
 from ._jaxdoors import base_array, trace_of
-from ._oom import raise_for, raise_if_oom
 
 if TYPE_CHECKING:  # for the declarations at the end of class Tensor
     from collections.abc import Callable, Sequence
@@ -144,12 +143,11 @@ class Tensor:
 
         Idempotent: disposing twice does nothing.
         """
-        if getattr(self, "_var", None) is None:
+        var = getattr(self, "_var", None)
+        if var is None:
             dispose_tensor(self, DISPOSED)
         else:
-            from ._variable import dispose_variable
-
-            dispose_variable(self)
+            var.dispose(self)
 
     # -- Variables (a Variable is a Tensor carrying ``_var``; see _variable.py) -------------
 
@@ -161,8 +159,6 @@ class Tensor:
 
     @name.setter
     def name(self, value: str | None) -> None:
-        from ._variable import variable_info
-
         if value is not None and not isinstance(value, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(value).__name__}.")
         variable_info(self, "name").name = value
@@ -175,15 +171,11 @@ class Tensor:
 
     @trainable.setter
     def trainable(self, value: bool) -> None:
-        from ._variable import variable_info
-
         variable_info(self, "trainable").trainable = bool(value)
 
     def assign(self, value: Any) -> Tensor:
         """Replace a Variable's value (see :class:`Variable`); plain Tensors are immutable."""
-        from ._variable import assign
-
-        return assign(self, value)
+        return variable_info(self, "assign").assign(self, value)
 
     def clone(self) -> Tensor:
         """A new Tensor sharing this one's buffer (no copy); each must be disposed on its own."""
@@ -458,9 +450,7 @@ class Tensor:
         var = getattr(self, "_var", None)
         if var is None:
             return self.clone()
-        from ._variable import Variable
-
-        return Variable(self, name=var.name, trainable=var.trainable)  # shares the buffer
+        return var.copy(self)  # a Variable sharing the buffer
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         fn, args = self.__reduce__()
@@ -470,9 +460,7 @@ class Tensor:
         var = getattr(self, "_var", None)
         if var is None:
             return (tensor, (np.array(self._value()),))
-        from ._variable import restore_variable
-
-        return (restore_variable, (np.array(self._value()), var.name, var.trainable))
+        return var.reduce(np.array(self._value()))
 
     # -- declarations for type checkers ------------------------------------------------------
     # `_ops.install_tensor_methods()` installs the operators, `.at`, and the methods below at
@@ -980,6 +968,23 @@ def scope_path(t: Tensor) -> str | None:
     return getattr(rec.scope, "path", None) if rec is not None else None
 
 
+def variable_info(t: Tensor, what: str) -> Any:
+    """``t``'s variable flag (``_variable._VarInfo``), or a clear error for a plain Tensor."""
+    var = getattr(t, "_var", None)
+    if var is None and what == "assign":
+        raise TidyjaxTypeError(
+            f"Tensor {describe(t._array)} (id {t._id}) is not a Variable; Tensors are immutable, "
+            "like jax.Array. Make a Variable with tidyjax.Variable(t) to assign to it, or use "
+            "the new value directly."
+        )
+    if var is None:
+        raise TidyjaxTypeError(
+            f"Tensor {describe(t._array)} (id {t._id}) is not a Variable, so it has no {what} "
+            f"to set; make one with tidyjax.Variable(t, {what}=...)."
+        )
+    return var
+
+
 def _failed_note(arr: Any) -> str:
     """``float32[7000000000] · allocation failed (26.1 GiB)``: a repr that reads no value."""
     return f"{describe(arr)} · allocation failed ({_html.fmt_bytes(int(arr.nbytes))})"
@@ -1075,7 +1080,7 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
             ) from e
         raise TidyjaxValueError(f"tensor() cannot make an array from {data!r:.60}: {e}") from e
     except RuntimeError as e:  # out of memory: name the holders; else untouched
-        raise_for(e, "tensor", (data,))
+        on_jax_error(e, "tensor", (data,))
         raise
     if device is not None:
         if isinstance(device, (str, bytes, int)):
@@ -1085,7 +1090,7 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
         except ValueError as e:
             raise _device_error(device, e) from e
         except RuntimeError as e:
-            raise_for(e, "tensor", (data,))
+            on_jax_error(e, "tensor", (data,))
             raise
     return arr
 
@@ -1190,7 +1195,7 @@ def _adopt_failed(array: Any) -> NoReturn:
         base_array(array).block_until_ready()
     except jax.errors.JaxRuntimeError as e:
         what = f"the computation of the {describe(array)} array given to adopt()"
-        raise_if_oom(e, what)
+        on_jax_error(e, what)
         raise TidyjaxValueError(
             f"adopt() got a jax.Array ({describe(array)}) whose computation failed, so it holds "
             f"no buffer to own. JAX said: {str(e).strip()}"

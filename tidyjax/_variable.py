@@ -7,10 +7,11 @@ import weakref
 from typing import Any
 
 from . import _registry
-from ._arrays import CONCRETE, describe
+from ._arrays import CONCRETE
 from ._context import Tracker
 from ._errors import VARIABLES_DISPOSED, TidyjaxTypeError, TidyjaxValueError, variable_disposed
 from ._tensor import Tensor, _copy_in, _ids, dispose_tensor
+from ._tensor import variable_info as variable_info  # re-exported: it lived here
 
 __all__ = ["Variable", "dispose_variables"]
 
@@ -27,6 +28,22 @@ class _VarInfo:
     def __init__(self, name: str | None, trainable: bool) -> None:
         self.name = name
         self.trainable = trainable
+
+    # What Tensor's Variable methods delegate to, so that _tensor never imports this module.
+
+    def dispose(self, v: Tensor) -> None:
+        dispose_variable(v)
+
+    def assign(self, v: Tensor, value: Any) -> Tensor:
+        return assign(v, value)
+
+    def copy(self, v: Tensor) -> Tensor:
+        """``copy.copy(v)``: a Variable sharing ``v``'s buffer."""
+        return Variable(v, name=self.name, trainable=self.trainable)
+
+    def reduce(self, data: Any) -> tuple[Any, ...]:
+        """``v.__reduce__()`` with ``v``'s values ``data``: unpickles as a Variable."""
+        return (restore_variable, (data, self.name, self.trainable))
 
 
 class _VariableType(type):
@@ -76,23 +93,6 @@ class Variable(Tensor, metaclass=_VariableType):
 
 
 Variable.__module__ = "tidyjax"
-
-
-def variable_info(t: Tensor, what: str) -> _VarInfo:
-    """``t``'s variable flag, or a clear error for a plain Tensor."""
-    var = getattr(t, "_var", None)
-    if var is None and what == "assign":
-        raise TidyjaxTypeError(
-            f"Tensor {describe(t._array)} (id {t._id}) is not a Variable; Tensors are immutable, "
-            "like jax.Array. Make a Variable with tidyjax.Variable(t) to assign to it, or use "
-            "the new value directly."
-        )
-    if var is None:
-        raise TidyjaxTypeError(
-            f"Tensor {describe(t._array)} (id {t._id}) is not a Variable, so it has no {what} "
-            f"to set; make one with tidyjax.Variable(t, {what}=...)."
-        )
-    return var
 
 
 def assign(self: Tensor, value: Any) -> Tensor:
