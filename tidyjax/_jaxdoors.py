@@ -50,8 +50,8 @@ client``            of a ``jax.            processes fails      utils`` reads it
 distributed``)
 IPython's           a cell's name in       sites show the raw   none                (tests/test_
 ``compiler.         creation sites         ``<ipython-input>``                      inspect.py)
-_filename_map``     (code in ``_records``
-                    or ``_inspect``)
+_filename_map``     (the code stays in
+                    ``_records``)
 ==================  =====================  ===================  ==================  ===============
 """
 
