@@ -33,11 +33,12 @@ from typing import Any, NoReturn, TypeVar
 import jax
 from jax.errors import JaxRuntimeError
 
-from . import _html, _registry
+from . import _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._context import set_jax_error_hook
 from ._decorating import check_callable
 from ._errors import OutOfMemoryError, TidyjaxTypeError
+from ._format import count, fmt_bytes
 from ._jaxdoors import base_array
 from ._tensor import disposed_error
 from ._trees import tensors_in
@@ -149,7 +150,7 @@ class OOMHolder:
             "" if not self.tracked else _SCOPE_MARKERS.get(self.scope, f", scope {self.scope!r}")
         )
         return (
-            f"{_html.fmt_bytes(self.bytes)} in {_html.count(self.count, noun)} created at "
+            f"{fmt_bytes(self.bytes)} in {count(self.count, noun)} created at "
             f"{self.site}{where} [{shapes}]"
         )
 
@@ -173,7 +174,7 @@ class OOMWatched:
     tensor_bytes: int = 0
 
     def __str__(self) -> str:
-        fmt, count = _html.fmt_bytes, _html.count
+        fmt = fmt_bytes
         text = f"{self.name!r}: {fmt(self.bytes)} in {count(self.arrays, 'array')}"
         if self.tensors:
             text += (
@@ -243,7 +244,7 @@ class OOMReport:
         return sum(w.arrays for w in self.watched)
 
     def __str__(self) -> str:
-        fmt, count = _html.fmt_bytes, _html.count
+        fmt = fmt_bytes
         asked = "" if self.requested is None else f" could not allocate {fmt(self.requested)}"
         if "RESOURCE_EXHAUSTED" not in self.jax_message:  # an op read an array that had failed
             asked += " (an earlier computation it depends on failed)"
@@ -349,7 +350,7 @@ def _holders_report() -> OOMReport:
     if temporaries:
         raw = [a for a in raw if id(a) not in temporaries]
     failed_raw = [
-        f"{describe(a)} ({_html.fmt_bytes(int(a.nbytes))})"
+        f"{describe(a)} ({fmt_bytes(int(a.nbytes))})"
         for platform in {d.platform for d in jax.local_devices()}
         for a in jax.live_arrays(platform)
         if _registry.lookup(a) is None and failed(a)
@@ -379,8 +380,7 @@ def _holders_report() -> OOMReport:
         in_use=in_use,
         holders=tuple(holders),
         failed=tuple(
-            [f"{describe(rec.array())} ({_html.fmt_bytes(rec.size())})" for rec in broken]
-            + failed_raw
+            [f"{describe(rec.array())} ({fmt_bytes(rec.size())})" for rec in broken] + failed_raw
         ),
         files=(),
         jax_message="",

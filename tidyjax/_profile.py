@@ -24,7 +24,9 @@ from ._arrays import CONCRETE
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
-from ._memory import _fmt_bytes, memory
+from ._format import count
+from ._format import fmt_bytes as _fmt_bytes
+from ._memory import memory
 from ._tensor import Tensor
 from ._trees import tensors_in
 
@@ -127,7 +129,7 @@ class ProfileInfo:
             lines.append(f"  per op{_log_note(len(self._kernels))}:")
             for i, k in _log(self._kernels):
                 if k is None:
-                    lines.append(f"    ... {_html.count(i, 'op')} not shown ...")
+                    lines.append(f"    ... {count(i, 'op')} not shown ...")
                     continue
                 lines.append(
                     f"    {i:>5d} {k.name:16s} {_html.signed_bytes(k.bytes_added):>10s}  total "
@@ -198,7 +200,7 @@ def _log(kernels: list[KernelRecord]) -> list[tuple[int, KernelRecord | None]]:
 
 def _log_note(n: int) -> str:
     if n <= 2 * LOG_EDGE:
-        return f" ({_html.count(n, 'op')})"
+        return f" ({count(n, 'op')})"
     return f" ({n} ops; the first and last {LOG_EDGE} shown)"
 
 
@@ -208,9 +210,9 @@ def _ms(ms: float) -> str:
 
 def _headline(p: ProfileInfo) -> str:
     return (
-        f"new {_fmt_bytes(p.new_bytes)} in {_html.count(p.new_tensors, 'tensor')}, "
-        f"peak {_fmt_bytes(p.peak_bytes)}, {_html.count(len(p._kernels), 'op')} of "
-        f"{_html.count(len(p.kernel_names), 'kernel')}"
+        f"new {_fmt_bytes(p.new_bytes)} in {count(p.new_tensors, 'tensor')}, "
+        f"peak {_fmt_bytes(p.peak_bytes)}, {count(len(p._kernels), 'op')} of "
+        f"{count(len(p.kernel_names), 'kernel')}"
     )
 
 
@@ -235,7 +237,7 @@ def _profile_html(p: ProfileInfo) -> str:
     rows: list[tuple[object, ...]] = []
     for i, k in _log(p._kernels):
         if k is None:
-            rows.append(("", _html.dim(f"... {_html.count(i, 'op')} not shown ...")))
+            rows.append(("", _html.dim(f"... {count(i, 'op')} not shown ...")))
             continue
         rows.append((i, esc(k.name), esc(_html.signed_bytes(k.bytes_added)),
                      esc(_fmt_bytes(k.total_bytes_snapshot)), f"{k.tensors_added:+d}",
