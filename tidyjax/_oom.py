@@ -23,7 +23,6 @@ import dataclasses
 import datetime
 import functools
 import gc
-import inspect
 import os
 import re
 import sys
@@ -36,7 +35,7 @@ from jax.errors import JaxRuntimeError
 from . import _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._context import set_jax_error_hook
-from ._decorating import check_callable
+from ._decorating import check_callable, decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError
 from ._format import count, fmt_bytes
 from ._jaxdoors import base_array
@@ -620,22 +619,7 @@ class _OOMReporting:
         check_callable(fn, "@oom_report", decorator=True)
         label = self.label or getattr(fn, "__qualname__", type(fn).__name__)
         reporting = _OOMReporting(label)
-
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
-                with reporting:
-                    return await fn(*args, **kwargs)
-
-            return run_async  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with reporting:
-                return fn(*args, **kwargs)
-
-        return run  # type: ignore[return-value]
+        return decorate(fn, lambda: reporting, "@oom_report")
 
 
 def oom_report(label: str | Callable[..., Any] | None = None) -> Any:

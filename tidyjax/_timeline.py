@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import inspect
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any, TypeVar, overload
 from . import _html, _registry, _timeline_format, _timeline_html
 from ._arrays import failed, shard_bytes
 from ._context import CURRENT
+from ._decorating import check_callable, decorate
 from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._format import fmt_bytes
 from ._records import Site, TensorRecord, creation_site, holders
@@ -450,28 +450,13 @@ class Timeline:
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn``: each call records into this timeline (``fn.timeline``)."""
-        if not callable(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            raise TidyjaxTypeError(
-                f"a Timeline decorates a plain or async function, got {type(fn).__name__} "
-                f"{fn!r:.60}; use `with tidyjax.timeline() as tl:` around other code."
-            )
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
-                with self:
-                    return await fn(*args, **kwargs)
-
-            run_async.timeline = self  # type: ignore[attr-defined]
-            return run_async  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
+        check_callable(
+            fn, "a Timeline", decorator=True,
+            hint="Use `with tidyjax.timeline() as tl:` around other code.",
+        )  # fmt: skip
+        run = decorate(fn, lambda: self, "a Timeline")
         run.timeline = self  # type: ignore[attr-defined]
-        return run  # type: ignore[return-value]
+        return run
 
     @contextlib.contextmanager
     def section(self, label: str) -> Iterator[Timeline]:
