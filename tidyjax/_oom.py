@@ -431,7 +431,7 @@ def _call_temporaries(err: BaseException | None, arrays: list[Any]) -> set[int]:
 def _failed_call_frames(err: BaseException | None) -> list[Any]:
     """The finished frames of the failed call: in each traceback of ``err`` (and the errors it
     was raised from), the frames of JAX and tidyjax below the user's last frame."""
-    from ._records import LIBRARY_FOLDERS as _SKIP  # JAX's, jaxlib's and tidyjax's folders
+    from ._sites import LIBRARY_FOLDERS as _SKIP  # JAX's, jaxlib's and tidyjax's folders
 
     frames: list[Any] = []
     seen: set[int] = set()

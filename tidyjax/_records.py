@@ -10,19 +10,15 @@ from __future__ import annotations
 import dataclasses
 import gc
 import operator
-import os
-import sys
 from collections.abc import Iterable
 from typing import Any
-
-import jax
-import jaxlib
 
 from . import _html, _registry
 from ._arrays import failed, local_nbytes
 from ._format import count, describe, esc, fmt_bytes
 from ._memory import buffer_id
 from ._registry import KEPT
+from ._sites import LIBRARY_FOLDERS, Site, creation_site
 from ._tensor import Tensor
 from ._variable import Variable
 from ._watch import watched
@@ -39,90 +35,6 @@ __all__ = [
     "live_tensors",
     "summary",
 ]
-
-#: Folders whose frames are not a user's creation site: tidyjax itself, jax and jaxlib.
-LIBRARY_FOLDERS = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    *(os.path.dirname(f) + os.sep for m in (jax, jaxlib) if (f := getattr(m, "__file__", None))),
-)
-
-
-class Site:
-    """Where a Tensor's array was created: the first frame outside tidyjax and JAX.
-
-    ``file`` is the path as Python knows it; ``str(site)`` names a notebook cell as IPython's
-    tracebacks do (``In[3], line 2 in <module>``) and a file by its path relative to the
-    working directory (``train.py:12 in step``).
-    """
-
-    __slots__ = ("file", "function", "line")
-
-    def __init__(self, file: str, line: int, function: str) -> None:
-        self.file, self.line, self.function = file, line, function
-
-    def __str__(self) -> str:
-        cell = _cell_name(self.file)
-        if cell is not None:
-            return f"{cell}, line {self.line} in {self.function}"
-        return f"{_short_path(self.file)}:{self.line} in {self.function}"
-
-    def __repr__(self) -> str:
-        return f"Site({self.file!r}, {self.line}, {self.function!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Site) and (self.file, self.line, self.function) == (
-            other.file,
-            other.line,
-            other.function,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.file, self.line, self.function))
-
-
-def _cell_name(file: str) -> str | None:
-    """``In[3]`` for the file IPython compiled cell 3 into; None for any other file.
-
-    Asks the running shell's compiler (IPython's own mapping, also behind its tracebacks'
-    ``Cell In[3]``). Without IPython imported there is no cell: nothing is imported here.
-    """
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        compiler = ipython.get_ipython().compile
-        fmt = getattr(compiler, "format_code_name", None)  # IPython 8.0 and later
-        if fmt is not None:
-            named = fmt(file)
-            return None if named is None else str(named[1])
-        n = compiler._filename_map.get(file)
-        return None if n is None else f"In[{n}]"
-    except Exception:  # no shell, or a compiler of another kind
-        return None
-
-
-def _short_path(file: str) -> str:
-    """``file`` relative to the working directory when it lies under it."""
-    if not os.path.isabs(file):
-        return file
-    try:
-        rel = os.path.relpath(file)
-    except (OSError, ValueError):  # no working directory, or another drive
-        return file
-    return file if rel.startswith(os.pardir) else rel
-
-
-def creation_site(arr: Any) -> Site | None:
-    """The user frame that created ``arr``, from JAX's creation traceback."""
-    tb = getattr(arr, "traceback", None)
-    if tb is None:  # a typed PRNG key: its key data array has the traceback
-        tb = getattr(getattr(arr, "_base_array", None), "traceback", None)
-    if tb is None:
-        return None
-    for frame in tb.frames:
-        if not frame.file_name.startswith(LIBRARY_FOLDERS):
-            return Site(frame.file_name, frame.line_num, frame.function_name)
-    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
