@@ -39,7 +39,7 @@ from ._errors import (
     TidyjaxTypeError,
     TidyjaxValueError,
 )
-from ._jaxdoors import base_array, trace_of
+from ._jaxdoors import BIND_CONVERSION, base_array, trace_of
 
 if TYPE_CHECKING:  # for the declarations at the end of class Tensor
     from collections.abc import Callable, Sequence
@@ -696,8 +696,13 @@ def wrap(arr: Any) -> Any:
             t._rec = rec
             _join(t, rec, scope)
         return t
-    if isinstance(arr, Tracer) and trace_of(arr) not in TRACING.get():
-        return arr
+    if isinstance(arr, Tracer):
+        tracing = TRACING.get()
+        # JAX without the bind-time conversion refuses a shell in a nested transformation's
+        # primitives anyway: there every tracer is shelled while a tidyjax transformation runs,
+        # so nested tree maps keep their Tensor nodes (the behaviour before JAX 0.10.2).
+        if not tracing or (BIND_CONVERSION and trace_of(arr) not in tracing):
+            return arr
     return shell(arr)
 
 
