@@ -1,4 +1,4 @@
-"""``timeline()``: every allocation, free and scope of tidyjax-tracked memory, in order.
+"""``timeline()``: every allocation, free and scope of device memory, in order.
 
 While a :class:`Timeline` records it is one of the registry's observers (``_registry.observers``,
 the list ``profile()`` uses): each buffer added, freed or collected, and each scope entered or
@@ -6,6 +6,13 @@ exited (``_scope`` reports those only while an observer listens), becomes one im
 :class:`TimelineEvent`. With no timeline open nothing here runs: the registry and the scopes pay
 the one truthiness check of ``observers`` they paid before. Replaying the events (``live_at``)
 gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
+
+Plain ``jax.Array`` objects (made by JAX, Flax NNX, Equinox: no Tensor, so the registry never
+hears of them) are seen through an ``_newarrays.ArrayMark`` at each scope event, ``mark()`` and
+stop: those made since the last look and still alive become allocations with the scope
+``"<untracked>"``, timed at that look; each is followed by a weak reference whose callback
+records its free when Python drops it (or it is found deleted at a ``mark()`` or stop). That
+costs O(new arrays) per look, and nothing per op.
 
 The file format (``TimelineEvent``, ``dump``/``load``'s JSON) is ``_timeline_format``'s; the
 page (``to_html``) is drawn by ``_timeline_html``.
@@ -24,11 +31,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _timeline_format, _timeline_html
-from ._arrays import failed, shard_bytes
+from ._arrays import failed, local_nbytes, shard_bytes
 from ._context import CURRENT
 from ._decorating import check_callable, decorate
 from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._format import fmt_bytes
+from ._newarrays import ArrayMark
 from ._records import Site, TensorRecord, creation_site, holders
 from ._registry import KEPT, VARIABLE
 from ._snapshot import SiteStat, Snapshot
@@ -42,7 +50,10 @@ from ._timeline_format import (
     collection_paused,
 )
 
-__all__ = ["Timeline", "TimelineEvent", "active", "timeline"]
+__all__ = ["UNTRACKED", "Timeline", "TimelineEvent", "active", "timeline"]
+
+#: The scope of an allocation of a plain jax.Array, one no Tensor holds (tidyjax never frees it).
+UNTRACKED = _timeline_format.UNTRACKED
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -149,15 +160,20 @@ def _record(ev: TimelineEvent) -> TensorRecord:
 
 
 class Timeline:
-    """Every allocation, free and scope of tidyjax-tracked memory while it recorded.
+    """Every allocation, free and scope of device memory while it recorded.
 
     Made by :func:`timeline`. It records while entered (``with``, or a function it decorates);
     entering it again later continues it, reconciling what changed in between. Each event is a
     :class:`TimelineEvent`; beyond ``max_events`` the oldest are dropped (``dropped`` counts
     them) and the replay starts from what they left alive.
 
+    Plain ``jax.Array`` objects no Tensor holds (``arrays=True``, the default) are seen at the
+    next scope event, :meth:`mark` or stop after they were made, with the scope
+    ``"<untracked>"``; their frees are recorded when Python drops them.
+
     Attributes:
         max_events: the most events kept.
+        arrays: whether plain jax.Arrays made while recording are recorded too.
         dropped: how many older events were dropped.
         peak_bytes: the most tidyjax bytes alive at any moment while recording (all devices).
         peak_time: when that peak was first reached (``time.perf_counter()``'s clock).
@@ -167,6 +183,7 @@ class Timeline:
 
     __slots__ = (
         "__weakref__",
+        "_array_mark",
         "_base",
         "_bytes",
         "_depth",
@@ -177,9 +194,11 @@ class Timeline:
         "_next",
         "_peak_live",
         "_peak_seq",
+        "_plain",
         "_scopes",
         "_seq",
         "_watch",
+        "arrays",
         "dropped",
         "max_events",
         "peak_bytes",
@@ -189,8 +208,12 @@ class Timeline:
         "stop_time",
     )
 
-    def __init__(self, max_events: int = 1_000_000) -> None:
+    def __init__(self, max_events: int = 1_000_000, arrays: bool = True) -> None:
         self.max_events = max_events
+        self.arrays = arrays
+        self._array_mark: ArrayMark | None = None  # while recording plain arrays
+        # id(array) -> [weak reference to it, its alloc event]: the plain arrays seen alive
+        self._plain: dict[int, list[Any]] = {}
         self._events: collections.deque[TimelineEvent] = collections.deque()
         self.dropped = 0
         self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
@@ -240,9 +263,9 @@ class Timeline:
         still being computed. Under ``_lock``.
         """
         amended: dict[int, TimelineEvent] = {}
-        for entry in list(self._live.values()):
+        for entry in [*self._live.values(), *self._plain.values()]:
             ev = entry[1]
-            if ev.bytes and failed(entry[0].array()):
+            if ev.bytes and failed(entry[0]() if ev.scope == UNTRACKED else entry[0].array()):
                 entry[1] = amended[id(ev)] = ev._replace(
                     bytes=0, per_device=tuple((d, 0) for d, _ in ev.per_device)
                 )
@@ -480,7 +503,18 @@ class Timeline:
                 yield self
             finally:
                 with _lock:
+                    self._see_arrays()
                     self._mark(SCOPE_EXIT, label, label, number)
+
+    def mark(self) -> None:
+        """Look now at the plain jax.Arrays: record those made since the last scope event or
+        mark and still alive, and the frees of those found deleted. Call it once per step of
+        a loop without scopes; it costs O(arrays made since the last look), plus one check of
+        each plain array alive. Does nothing while not recording or with ``arrays=False``."""
+        with _lock:
+            if self._depth and self._array_mark is not None:
+                self._see_arrays()
+                self._check_deleted()
 
     def _start(self) -> None:
         if self._loaded:
@@ -497,6 +531,9 @@ class Timeline:
                 self.start_time = self.peak_time = self._last = time.perf_counter()
             self.stop_time = None
             before = list(self._live)
+            if self.arrays:
+                self._array_mark = ArrayMark()
+                self._check_deleted()  # the plain arrays dropped or deleted while stopped
             _recording.append(self)
             _registry.observers.append(self)
             # The scopes open here now: drawn from the start.
@@ -530,6 +567,10 @@ class Timeline:
             if self._depth == 0:
                 raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+                if self._array_mark is not None:
+                    self._see_arrays()
+                    self._check_deleted()
+                    self._array_mark = None
                 for scope, number in list(self._scopes.items()):
                     self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
                 self._scopes.clear()
@@ -551,11 +592,20 @@ class Timeline:
             if not self._depth:
                 return
             if kind == "buffer_added":
+                if self._plain:  # a plain array seen before, now a Tensor's: it moves over
+                    arr = obj.array()
+                    entry = self._plain.get(id(arr))
+                    if entry is not None and entry[0]() is arr:
+                        self._free_plain(id(arr), entry, time.perf_counter())
                 self._alloc(obj, time.perf_counter(), (tensor,) if tensor else ())
             elif kind == "buffer_freed" or kind == "buffer_collected":
                 entry = self._live.get(id(obj))
                 if entry is not None:
-                    self._free(entry, time.perf_counter())
+                    now = time.perf_counter()
+                    self._free(entry, now)
+                    if not obj.owned and self._array_mark is not None:
+                        for arr in obj.arrays():  # the caller's array lives on, plain again
+                            self._add_plain(arr, now)
             elif kind == "tensor_added":
                 entry = self._live.get(id(obj))
                 if entry is not None:
@@ -564,10 +614,12 @@ class Timeline:
                     if obj.more:
                         self._watch_arrays(obj)
             elif kind == "scope_enter":
+                self._see_arrays()
                 self._next += 1
                 self._scopes[obj] = self._next
                 self._mark(SCOPE_ENTER, obj.path, obj.name or "<tidy>", self._next)
             elif kind == "scope_exit":
+                self._see_arrays()
                 number = self._scopes.pop(obj, None)
                 if number is None:
                     self._next += 1
@@ -618,6 +670,72 @@ class Timeline:
         if rec.dead is None and rec.array() is None:
             self.event("buffer_collected", rec)
 
+    # -- plain jax.Arrays ------------------------------------------------------------------
+
+    def _see_arrays(self) -> None:
+        """Record the plain arrays made since the last look and still alive (under ``_lock``).
+
+        A new mark is set before the old one is read, so an array made meanwhile by another
+        thread is found at least once (twice is harmless: it is then known by its id)."""
+        old = self._array_mark
+        if old is None:
+            return
+        self._array_mark = ArrayMark()
+        arrays = old.new()
+        if not arrays:
+            return
+        now = time.perf_counter()
+        for arr in reversed(arrays):  # oldest first: buffer numbers in creation order
+            self._add_plain(arr, now)
+
+    def _add_plain(self, arr: Any, now: float) -> None:
+        """Record ``arr``'s allocation at ``now`` unless it is known, deleted or a Tensor's."""
+        key = id(arr)
+        entry = self._plain.get(key)
+        if entry is not None:
+            if entry[0]() is arr:
+                return
+            self._free_plain(key, entry, now)  # a dead array whose id was reused
+        try:
+            if arr.is_deleted() or _registry.lookup(arr) is not None:
+                return  # freed already, or a Tensor's: the registry reports it
+            nbytes = 0 if failed(arr) else local_nbytes(arr)
+            device, per_device = _placement(arr, nbytes)
+            ev = TimelineEvent(
+                ALLOC, now, nbytes, device, _site_of(arr), UNTRACKED, _shape(arr),
+                _dtype_name(arr.dtype), (), self._next + 1, "", per_device,
+            )  # fmt: skip
+            ref = weakref.ref(arr, functools.partial(self._plain_collected, key))
+        except Exception:  # not an array tidyjax can describe (no weak reference, no dtype)
+            return
+        self._next += 1
+        self._plain[key] = [ref, ev]
+        self._append(ev, nbytes)
+
+    def _check_deleted(self) -> None:
+        """Record the frees of the plain arrays dropped, or deleted (donated, ``delete()``)
+        while still referenced (under ``_lock``; O(plain arrays alive))."""
+        now = time.perf_counter()
+        for key, entry in list(self._plain.items()):
+            arr = entry[0]()
+            if arr is None or arr.is_deleted():
+                self._free_plain(key, entry, now)
+
+    def _plain_collected(self, key: int, ref: Any) -> None:
+        """The weak reference's callback: a plain array was dropped (while stopped, the free
+        is recorded when recording resumes)."""
+        with _lock:
+            entry = self._plain.get(key)
+            if entry is not None and entry[0] is ref and self._depth:
+                self._free_plain(key, entry, time.perf_counter())
+
+    def _free_plain(self, key: int, entry: list[Any], now: float) -> None:
+        if self._plain.get(key) is not entry:
+            return  # recorded already (a collection ran a callback meanwhile)
+        del self._plain[key]
+        a = entry[1]
+        self._append(a._replace(kind=FREE, time=now), -a.bytes)
+
     def _append(self, ev: TimelineEvent, delta: int) -> None:
         if ev.time < self._last:  # a handler ran inside another one (a collection)
             ev = ev._replace(time=self._last)
@@ -657,13 +775,15 @@ def _fragment(tl: Timeline) -> str:
 
 
 @overload
-def timeline(fn: None = None, /, *, max_events: int = 1_000_000) -> Timeline: ...
+def timeline(
+    fn: None = None, /, *, max_events: int = 1_000_000, arrays: bool = True
+) -> Timeline: ...
 @overload
-def timeline(fn: F, /, *, max_events: int = 1_000_000) -> F: ...
+def timeline(fn: F, /, *, max_events: int = 1_000_000, arrays: bool = True) -> F: ...
 
 
-def timeline(fn: Any = None, /, *, max_events: int = 1_000_000) -> Any:
-    """Record every allocation, free and scope of tidyjax-tracked memory, with its time.
+def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = True) -> Any:
+    """Record every allocation, free and scope of device memory, with its time.
 
     Every form::
 
@@ -681,15 +801,24 @@ def timeline(fn: Any = None, /, *, max_events: int = 1_000_000) -> Any:
     Records process-wide (every thread) while open; timelines nest. With no timeline open this
     costs nothing. Beyond ``max_events`` the oldest events are dropped (``tl.dropped``).
 
+    Tidyjax's buffers are recorded as they are allocated and freed. With ``arrays`` (the
+    default) so are plain jax.Arrays made while it records and that no Tensor holds (an NNX or
+    Equinox program's): each is seen at the next scope event, ``tl.mark()`` or stop after it
+    was made (its allocation time), as scope ``"<untracked>"``; its free is recorded when
+    Python drops it. ``arrays=False`` records tidyjax's buffers only.
+
     Raises:
-        TidyjaxTypeError: ``max_events`` is not an int, or ``fn`` is not a function.
+        TidyjaxTypeError: ``max_events`` is not an int, ``arrays`` not a bool, or ``fn`` is
+            not a function.
         TidyjaxValueError: ``max_events`` is below 1.
     """
     if isinstance(max_events, bool) or not isinstance(max_events, int):
         raise TidyjaxTypeError(f"max_events must be an int, got {type(max_events).__name__}.")
     if max_events < 1:
         raise TidyjaxValueError(f"max_events must be at least 1, got {max_events}.")
-    tl = Timeline(max_events)
+    if not isinstance(arrays, bool):
+        raise TidyjaxTypeError(f"arrays must be True or False, got {type(arrays).__name__}.")
+    tl = Timeline(max_events, arrays)
     return tl if fn is None else tl(fn)
 
 

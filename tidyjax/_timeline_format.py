@@ -23,6 +23,7 @@ __all__ = [
     "KINDS",
     "SCOPE_ENTER",
     "SCOPE_EXIT",
+    "UNTRACKED",
     "VERSION",
     "Codec",
     "TimelineEvent",
@@ -34,12 +35,14 @@ __all__ = [
 ]
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
+#: The scope of a plain jax.Array's events: no Tensor holds it, tidyjax never frees it.
+UNTRACKED = "<untracked>"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
 FORMAT, VERSION = "tidyjax.timeline", 1
 
 
 class TimelineEvent(NamedTuple):
-    """One change to tidyjax-tracked memory, as a :class:`Timeline` records it (immutable).
+    """One change to device memory, as a :class:`Timeline` records it (immutable).
 
     Attributes:
         kind: ``"alloc"``, ``"free"``, ``"scope_enter"`` or ``"scope_exit"``.
@@ -51,10 +54,11 @@ class TimelineEvent(NamedTuple):
         site: the :class:`tidyjax.Site` that created its array, or None.
         scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
             ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
-            ``"free"``. For scope events, the scope's path.
+            ``"free"``; ``"<untracked>"`` for a plain jax.Array no Tensor holds (its alloc
+            timed when the timeline first saw it). For scope events, the scope's path.
         shape, dtype: the buffer's shape and dtype (``()`` and ``""`` for scopes).
         tensors: ids of the Tensors seen holding the buffer: the one that created it at
-            ``"alloc"``, every one seen at ``"free"``.
+            ``"alloc"``, every one seen at ``"free"`` (none for a plain array).
         buffer: the buffer's number in this timeline, the same in its alloc and its free; for
             scope events, the scope's number, the same in its enter and its exit.
         name: for scope events, the scope's own name.
@@ -98,14 +102,16 @@ class Codec:
     ``events``, ``base`` and ``peak_live`` each hold the columns ``kind``, ``scope``, ``name``
     (indexes into ``strings``), ``time``, ``bytes``, ``buffer``, ``tensors`` (ids joined by
     ``","``), ``meta`` (an index into ``metas``: ``[device, site, shape, dtype]``, the site an
-    index into ``sites``: ``[file, line, function]`` or -1) and ``placement`` (-1 when all
+    index into ``sites``: ``[file, line, function]``, followed by the library frame's
+    ``file, line, function`` when the site has a ``detail``; or -1) and ``placement`` (-1 when all
     bytes are on ``device``, else an index into ``placements``: ``[[device, bytes], ...]``).
     Columns of numbers and strings keep the file small and quick to write and read.
     """
 
     def __init__(self) -> None:
         self.strings: dict[str, int] = {}
-        self.sites: dict[Site, int] = {}
+        # (site, its detail: equality ignores it) -> index
+        self.sites: dict[tuple[Site, Site | None], int] = {}
         self.metas: dict[tuple[Any, ...], int] = {}
         self.placements: dict[tuple[tuple[str, int], ...], int] = {}
         self._keep: list[Any] = []  # the sites whose ids key `metas`
@@ -131,7 +137,7 @@ class Codec:
                 site = ev.site
                 si = -1
                 if site is not None:
-                    si = self.sites.setdefault(site, len(self.sites))
+                    si = self.sites.setdefault((site, site.detail), len(self.sites))
                     self._keep.append(site)
                 m = metas[key] = len(metas)
                 self.meta_list.append((s(ev.device), si, list(ev.shape), s(ev.dtype)))  # type: ignore[arg-type]
@@ -158,7 +164,7 @@ class Codec:
         placements = [[[s(d), b] for d, b in pd] for pd in self.placements]
         return {
             "strings": list(self.strings),
-            "sites": [[x.file, x.line, x.function] for x in self.sites],
+            "sites": [_site_row(x) for x, _ in self.sites],
             "metas": self.meta_list,
             "placements": placements,
         }
@@ -167,7 +173,7 @@ class Codec:
     def read(cls, data: dict[str, Any]) -> Codec:
         codec = cls()
         strings = codec.string_list = [str(x) for x in data["strings"]]
-        sites = [Site(str(f), int(line), str(fn)) for f, line, fn in data["sites"]]
+        sites = [_site(row) for row in data["sites"]]
         codec.meta_list = [
             (strings[d], None if si < 0 else sites[si], tuple(int(x) for x in shape), strings[dt])
             for d, si, shape, dt in data["metas"]
@@ -208,6 +214,22 @@ class Codec:
         except (TypeError, ValueError, IndexError, AttributeError) as e:
             raise TidyjaxValueError(f"{where}: {what} {i} is malformed ({e}).") from e
         return out
+
+
+def _site_row(site: Site) -> list[Any]:
+    d = site.detail
+    row: list[Any] = [site.file, site.line, site.function]
+    return row if d is None else [*row, d.file, d.line, d.function]
+
+
+def _site(row: list[Any]) -> Site:
+    """A site from ``[file, line, function]``, with ``detail`` when three more follow."""
+    detail = None
+    if len(row) == 6:
+        detail = Site(str(row[3]), int(row[4]), str(row[5]))
+    elif len(row) != 3:
+        raise ValueError(f"a site has 3 or 6 fields, not {len(row)}")
+    return Site(str(row[0]), int(row[1]), str(row[2]), detail)
 
 
 def encode(

@@ -40,9 +40,17 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
             "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d")  # fmt: skip
 
 
-def _label(site: Any) -> str:
-    """A site as every tidyjax report names it (``train.py:12 in step``, ``In[3], line 2``)."""
-    return "<unknown site>" if site is None else str(site)
+#: The scope of a plain jax.Array's events (``_timeline_format.UNTRACKED``, a module of this
+#: layer, so not imported): drawn as areas apart from the Tensors made at the same site.
+_UNTRACKED = "<untracked>"
+_UNTRACKED_SUFFIX = " (untracked)"
+
+
+def _label(site: Any, untracked: bool = False) -> str:
+    """A site as every tidyjax report names it (``train.py:12 in step``, ``In[3], line 2``),
+    ``" (untracked)"`` added for plain jax.Arrays."""
+    text = "<unknown site>" if site is None else str(site)
+    return text + _UNTRACKED_SUFFIX if untracked else text
 
 
 def elapsed(seconds: float) -> str:
@@ -64,27 +72,31 @@ def _top(counter: collections.Counter[str], n: int = 3) -> str:
 
 class _Sites:
     """The creation sites seen, each with its running and largest live bytes and what it
-    allocated. A site is compared by value once per distinct object, then found by ``id``."""
+    allocated. A site is compared by value once per distinct object, then found by ``id``.
+    The plain jax.Arrays made at a site are a site of their own (``untracked``)."""
 
     def __init__(self) -> None:
-        self.ids: dict[int, int] = {}  # id(Site object) -> site index
+        self.ids: dict[int, int] = {}  # id(Site object) -> site index, for Tensors' buffers
+        self.uids: dict[int, int] = {}  # the same, for plain arrays
         self._by_value: dict[Any, int] = {}
+        self.untracked: list[bool] = []
         self._keep_alive: list[Any] = []  # the Site objects whose ids are keys of `ids`
         self.sites: list[Any] = []
         self.cur: list[int] = []
         self.most: list[int] = []
         self.info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
 
-    def add(self, site: Any) -> int:
+    def add(self, site: Any, untracked: bool = False) -> int:
         """The index of ``site``, a Site object not seen before (its value may have been)."""
-        i = self._by_value.get(site)
+        i = self._by_value.get((site, untracked))
         if i is None:
-            i = self._by_value[site] = len(self.sites)
+            i = self._by_value[(site, untracked)] = len(self.sites)
             self.sites.append(site)
+            self.untracked.append(untracked)
             self.cur.append(0)
             self.most.append(0)
             self.info.append({})
-        self.ids[id(site)] = i
+        (self.uids if untracked else self.ids)[id(site)] = i
         self._keep_alive.append(site)
         return i
 
@@ -102,7 +114,7 @@ class _Chart:
         devices = self._scan(base, events, sites)
         slot = self._rank(sites, top)
         self.devices = sorted(devices)
-        self._fill_columns(base, events, sites.ids, slot)
+        self._fill_columns(base, events, sites.ids, sites.uids, slot)
         self.peak_live: list[Any] = _alive_after(base, events, self.peak_index)
         self.device_peak: list[int] = []
         self.device_peak_col: list[int] = []
@@ -116,7 +128,7 @@ class _Chart:
     def _scan(self, base: list[Any], events: list[Any], sites: _Sites) -> set[str]:
         """Pass 1: each site's largest live bytes and what it allocated, the scopes as bands,
         the peak (``peak``, ``peak_index``: the state after that event); returns the devices."""
-        ids, cur, most, info = sites.ids, sites.cur, sites.most, sites.info
+        ids, uids, cur, most, info = sites.ids, sites.uids, sites.cur, sites.most, sites.info
         devices: set[str] = set()
         total = peak = 0
         self.peak_index = -1  # -1: the peak is before any event kept
@@ -126,9 +138,10 @@ class _Chart:
         for i, ev in enumerate((*base, *events)):
             kind = ev.kind
             if kind == "alloc" or kind == "free":
-                s = ids.get(id(ev.site))
+                plain = ev.scope == _UNTRACKED
+                s = (uids if plain else ids).get(id(ev.site))
                 if s is None:
-                    s = sites.add(ev.site)
+                    s = sites.add(ev.site, plain)
                 for d, _ in ev.per_device or ((ev.device, ev.bytes),):
                     devices.add(d)
                 if kind == "alloc":
@@ -160,8 +173,10 @@ class _Chart:
     def _rank(self, sites: _Sites, top: int) -> list[int]:
         """The ``top`` sites by their largest live bytes, each with its hover text (``sites``),
         the rest as one "other"; returns each site's stack slot."""
-        site_list, most, info = sites.sites, sites.most, sites.info
-        ranked = sorted(range(len(site_list)), key=lambda s: (-most[s], _label(site_list[s])))
+        site_list, most, info, plain = sites.sites, sites.most, sites.info, sites.untracked
+        ranked = sorted(
+            range(len(site_list)), key=lambda s: (-most[s], _label(site_list[s], plain[s]))
+        )
         self.top = ranked[:top]
         others = ranked[top:]
         self.other = bool(others)
@@ -169,21 +184,26 @@ class _Chart:
         slot = [k - 1] * len(site_list)  # "other" for all but the top sites
         for i, s in enumerate(self.top):
             slot[s] = i
-        self.sites = [_describe(_label(site_list[s]), [info[s]]) for s in self.top]
+        self.sites = [_describe(_label(site_list[s], plain[s]), [info[s]]) for s in self.top]
         if self.other:
             label = f"other ({len(others)} sites)"
             self.sites.append(_describe(label, [info[s] for s in others]))
         return slot
 
     def _fill_columns(
-        self, base: list[Any], events: list[Any], site_ids: dict[int, int], slot: list[int]
+        self,
+        base: list[Any],
+        events: list[Any],
+        site_ids: dict[int, int],
+        plain_ids: dict[int, int],
+        slot: list[int],
     ) -> None:
         """Pass 2: per device, each column's stack of slots at the moment of its largest total
         (``cols``), and each column's time (``times``)."""
         c, n = self.columns, self.n
         dindex = {d: j for j, d in enumerate(self.devices)}
         nd = len(self.devices)
-        vec, tot = _stacks(base, dindex, len(self.sites), site_ids, slot)
+        vec, tot = _stacks(base, dindex, len(self.sites), site_ids, plain_ids, slot)
         cols: list[list[list[int]]] = [[] for _ in range(nd)]
         best = [0] * nd
         best_vec: list[list[int]] = [[] for _ in range(nd)]
@@ -202,7 +222,8 @@ class _Chart:
                     best_vec[j] = vec[j][:]
             kind = ev.kind
             if kind == "alloc":
-                s = slot[site_ids[id(ev.site)]]
+                ids = plain_ids if ev.scope == _UNTRACKED else site_ids
+                s = slot[ids[id(ev.site)]]
                 for d, b in ev.per_device or ((ev.device, ev.bytes),):
                     j = dindex[d]
                     v = vec[j]
@@ -212,7 +233,8 @@ class _Chart:
                         best[j] = t
                         best_vec[j] = v[:]
             elif kind == "free":
-                s = slot[site_ids[id(ev.site)]]
+                ids = plain_ids if ev.scope == _UNTRACKED else site_ids
+                s = slot[ids[id(ev.site)]]
                 for d, b in ev.per_device or ((ev.device, ev.bytes),):
                     j = dindex[d]
                     vec[j][s] -= b
@@ -228,14 +250,19 @@ class _Chart:
 
 
 def _stacks(
-    base: list[Any], dindex: dict[str, int], k: int, site_ids: dict[int, int], slot: list[int]
+    base: list[Any],
+    dindex: dict[str, int],
+    k: int,
+    site_ids: dict[int, int],
+    plain_ids: dict[int, int],
+    slot: list[int],
 ) -> tuple[list[list[int]], list[int]]:
     """Per device, the bytes in each of the ``k`` slots and in all, of what ``base`` (the
     allocations dropped events left alive) holds."""
     vec = [[0] * k for _ in dindex]
     tot = [0] * len(dindex)
     for ev in base:
-        s = slot[site_ids[id(ev.site)]]
+        s = slot[(plain_ids if ev.scope == _UNTRACKED else site_ids)[id(ev.site)]]
         for d, b in ev.per_device or ((ev.device, ev.bytes),):
             j = dindex[d]
             vec[j][s] += b
@@ -498,8 +525,9 @@ def _legend(ch: _Chart) -> str:
 def _peak_table(ch: _Chart) -> str:
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for ev in ch.peak_live:
-        key = (_label(ev.site), f"{ev.dtype}{list(ev.shape)}".replace(" ", ""),
-               ev.scope or "(no scope)", ev.device)  # fmt: skip
+        plain = ev.scope == _UNTRACKED  # a plain jax.Array: untracked, no scope frees it
+        key = (_label(ev.site, plain), f"{ev.dtype}{list(ev.shape)}".replace(" ", ""),
+               "untracked" if plain else ev.scope or "(no scope)", ev.device)  # fmt: skip
         g = groups.setdefault(key, [0, 0])
         g[0] += ev.bytes
         g[1] += 1
