@@ -1,30 +1,106 @@
 """Leak checks: ``check_leaks`` (a context manager and decorator), :class:`LeakReport` and
 ``leak_error``, also as a collective over the processes of a ``jax.distributed`` job.
+
+A check counts two kinds of leak, apart: **Tensors** made inside and alive at the end (tracked),
+and **plain jax.Arrays** made inside and alive at the end that tidyjax does not track
+(untracked: the outputs of ``jnp``, a raw ``jax.jit``, NNX or Equinox). The plain ones are the
+arrays :class:`ArrayMark` finds, less three kinds:
+
+* arrays tidyjax records (a Tensor's array, counted as the Tensor);
+* arrays allowed (``checker.allow``, the decorator's return value);
+* arrays with no user frame in their creation traceback: ``creation_site`` gives None or a
+  frame inside JAX, tidyjax or installed code (``_sites.LIBRARY_FOLDERS``,
+  ``INSTALLED_FOLDERS``). Those are JAX's and libraries' own: compiled-function constants,
+  caches, PRNG internals. A cache a library fills on the first call *from the user's line*
+  (it has a user frame) is what a warm-up step before the check removes.
 """
 
 from __future__ import annotations
 
+import collections
 import gc
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from . import _html, _registry
+from ._arrays import failed, local_nbytes
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError
 from ._format import count as _count
+from ._format import describe, esc
 from ._format import fmt_bytes as _fmt_bytes
+from ._jaxdoors import base_array
+from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._records import TensorRecord, live_tensors
+from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site, creation_site
 from ._snapshot import SiteStat, Snapshot, stats_html
 from ._tensor import _ids
-from ._trees import tensors_in
+from ._trees import _gather
 
-__all__ = ["LeakReport", "check_leaks", "leak_error"]
+__all__ = ["UNTRACKED", "LeakReport", "check_leaks", "leak_error", "plain_leaks"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The scope of a leaked plain array's record (as ``live_tensors(untracked=True)`` names it).
+UNTRACKED = "<untracked>"
+
+_NOUN = "untracked array"
+
+
+class ArrayStat:
+    """The leaked plain arrays made at one site: how many, their bytes, their shapes, and the
+    library frame that made them when that is not the user's (``detail``)."""
+
+    __slots__ = ("bytes", "count", "detail", "shapes", "site")
+
+    def __init__(
+        self, site: str, count: int, bytes: int, shapes: dict[str, int], detail: str | None
+    ) -> None:
+        self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
+        self.detail = detail
+
+    def __str__(self) -> str:
+        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
+        via = f" (via {self.detail})" if self.detail else ""
+        return f"{self.site}: {_count(self.count, _NOUN)}, {_fmt_bytes(self.bytes)} [{shapes}]{via}"
+
+    def __repr__(self) -> str:
+        return f"ArrayStat({self.site!r}, count={self.count}, bytes={self.bytes})"
+
+
+def _array_groups(records: Iterable[TensorRecord]) -> list[ArrayStat]:
+    groups: dict[str, list[TensorRecord]] = collections.defaultdict(list)
+    for r in records:
+        groups[str(r.site) if r.site is not None else "<unknown site>"].append(r)
+    out = []
+    for site, rs in groups.items():
+        details = {_library_frame(d) for r in rs if r.site and (d := r.site.detail) is not None}
+        detail = ", ".join(sorted(details)) or None
+        nbytes = sum({r._buffer: r.bytes for r in rs}.values())
+        shapes = dict(collections.Counter(describe(r) for r in rs))
+        out.append(ArrayStat(site, len(rs), nbytes, shapes, detail))
+    return sorted(out, key=lambda g: (-g.bytes, -g.count, g.site))
+
+
+def _library_frame(site: Site) -> str:
+    """``flax/nnx/module.py:40 in __call__``: a library frame, its path from the folder of
+    installed code that holds it."""
+    folders = [f for f in INSTALLED_FOLDERS if site.file.startswith(f)]
+    if not folders:
+        return str(site)
+    return f"{site.file[len(max(folders, key=len)) :]}:{site.line} in {site.function}"
+
 
 class LeakReport:
-    """Tensors found alive by a leak check, grouped by creation site."""
+    """What a leak check found alive: Tensors (tracked) and plain jax.Arrays (untracked),
+    each grouped by creation site.
+
+    ``records`` holds both; a plain array's record has id 0 and scope ``"<untracked>"``.
+    ``len(report)`` counts both, ``groups`` the Tensors' sites, ``array_groups`` the plain
+    arrays' sites (``ArrayStat``: count, bytes, shapes, the library frame as ``detail``).
+    """
 
     __slots__ = ("records", "where")
 
@@ -33,12 +109,29 @@ class LeakReport:
         self.where = where
 
     @property
+    def tensors(self) -> tuple[TensorRecord, ...]:
+        """The leaked Tensors' records (tracked)."""
+        return tuple(r for r in self.records if r.scope != UNTRACKED)
+
+    @property
+    def arrays(self) -> tuple[TensorRecord, ...]:
+        """The leaked plain jax.Arrays' records (untracked)."""
+        return tuple(r for r in self.records if r.scope == UNTRACKED)
+
+    @property
     def groups(self) -> list[SiteStat]:
-        return Snapshot(self.records).statistics()
+        """The leaked Tensors by creation site, largest first."""
+        return Snapshot(self.tensors).statistics()
+
+    @property
+    def array_groups(self) -> list[ArrayStat]:
+        """The leaked plain arrays by creation site, largest first."""
+        return _array_groups(self.arrays)
 
     @property
     def num_bytes(self) -> int:
-        return sum({r._buffer: r.bytes for r in self.records}.values())
+        """The bytes of everything leaked, each buffer once."""
+        return _bytes(self.tensors) + _bytes(self.arrays)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -46,33 +139,67 @@ class LeakReport:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    def _headline(self) -> str:
+        tensors, arrays = self.tensors, self.arrays
+        parts = []
+        if tensors or not arrays:
+            parts.append(f"{_count(len(tensors), 'tensor')} ({_fmt_bytes(_bytes(tensors))})")
+        if arrays:
+            parts.append(f"{_count(len(arrays), _NOUN)} ({_fmt_bytes(_bytes(arrays))})")
+        verb = "is" if len(self.records) == 1 else "are"
+        return f"{' and '.join(parts)} created inside {self.where} {verb} still alive"
+
     def _repr_html_(self) -> str:
         if not self.records:
             return stats_html(f"no leaks after {self.where}", [])
-        return stats_html(
-            f"leak: {_count(len(self.records), 'tensor')}, {_fmt_bytes(self.num_bytes)} still "
-            f"alive after {self.where}",
-            self.groups,
-            bad=True,
-            note=_LEAK_FIX,
-        )
+        if not self.arrays:
+            return stats_html(
+                f"leak: {_count(len(self.records), 'tensor')}, {_fmt_bytes(self.num_bytes)} "
+                f"still alive after {self.where}",
+                self.groups,
+                bad=True,
+                note=_LEAK_FIX,
+            )
+        return _report_html(self)
 
     def __str__(self) -> str:
-        n = len(self.records)
-        if not n:
-            return f"no leaks: no Tensor created inside {self.where} is still alive."
-        lines = [
-            f"{_count(n, 'tensor')} ({_fmt_bytes(self.num_bytes)}) created inside "
-            f"{self.where} {'is' if n == 1 else 'are'} still alive:"
-        ]
+        if not self.records:
+            return f"no leaks: no Tensor or jax array created inside {self.where} is still alive."
+        lines = [self._headline() + ":"]
         lines += [f"  {g}" for g in self.groups]
+        lines += [f"  {g}" for g in self.array_groups]
         lines.append(_LEAK_FIX)
         return "\n".join(lines)
 
 
+def _bytes(records: Iterable[TensorRecord]) -> int:
+    return sum({r._buffer: r.bytes for r in records}.values())
+
+
+@_html.never_raises
+def _report_html(report: LeakReport) -> str:
+    rows = [
+        (esc(g.site), "tensors", g.count, esc(_fmt_bytes(g.bytes)),
+         esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
+        for g in report.groups
+    ] + [
+        (esc(g.site) + (_html.dim(f" via {g.detail}") if g.detail else ""), "untracked arrays",
+         g.count, esc(_fmt_bytes(g.bytes)),
+         esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
+        for g in report.array_groups
+    ]  # fmt: skip
+    header = ["created at", "kind", "count", "bytes", "shapes"]
+    return _html.box(
+        _html.bad(f"leak: {report._headline()}"),
+        _html.table(header, rows, numeric={2, 3}),
+        _html.line(_html.dim(_LEAK_FIX)),
+    )
+
+
 _LEAK_FIX = (
-    "Dispose them, create them inside a tidy scope that frees them, or allow them "
-    "(check_leaks(allowance=N), checker.allow(t))."
+    "Dispose them, create them inside a tidy scope that frees them, drop the references to "
+    "plain jax arrays, or allow them (check_leaks(allowance=N), checker.allow(x)). A cache "
+    "filled on a first call: run one step before the check."
 )
 
 
@@ -84,7 +211,8 @@ def leak_error(
     timeout: float = DEFAULT_TIMEOUT,
     checker: check_leaks | None = None,
 ) -> LeakError | None:
-    """The :class:`LeakError` to raise if more than ``allowance`` Tensors leaked, or None.
+    """The :class:`LeakError` to raise if more than ``allowance`` Tensors and plain arrays
+    (together) leaked, or None.
 
     Returned, not raised, so that the frame raising it is the caller's: the fewer tidyjax
     frames in a traceback, the fewer IPython shows (it always shows the innermost one).
@@ -111,8 +239,58 @@ def leak_error(
     return LeakError(message, report)
 
 
+def _user_site(arr: Any) -> Site | None:
+    """The user's line that made ``arr``; None when its traceback has no user frame (an array
+    JAX, tidyjax or an installed library made for itself)."""
+    site = creation_site(arr)
+    if (
+        site is None
+        or site.file.startswith(LIBRARY_FOLDERS)
+        or site.file.startswith(INSTALLED_FOLDERS)
+    ):
+        return None
+    return site
+
+
+def _plain_record(arr: Any, site: Site) -> TensorRecord:
+    return TensorRecord(
+        id=0,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        bytes=0 if failed(arr) else local_nbytes(base_array(arr)),
+        devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
+        scope=UNTRACKED,
+        site=site,
+        kept=False,
+        variable=False,
+        _buffer=id(arr),
+    )
+
+
+def plain_leaks(mark: ArrayMark, allowed: dict[int, Any] | None = None) -> list[TensorRecord]:
+    """A record of each plain jax.Array made since ``mark`` and alive, that tidyjax does not
+    record, that ``allowed`` (ids to weak references) does not hold, and whose traceback has
+    a user frame (see the module docstring), largest first."""
+    out = []
+    for arr in _candidates(mark, allowed):
+        site = _user_site(arr)
+        if site is not None:
+            out.append(_plain_record(arr, site))
+    out.sort(key=lambda r: -r.bytes)
+    return out
+
+
+def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
+    allowed = allowed or {}
+    return [
+        a
+        for a in mark.new()
+        if _registry.lookup(a) is None and ((ref := allowed.get(id(a))) is None or ref() is not a)
+    ]
+
+
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator
-    """Fail when Tensors created inside are still alive at the end.
+    """Fail when Tensors or plain jax.Arrays created inside are still alive at the end.
 
     Forms::
 
@@ -123,10 +301,17 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         @tidyjax.check_leaks(allowance=2)   # each call checked; its return value is allowed
         def step(): ...
 
+    Plain jax.Arrays (``jnp``, raw ``jax.jit``, NNX, Equinox outputs) count by default, apart
+    from Tensors; only those whose creation traceback has a user frame (JAX's and libraries'
+    own caches have none). Run one step before the check so that caches a first call fills
+    are full. ``arrays=False`` counts Tensors only.
+
     Args:
-        allowance: how many leaked Tensors to tolerate.
-        allow_returned: in the decorator form, Tensors in the return value are not leaks.
+        allowance: how many leaks (Tensors and plain arrays together) to tolerate.
+        allow_returned: in the decorator form, Tensors and arrays in the return value are not
+            leaks.
         allow_kept: Tensors marked with :func:`tidyjax.keep` are not leaks.
+        arrays: also count plain jax.Arrays (default True).
         all_processes: a collective over every process of a ``jax.distributed`` job (each
             must run the check): a leak beyond ``allowance`` on any process fails every
             process, and the report names the process.
@@ -134,8 +319,8 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
     Raises:
         LeakError: with a :class:`LeakReport` (``err.report``) grouped by creation site. Not
-            raised when the block itself raised. Tensors made by other threads meanwhile
-            count too: check code that runs alone.
+            raised when the block itself raised. Tensors and arrays made by other threads
+            meanwhile count too: check code that runs alone.
         CollectiveError: with ``all_processes``, a process did not check within ``timeout``.
     """
 
@@ -145,6 +330,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allowance: int = 0,
         allow_returned: bool = True,
         allow_kept: bool = False,
+        arrays: bool = True,
         all_processes: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
@@ -155,18 +341,30 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         self.timeout = timeout
         self.allow_returned = allow_returned
         self.allow_kept = allow_kept
+        self.arrays = arrays
         self._start: int | None = None
+        self._mark: ArrayMark | None = None
         self._allowed: set[int] = set()
+        self._allowed_arrays: dict[int, Any] = {}
         self.report: LeakReport | None = None
 
     def allow(self, *values: Any) -> None:
-        """Do not count the Tensors in ``values`` (any pytrees) as leaks."""
-        self._allowed.update(t._id for t in tensors_in(values))
+        """Do not count the Tensors and jax.Arrays in ``values`` (any pytrees, objects holding
+        them) as leaks."""
+        tensors: list[Any] = []
+        raws: list[Any] = []
+        _gather(values, tensors, raws)
+        self._allowed.update(t._id for t in tensors)
+        for arr in raws:
+            for a in (arr, base_array(arr)):  # jax.live_arrays lists a typed key's words
+                self._allowed_arrays[id(a)] = weakref.ref(a)
 
     def __enter__(self) -> check_leaks:
-        self._start = next(_ids)
         self._allowed = set()
+        self._allowed_arrays = {}
         self.report = None
+        self._mark = ArrayMark() if self.arrays else None
+        self._start = next(_ids)
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
@@ -175,18 +373,30 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
             raise error
 
     def leaked(self) -> list[TensorRecord]:
-        """The Tensors made since entering that are alive and not allowed."""
+        """The Tensors, then the plain arrays, made since entering that are alive and not
+        allowed.
+
+        With no Tensor and no plain array made since entering, this costs one walk of the
+        newest arrays (:class:`ArrayMark`) and no garbage collection.
+        """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
+        made_tensors = next(_ids) > self._start + 1  # ids only grow: none made, none leaked
+        mark = self._mark
+        if not made_tensors and (mark is None or not _candidates(mark, self._allowed_arrays)):
+            return []
         gc.collect()
-        return [
+        out = [
             r
             for r in live_tensors()
             if r.id > self._start and r.id not in self._allowed and not (self.allow_kept and r.kept)
-        ]
+        ] if made_tensors else []  # fmt: skip
+        if mark is not None:
+            out += plain_leaks(mark, self._allowed_arrays)
+        return out
 
     def check(self) -> None:
-        """Raise :class:`LeakError` if more than ``allowance`` Tensors leaked."""
+        """Raise :class:`LeakError` if more than ``allowance`` Tensors and arrays leaked."""
         __tracebackhide__ = True
         if (error := self._error()) is not None:
             raise error
@@ -200,6 +410,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
             "allowance": self.allowance,
             "allow_returned": self.allow_returned,
             "allow_kept": self.allow_kept,
+            "arrays": self.arrays,
             "all_processes": self.all_processes,
             "timeout": self.timeout,
         }

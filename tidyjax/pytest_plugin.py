@@ -1,12 +1,15 @@
-"""pytest plugin: fail tests that leave tidyjax Tensors alive; a fresh-scope fixture.
+"""pytest plugin: fail tests that leave Tensors or plain jax.Arrays alive; a fresh-scope fixture.
 
 Registered through the ``pytest11`` entry point, so it is active wherever tidyjax is installed.
 
 * ``@pytest.mark.no_tensor_leaks`` (or ``no_tensor_leaks(allowance=N)``): the test fails, with a
-  leak report grouped by creation site, if Tensors it created are alive when it ends.
+  leak report grouped by creation site, if Tensors or plain jax.Arrays it created are alive
+  when it ends (the rules of ``tidyjax.check_leaks``: plain arrays count apart from Tensors,
+  only those made from a user's line; ``no_tensor_leaks(arrays=False)`` counts Tensors only).
 * ``--tidyjax-leaks`` (ini: ``tidyjax_leaks = true``): the same for every test;
   ``--tidyjax-leak-allowance=N`` (ini: ``tidyjax_leak_allowance``) sets the default allowance.
-  A bad value of either is one usage error at the start of the session.
+  ``tidyjax_leak_arrays = false`` (ini) counts Tensors only, in every checked test.
+  A bad value of any is one usage error at the start of the session.
 * ``tidy_scope`` fixture: the test body runs in a fresh ``tidy("test")`` scope, exited (and its
   Tensors freed) at teardown.
 
@@ -29,38 +32,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--tidyjax-leaks",
         action="store_true",
         default=None,
-        help="fail every test that leaves tidyjax Tensors alive",
+        help="fail every test that leaves Tensors or plain jax arrays alive",
     )
     group.addoption(
         "--tidyjax-leak-allowance",
         type=int,
         default=None,
-        help="number of leaked Tensors a test may leave (default 0)",
+        help="number of leaked Tensors and jax arrays a test may leave (default 0)",
     )
-    parser.addini("tidyjax_leaks", "fail every test that leaves tidyjax Tensors alive", "bool")
-    parser.addini("tidyjax_leak_allowance", "leaked Tensors a test may leave", default="0")
+    parser.addini(
+        "tidyjax_leaks", "fail every test that leaves Tensors or jax arrays alive", "bool"
+    )
+    parser.addini("tidyjax_leak_allowance", "leaks a test may leave", default="0")
+    parser.addini(
+        "tidyjax_leak_arrays", "leak checks count plain jax arrays too", "bool", default=True
+    )
 
 
-# (check every test, default allowance), read once at session start by pytest_configure.
-_OPTIONS = pytest.StashKey[tuple[bool, int]]()
+# (check every test, default allowance, count plain arrays), read once at session start.
+_OPTIONS = pytest.StashKey[tuple[bool, int, bool]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{_MARKER}(allowance=0): fail the test if Tensors it created are still alive at its end",
+        f"{_MARKER}(allowance=0, arrays=True): fail the test if Tensors or plain jax arrays it "
+        "created are still alive at its end",
     )
     config.stash[_OPTIONS] = _options(config)
 
 
-def _options(config: pytest.Config) -> tuple[bool, int]:
+def _options(config: pytest.Config) -> tuple[bool, int, bool]:
     """The session's options, or one usage error naming the option and the values it takes."""
+    name = "tidyjax_leaks"
     try:
-        everywhere = bool(config.getoption("--tidyjax-leaks") or config.getini("tidyjax_leaks"))
+        everywhere = bool(config.getoption("--tidyjax-leaks") or config.getini(name))
+        name = "tidyjax_leak_arrays"
+        arrays = bool(config.getini(name))
     except (ValueError, pytest.UsageError) as e:
         raise pytest.UsageError(
-            f"tidyjax: ini option tidyjax_leaks takes true or false (also yes/no, on/off, 1/0); "
-            f"{e}."
+            f"tidyjax: ini option {name} takes true or false (also yes/no, on/off, 1/0); {e}."
         ) from None
     default = config.getoption("--tidyjax-leak-allowance")
     where = "--tidyjax-leak-allowance"
@@ -76,20 +87,27 @@ def _options(config: pytest.Config) -> tuple[bool, int]:
             f"tidyjax: {where} takes a number of Tensors a test may leave, a non-negative int; "
             f"got {default!r}."
         )
-    return everywhere, n
+    return everywhere, n, arrays
 
 
-def _settings(item: pytest.Item) -> int | None:
-    """The allowance if the leak check applies to ``item``, else None."""
+def _settings(item: pytest.Item) -> tuple[int, bool] | None:
+    """The allowance and whether plain arrays count, if the leak check applies to ``item``,
+    else None."""
     config = item.config
     marker = item.get_closest_marker(_MARKER)
-    everywhere, default = config.stash.get(_OPTIONS, None) or _options(config)
+    everywhere, default, arrays = config.stash.get(_OPTIONS, None) or _options(config)
     if marker is None and not everywhere:
         return None
     if marker is not None:
         value = marker.args[0] if marker.args else marker.kwargs.get("allowance", default)
-        return _allowance(value, f"@pytest.mark.{_MARKER}(allowance=...)")
-    return default
+        arrays = marker.kwargs.get("arrays", arrays)
+        if not isinstance(arrays, bool):
+            pytest.fail(
+                f"tidyjax: @pytest.mark.{_MARKER}(arrays=...) takes True or False; got {arrays!r}.",
+                pytrace=False,
+            )
+        return _allowance(value, f"@pytest.mark.{_MARKER}(allowance=...)"), arrays
+    return default, arrays
 
 
 def _allowance(value: Any, where: str) -> int:
@@ -100,7 +118,8 @@ def _allowance(value: Any, where: str) -> int:
         n = -1
     if n < 0 or isinstance(value, (bool, float)):
         pytest.fail(
-            f"tidyjax: {where} takes a number of Tensors, a non-negative int; got {value!r}. "
+            f"tidyjax: {where} takes a number of Tensors and arrays, a non-negative int; got "
+            f"{value!r}. "
             f"Write e.g. @pytest.mark.{_MARKER}(allowance=2).",
             pytrace=False,
         )
@@ -109,12 +128,13 @@ def _allowance(value: Any, where: str) -> int:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    allowance = _settings(item)
-    if allowance is None:
+    settings = _settings(item)
+    if settings is None:
         return (yield)
+    allowance, arrays = settings
     from ._leaks import check_leaks
 
-    checker = check_leaks(allowance=allowance).__enter__()
+    checker = check_leaks(allowance=allowance, arrays=arrays).__enter__()
     result = yield  # a failing test raises here; its own failure is the one to report
     leaked = checker.leaked()
     scope = getattr(item, "funcargs", {}).get("tidy_scope")
