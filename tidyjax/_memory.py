@@ -2,21 +2,64 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import jax
 
 from . import _html, _registry
-from ._arrays import failed, local_nbytes
+from ._arrays import failed, local_nbytes, shard_bytes
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes  # re-exported: other modules import it here
 from ._jaxdoors import base_array
 from ._processes import DEFAULT_TIMEOUT, gather
+from ._sites import INSTALLED_FOLDERS, Site, creation_site
 from ._watch import watched as _watched
 
-__all__ = ["MemoryInfo", "WatchedUsage", "buffer_id", "memory", "watched_usage"]
+__all__ = [
+    "TOP_SITES",
+    "MemoryInfo",
+    "UntrackedSite",
+    "WatchedUsage",
+    "buffer_id",
+    "find_untracked",
+    "memory",
+    "untracked_sites",
+    "watched_ids",
+    "watched_usage",
+]
+
+#: How many creation sites of untracked arrays ``memory()`` names per device, largest first.
+TOP_SITES = 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UntrackedSite:
+    """Untracked jax arrays made at one site and held on one device, as
+    ``memory().untracked_sites`` lists them.
+
+    Attributes:
+        device: the device, as a string (``"cuda:0"``).
+        site: the user's line that made them (a :class:`Site`; its ``detail`` the library
+            frame, such as ``flax/nnx/...``), or None where JAX kept no traceback.
+        count: how many arrays.
+        bytes: their bytes on that device (a replicated array counts on each device).
+    """
+
+    device: str
+    site: Site | None
+    count: int
+    bytes: int
+
+    def __str__(self) -> str:
+        where = str(self.site) if self.site is not None else "<unknown site>"
+        return f"{where}: {_fmt_bytes(self.bytes)} in {_count(self.count, 'array')}"
+
+    def __repr__(self) -> str:
+        site = str(self.site) if self.site is not None else None
+        return f"UntrackedSite({self.device!r}, {site!r}, count={self.count}, bytes={self.bytes})"
 
 
 class MemoryInfo:
@@ -34,6 +77,9 @@ class MemoryInfo:
         reasons: why ``unreliable`` is True, one sentence each.
         untracked_arrays, untracked_bytes: jax arrays alive in the process that tidyjax does
             not own (``None`` when not scanned).
+        untracked_sites: where those were made: on each device, its :data:`TOP_SITES` largest
+            creation sites as :class:`UntrackedSite` rows (device, site, count, bytes), by
+            device, then largest first; empty when not scanned.
         device_stats: ``Device.memory_stats()`` per device where the backend reports it
             (GPU/TPU); empty on CPU.
         per_process: with ``memory(all_processes=True)``, each process's report in
@@ -57,6 +103,7 @@ class MemoryInfo:
         "unreliable",
         "untracked_arrays",
         "untracked_bytes",
+        "untracked_sites",
         "watched",
         "watched_arrays",
     )
@@ -69,6 +116,7 @@ class MemoryInfo:
     reasons: tuple[str, ...]
     untracked_arrays: int | None
     untracked_bytes: int | None
+    untracked_sites: tuple[UntrackedSite, ...]
     device_stats: Mapping[Any, Mapping[str, int]]
     per_process: tuple[MemoryInfo, ...] | None
     watched: Mapping[str, int]
@@ -76,6 +124,7 @@ class MemoryInfo:
 
     def __init__(self, **fields: Any) -> None:
         fields.setdefault("per_process", None)
+        fields.setdefault("untracked_sites", ())
         fields.setdefault("watched", MappingProxyType({}))
         fields.setdefault("watched_arrays", MappingProxyType({}))
         for name in self.__slots__:
@@ -117,6 +166,9 @@ class MemoryInfo:
         lines += [f"  {_watched_line(self, name)}" for name in self.watched]
         if self.untracked_arrays:
             lines.append(f"  untracked: {_untracked(self)}")
+            if self.untracked_sites:
+                lines[-1] += "; made at (largest first):"
+            lines += [f"    {u.device}: {u}" for u in self.untracked_sites]
         if self.unreliable:
             lines += [f"  unreliable: {r}" for r in self.reasons]
         return "\n".join(lines)
@@ -184,7 +236,36 @@ def _memory_html(m: MemoryInfo) -> str:
         label = f"untracked: {_count(untracked, 'jax array')} (not tidyjax)"
         rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
     numeric = {1, 3, 4} if stats else {1}
-    return _html.box(*parts, _html.table(header, rows, numeric), *_reasons(m))
+    return _html.box(*parts, _html.table(header, rows, numeric), *_sites_html(m), *_reasons(m))
+
+
+def _sites_html(m: MemoryInfo) -> list[str]:
+    """The untracked arrays' largest creation sites per device, as a table (none if none)."""
+    if not m.untracked_sites:
+        return []
+    detail = any(u.site is not None and u.site.detail is not None for u in m.untracked_sites)
+    rows = []
+    for u in m.untracked_sites:
+        site = _html.esc(u.site) if u.site is not None else _html.dim("unknown")
+        row = [site, _html.esc(u.device), str(u.count), _html.esc(_fmt_bytes(u.bytes))]
+        if detail:
+            lib = u.site.detail if u.site is not None else None
+            row.append(_html.dim(_html.esc(library_frame(lib))) if lib is not None else "")
+        rows.append(row)
+    header = ["untracked arrays made at", "device", "arrays", "bytes"]
+    if detail:
+        header.append("in library")
+    return [_html.table(header, rows, {2, 3})]
+
+
+def library_frame(site: Site) -> str:
+    """A library frame (``Site.detail``) named from its package: ``flax/nnx/rnglib.py:12 in
+    __call__``, not the full path into site-packages."""
+    file = site.file
+    folders = [f for f in INSTALLED_FOLDERS if file.startswith(f)]
+    if folders:
+        file = file[len(max(folders, key=len)) :]  # the innermost: site-packages in a venv
+    return f"{file}:{site.line} in {site.function}"
 
 
 def _reasons(m: MemoryInfo) -> list[str]:
@@ -201,8 +282,10 @@ def memory(
 
     Args:
         scan_untracked: also look through ``jax.live_arrays()`` for arrays tidyjax does not own
-            and report them (costs milliseconds per ten thousand live arrays). With False,
-            ``untracked_arrays`` is ``None``.
+            and report them, with the user's lines that made them (``untracked_sites``, read
+            from the creation tracebacks JAX keeps; costs tens of milliseconds per ten thousand
+            live arrays). With False, ``untracked_arrays`` is ``None``, ``untracked_sites``
+            empty, and no array is looked at.
         all_processes: a collective over every process of the job (each must call it): the
             counts are the sums over processes, ``bytes_per_device`` covers every device, and
             ``per_process`` holds each process's report. On a single process, ``memory()``
@@ -242,8 +325,12 @@ def memory(
             "(jax.Array.delete() or donation through raw jax.jit); those Tensors are unusable."
         )
     untracked_arrays = untracked_bytes = None
+    sites: tuple[UntrackedSite, ...] = ()
     if scan_untracked:
-        untracked_arrays, untracked_bytes = _scan_untracked(recs, _ids(watched))
+        untracked = find_untracked(recs, watched_ids(watched))
+        untracked_arrays = len(untracked)
+        untracked_bytes = sum(int(a.nbytes) for a in untracked)
+        sites = untracked_sites(untracked)
         if untracked_arrays:
             reasons.append(
                 f"{_count(untracked_arrays, 'jax array')} ({_fmt_bytes(untracked_bytes or 0)}) "
@@ -268,6 +355,7 @@ def memory(
         reasons=tuple(reasons),
         untracked_arrays=untracked_arrays,
         untracked_bytes=untracked_bytes,
+        untracked_sites=sites,
         device_stats=MappingProxyType(device_stats),
         watched=MappingProxyType({name: u.bytes for name, u in usage.items()}),
         watched_arrays=MappingProxyType({name: u.arrays for name, u in usage.items()}),
@@ -335,7 +423,7 @@ def _own_bytes(arr: Any) -> int:
     return 0 if failed(arr) else local_nbytes(base_array(arr))
 
 
-def _ids(watched: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
+def watched_ids(watched: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
     """The ids of the watched arrays, as ``jax.live_arrays()`` lists them (a typed PRNG key
     appears there as its array of words)."""
     return {id(base_array(a)) for found in watched.values() for _, a in found}
@@ -364,6 +452,7 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
         ),
         untracked_arrays=None if None in untracked else sum(u or 0 for u in untracked),
         untracked_bytes=None if None in untracked else sum(r.untracked_bytes or 0 for r in reports),
+        untracked_sites=tuple(u for r in reports for u in r.untracked_sites),  # devices differ
         device_stats=MappingProxyType(stats),
         per_process=tuple(reports),
         watched=MappingProxyType(_sum_watched(reports, "watched")),
@@ -388,10 +477,33 @@ def _to_json(m: MemoryInfo) -> dict[str, Any]:
         "reasons": list(m.reasons),
         "untracked_arrays": m.untracked_arrays,
         "untracked_bytes": m.untracked_bytes,
+        "untracked_sites": [_site_to_json(u) for u in m.untracked_sites],
         "device_stats": {str(d.id): dict(s) for d, s in m.device_stats.items()},
         "watched": dict(m.watched),
         "watched_arrays": dict(m.watched_arrays),
     }
+
+
+def _site_to_json(u: UntrackedSite) -> dict[str, Any]:
+    def frame(s: Site | None) -> dict[str, Any] | None:
+        return None if s is None else {"file": s.file, "line": s.line, "function": s.function}
+
+    site = u.site
+    return {
+        "device": u.device,
+        "site": frame(site),
+        "detail": frame(site.detail) if site is not None else None,
+        "count": u.count,
+        "bytes": u.bytes,
+    }
+
+
+def _site_from_json(d: dict[str, Any]) -> UntrackedSite:
+    def frame(f: dict[str, Any] | None, detail: Site | None = None) -> Site | None:
+        return None if f is None else Site(f["file"], f["line"], f["function"], detail)
+
+    site = frame(d["site"], frame(d.get("detail")))
+    return UntrackedSite(d["device"], site, d["count"], d["bytes"])
 
 
 def _from_json(d: dict[str, Any]) -> MemoryInfo:
@@ -407,6 +519,7 @@ def _from_json(d: dict[str, Any]) -> MemoryInfo:
         reasons=tuple(d["reasons"]),
         untracked_arrays=d["untracked_arrays"],
         untracked_bytes=d["untracked_bytes"],
+        untracked_sites=tuple(_site_from_json(u) for u in d.get("untracked_sites", ())),
         device_stats=MappingProxyType(
             {devices[int(k)]: MappingProxyType(s) for k, s in d["device_stats"].items()}
         ),
@@ -415,11 +528,33 @@ def _from_json(d: dict[str, Any]) -> MemoryInfo:
     )
 
 
-def _scan_untracked(recs: list[_registry.Buffer], watched: set[int]) -> tuple[int, int]:
-    """How many jax arrays alive in the process tidyjax neither records nor watches, and their
-    bytes."""
-    arrays = find_untracked(recs, watched)
-    return len(arrays), sum(int(a.nbytes) for a in arrays)
+def _device_bytes(arr: Any) -> Iterable[tuple[Any, int]]:
+    """``shard_bytes(arr)``'s items, with the common case of one device read at once."""
+    devices = arr.sharding.device_set
+    if len(devices) == 1 and arr.is_fully_addressable:
+        return ((next(iter(devices)), int(arr.nbytes)),)
+    return shard_bytes(arr).items()
+
+
+def untracked_sites(arrays: list[Any], top: int = TOP_SITES) -> tuple[UntrackedSite, ...]:
+    """The ``top`` largest creation sites of ``arrays`` on each device (count and bytes there),
+    by device, then largest first. Reads each array's creation traceback: report time only."""
+    # (device, site) -> [count, bytes]; a key keeps the first site seen, with its detail
+    groups: dict[tuple[str, Site | None], list[int]] = {}
+    for arr in arrays:
+        site = creation_site(arr)
+        for dev, nbytes in _device_bytes(arr):
+            row = groups.setdefault((str(dev), site), [0, 0])
+            row[0] += 1
+            row[1] += nbytes
+    by_device: dict[str, list[UntrackedSite]] = {}
+    for (dev, site), (n, b) in groups.items():
+        by_device.setdefault(dev, []).append(UntrackedSite(dev, site, n, b))
+    out: list[UntrackedSite] = []
+    for dev in sorted(by_device):
+        rows = sorted(by_device[dev], key=lambda u: (-u.bytes, -u.count, str(u.site)))
+        out += rows[:top]
+    return tuple(out)
 
 
 def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
@@ -432,7 +567,7 @@ def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None
     memory) holds nothing and is skipped: JAX calls it ready, but reading its address aborts.
     """
     if watched is None:
-        watched = _ids(_watched())
+        watched = watched_ids(_watched())
     candidates: list[Any] = []
     held: list[Any] = []
     for platform in {d.platform for d in jax.local_devices()}:

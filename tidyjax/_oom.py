@@ -331,7 +331,7 @@ def build_report(err: BaseException, what: str) -> OOMReport:
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
     from ._memory import find_untracked, memory, watched_usage
-    from ._records import TensorRecord, creation_site, live_tensors
+    from ._records import live_tensors, untracked_record
     from ._watch import watched
 
     recs, _ = _registry.live()
@@ -354,12 +354,7 @@ def _holders_report() -> OOMReport:
         for a in jax.live_arrays(platform)
         if _registry.lookup(a) is None and failed(a)
     ]
-    as_records = [
-        TensorRecord(id=0, shape=tuple(a.shape), dtype=str(a.dtype), bytes=int(a.nbytes),
-                     devices=(), scope="<untracked>", site=creation_site(a), kept=False,
-                     variable=False, _buffer=id(a))
-        for a in raw
-    ]  # fmt: skip
+    as_records = [untracked_record(a) for a in raw]
     tensor_rows = _rows(tracked, tracked=True)
     untracked_rows = _rows(as_records, tracked=False)
     holders = tensor_rows + untracked_rows
@@ -484,11 +479,11 @@ def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
 
     A buffer counts once in the whole list, in the row of its first record, so the rows' bytes
     add up to the bytes of all ``records``' buffers, each once."""
-    from ._snapshot import site_key as _site_key
+    from ._snapshot import site_text  # the rows' scope and `tracked` tell the kinds apart
 
     groups: dict[tuple[str, str], list[Any]] = {}
     for r in records:
-        groups.setdefault((r.scope, _site_key(r)), []).append(r)
+        groups.setdefault((r.scope, site_text(r)), []).append(r)
     claimed: set[int] = set()
     rows = []
     for (scope, site), rs in groups.items():

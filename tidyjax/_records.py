@@ -1,4 +1,5 @@
-"""Records of live Tensors: :class:`TensorRecord`, creation sites, ``live_tensors()``, holders.
+"""Records of live Tensors: :class:`TensorRecord`, creation sites, ``live_tensors()``, holders;
+records of the arrays tidyjax does not own (``<untracked>``) and of those watched objects hold.
 
 Creation sites cost nothing per op: JAX records a creation traceback on every array (on by
 default), and tidyjax reads it only when a report asks, keeping the first frame outside tidyjax
@@ -16,7 +17,8 @@ from typing import Any
 from . import _html, _registry
 from ._arrays import failed, local_nbytes
 from ._format import count, describe, esc, fmt_bytes
-from ._memory import buffer_id
+from ._jaxdoors import base_array
+from ._memory import buffer_id, find_untracked, watched_ids
 from ._registry import KEPT
 from ._sites import LIBRARY_FOLDERS, Site, creation_site
 from ._tensor import Tensor
@@ -29,11 +31,14 @@ __all__ = [
     "Site",
     "TensorRecord",
     "TensorRecordList",
+    "UNTRACKED",
     "creation_site",
     "holders",
     "live_holders",
     "live_tensors",
     "summary",
+    "untracked_record",
+    "untracked_records",
 ]
 
 
@@ -49,7 +54,8 @@ class TensorRecord:
         devices: the devices holding it, as strings.
         scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
             ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
-            array that only a watched object holds (no Tensor: ``id`` is 0).
+            array that only a watched object holds, ``"<untracked>"`` for a jax array tidyjax
+            does not own and no watched object holds (neither is a Tensor: ``id`` is 0).
         site: a :class:`Site` or None.
         kept: whether it was kept.
         variable: whether it is a Variable.
@@ -180,27 +186,55 @@ def _watched_record(arr: Any, name: str) -> TensorRecord:
     )
 
 
+def untracked_record(arr: Any) -> TensorRecord:
+    """A jax array tidyjax does not own: no Tensor, so id 0 and scope ``<untracked>``."""
+    return TensorRecord(
+        id=0,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        bytes=0 if failed(arr) else local_nbytes(base_array(arr)),
+        devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
+        scope=UNTRACKED,
+        site=creation_site(arr),
+        kept=False,
+        variable=False,
+        _buffer=id(arr),  # find_untracked lists each untracked buffer once
+    )
+
+
+def untracked_records(watched_ids: set[int] | None = None) -> list[TensorRecord]:
+    """A record of each jax array alive that tidyjax neither tracks nor watches (the arrays
+    ``memory().untracked_arrays`` counts), largest first. ``watched_ids``: the watched arrays'
+    ids (``_memory.watched_ids``), by default found now."""
+    recs, _ = _registry.live()
+    out = [untracked_record(a) for a in find_untracked(recs, watched_ids)]
+    out.sort(key=lambda r: -r.bytes)
+    return out
+
+
 WATCHED = "<watched>"
+UNTRACKED = "<untracked>"
+#: The kinds of record that hold no Tensor, each counted apart, with its noun.
+_RAW_NOUNS = {WATCHED: "watched array", UNTRACKED: "untracked array"}
 
 
 def summary(records: Iterable[TensorRecord]) -> str:
     """The one headline of a list of records: the Tensors with their bytes, then the arrays
-    only watched objects hold with theirs (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``),
-    each buffer once. The watched part is left out when there is none."""
-    tensors: dict[int, int] = {}
-    raw: dict[int, int] = {}
-    n_tensors = n_raw = 0
+    only watched objects hold with theirs, then the untracked arrays with theirs
+    (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB; 1 untracked array, 8 B``), each buffer
+    once. A part other than the Tensors' is left out when there is none of it."""
+    n: dict[str, int] = {}
+    by_buffer: dict[str, dict[int, int]] = {}
     for r in records:
-        if r.scope == WATCHED:
-            n_raw += 1
-            raw[r._buffer] = r.bytes
-        else:
-            n_tensors += 1
-            tensors[r._buffer] = r.bytes
-    text = f"{count(n_tensors, 'live tensor')}, {fmt_bytes(sum(tensors.values()))}"
-    if n_raw:
-        text += f"; {count(n_raw, 'watched array')}, {fmt_bytes(sum(raw.values()))}"
-    return text
+        kind = r.scope if r.scope in _RAW_NOUNS else ""
+        n[kind] = n.get(kind, 0) + 1
+        by_buffer.setdefault(kind, {})[r._buffer] = r.bytes
+    parts = []
+    for kind, noun in (("", "live tensor"), *_RAW_NOUNS.items()):
+        if n.get(kind) or not kind:
+            nbytes = sum(by_buffer.get(kind, {}).values())
+            parts.append(f"{count(n.get(kind, 0), noun)}, {fmt_bytes(nbytes)}")
+    return "; ".join(parts)
 
 
 class TensorRecordList(list[TensorRecord]):
@@ -210,17 +244,30 @@ class TensorRecordList(list[TensorRecord]):
         return _records_html(self)
 
 
-def live_tensors() -> TensorRecordList:
+def live_tensors(*, untracked: bool = False) -> TensorRecordList:
     """A record of every live Tensor and Variable, oldest first (a list).
 
     With objects registered by :func:`tidyjax.watch`, the arrays they hold come first (id 0,
     scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
     The reports count those apart from the Tensors: ``3 live tensors, 12 B; 2 watched arrays,
     4.0 MiB``.
+
+    Args:
+        untracked: also a record of each jax array alive that tidyjax does not own and no
+            watched object holds (id 0, scope ``"<untracked>"``, ``site`` the user's line that
+            made it), after the Tensors, largest first: the arrays ``memory()`` counts as
+            untracked. Costs a scan of ``jax.live_arrays()``.
+
+    Example::
+
+        for r in tidyjax.live_tensors(untracked=True):
+            if r.scope == "<untracked>":
+                print(r.site, r.bytes)
     """
     names: dict[int, str] = {}
     raw: list[TensorRecord] = []
-    for found in watched().values():
+    found_all = watched()
+    for found in found_all.values():
         for path, arr in found:
             if id(arr) not in names:
                 names[id(arr)] = path
@@ -228,6 +275,8 @@ def live_tensors() -> TensorRecordList:
                     raw.append(_watched_record(arr, path))
     out = [_record(t, rec, names) for rec, ts in live_holders() for t in ts]
     out.sort(key=lambda r: r.id)
+    if untracked:
+        out += untracked_records(watched_ids(found_all))
     return TensorRecordList(raw + out)
 
 

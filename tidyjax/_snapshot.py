@@ -1,6 +1,7 @@
-"""Snapshots of the live Tensors, grouped by creation site, and their diffs: ``snapshot()``,
-:class:`Snapshot`, :class:`SiteStat`, :meth:`Snapshot.compare_to` and :class:`SiteDiff`, in the
-manner of ``tracemalloc``; a snapshot's JSON file (``dump``/``load``).
+"""Snapshots of the live Tensors (and of the jax arrays tidyjax does not own), grouped by
+creation site, and their diffs: ``snapshot()``, :class:`Snapshot`, :class:`SiteStat`,
+:meth:`Snapshot.compare_to` and :class:`SiteDiff`, in the manner of ``tracemalloc``; a
+snapshot's JSON file (``dump``/``load``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._format import count as _count
 from ._format import describe, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
-from ._records import WATCHED, TensorRecord, live_tensors, summary
+from ._records import UNTRACKED, WATCHED, TensorRecord, live_tensors, summary
 
 __all__ = [
     "SiteDiff",
@@ -26,6 +27,7 @@ __all__ = [
     "Snapshot",
     "group_by_site",
     "site_key",
+    "site_text",
     "snapshot",
     "stats_html",
 ]
@@ -33,23 +35,44 @@ __all__ = [
 
 #: What a site's key ends with when its records are arrays only watched objects hold.
 _WATCHED_SUFFIX = " (watched)"
+#: What a site's key ends with when its records are jax arrays tidyjax does not own.
+_UNTRACKED_SUFFIX = " (untracked)"
+
+
+def site_text(r: TensorRecord) -> str:
+    """The record's creation site as text, ``"<unknown site>"`` when JAX kept none."""
+    return str(r.site) if r.site is not None else "<unknown site>"
 
 
 def site_key(r: TensorRecord) -> str:
-    """A site as the reports group by it; watched arrays apart from Tensors made there."""
-    site = str(r.site) if r.site is not None else "<unknown site>"
-    return site + _WATCHED_SUFFIX if r.scope == WATCHED else site
+    """A site as the reports group by it; watched and untracked arrays apart from Tensors made
+    there, their keys ending in ``" (watched)"`` and ``" (untracked)"``."""
+    site = site_text(r)
+    if r.scope == WATCHED:
+        return site + _WATCHED_SUFFIX
+    if r.scope == UNTRACKED:
+        return site + _UNTRACKED_SUFFIX
+    return site
 
 
 def _noun(site: str) -> str:
-    return "watched array" if site.endswith(_WATCHED_SUFFIX) else "tensor"
+    if site.endswith(_WATCHED_SUFFIX):
+        return "watched array"
+    return "untracked array" if site.endswith(_UNTRACKED_SUFFIX) else "tensor"
+
+
+def _kind(r: TensorRecord) -> str:
+    """``"<watched>"``, ``"<untracked>"``, or ``""`` for a Tensor: each counts its buffers apart."""
+    return r.scope if r.scope in (WATCHED, UNTRACKED) else ""
 
 
 class SiteStat:
     """The live Tensors created at one site: how many, their bytes (shared buffers once).
 
     The arrays that only watched objects hold are a row of their own, their site ending in
-    ``" (watched)"`` (``watched`` is True), counted as watched arrays, not Tensors.
+    ``" (watched)"`` (``watched`` is True), counted as watched arrays, not Tensors; so are the
+    jax arrays tidyjax does not own, their site ending in ``" (untracked)"`` (``untracked`` is
+    True).
     """
 
     __slots__ = ("bytes", "count", "shapes", "site")
@@ -62,6 +85,11 @@ class SiteStat:
         """Whether the row counts arrays only watched objects hold (not Tensors)."""
         return self.site.endswith(_WATCHED_SUFFIX)
 
+    @property
+    def untracked(self) -> bool:
+        """Whether the row counts jax arrays tidyjax does not own (not Tensors)."""
+        return self.site.endswith(_UNTRACKED_SUFFIX)
+
     def __str__(self) -> str:
         shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
         count = _count(self.count, _noun(self.site))
@@ -72,13 +100,20 @@ class SiteStat:
 
 
 class SiteDiff:
-    """A site's change between two snapshots, as ``tracemalloc.StatisticDiff``."""
+    """A site's change between two snapshots, as ``tracemalloc.StatisticDiff``; its site ends in
+    ``" (untracked)"`` (``untracked`` is True) for jax arrays tidyjax does not own, in
+    ``" (watched)"`` for arrays only watched objects hold."""
 
     __slots__ = ("bytes", "bytes_diff", "count", "count_diff", "site")
 
     def __init__(self, site: str, count: int, count_diff: int, bytes: int, bytes_diff: int):
         self.site, self.count, self.count_diff = site, count, count_diff
         self.bytes, self.bytes_diff = bytes, bytes_diff
+
+    @property
+    def untracked(self) -> bool:
+        """Whether the row counts jax arrays tidyjax does not own (not Tensors)."""
+        return self.site.endswith(_UNTRACKED_SUFFIX)
 
     def __str__(self) -> str:
         sign = "+" if self.bytes_diff >= 0 else "-"
@@ -99,11 +134,11 @@ def group_by_site(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
     for r in records:
         groups[site_key(r)].append(r)
     out = {}
-    claimed: set[tuple[bool, int]] = set()  # a buffer counts once, in its first record's row
+    claimed: set[tuple[str, int]] = set()  # a buffer counts once, in its first record's row
     for site, rs in groups.items():
         nbytes = 0
         for r in rs:
-            key = (r.scope == WATCHED, r._buffer)
+            key = (_kind(r), r._buffer)
             if key not in claimed:
                 claimed.add(key)
                 nbytes += r.bytes
@@ -113,7 +148,12 @@ def group_by_site(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
 
 
 class Snapshot:
-    """The live Tensors at one moment; compare two with :meth:`compare_to`.
+    """The live Tensors at one moment, and the jax arrays tidyjax does not own then; compare two
+    with :meth:`compare_to`.
+
+    ``records`` holds the Tensors' records (and those of arrays only watched objects hold),
+    ``untracked`` the untracked arrays' (scope ``"<untracked>"``, id 0): records given with
+    that scope go there.
 
     Example::
 
@@ -123,37 +163,58 @@ class Snapshot:
             print(diff)
     """
 
-    __slots__ = ("records", "taken_at")
+    __slots__ = ("records", "taken_at", "untracked")
+
+    records: tuple[TensorRecord, ...]
+    untracked: tuple[TensorRecord, ...]
 
     def __init__(self, records: Iterable[TensorRecord], taken_at: float | None = None) -> None:
-        self.records = tuple(records)
+        every = tuple(records)
+        self.records = tuple(r for r in every if r.scope != UNTRACKED)
+        self.untracked = tuple(r for r in every if r.scope == UNTRACKED)
         self.taken_at = time.time() if taken_at is None else taken_at
 
     def __repr__(self) -> str:
-        return f"<Snapshot of {summary(self.records)}>"
+        return f"<Snapshot of {summary(self.records + self.untracked)}>"
 
     def _repr_html_(self) -> str:
-        return stats_html(summary(self.records), self.statistics())
+        stats = self.statistics()
+        title = summary(self.records + self.untracked)
+        return stats_html(title, [s for s in stats if not s.untracked]) + _untracked_html(
+            [s for s in stats if s.untracked]
+        )
 
     def __str__(self) -> str:
-        return "\n".join([summary(self.records)] + [f"  {s}" for s in self.statistics()])
+        stats = self.statistics()
+        lines = [summary(self.records + self.untracked)]
+        lines += [f"  {s}" for s in stats if not s.untracked]
+        untracked = [s for s in stats if s.untracked]
+        if untracked:
+            lines.append("  untracked (jax arrays tidyjax does not own), by creation site:")
+            lines += [f"    {s}" for s in untracked]
+        return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
     def statistics(self) -> list[SiteStat]:
         """One :class:`SiteStat` per creation site, largest first (the watched arrays made at
-        a site a row apart). Their counts and bytes add up to the headline's, each buffer in
-        the row of its first record."""
+        a site a row apart), then the untracked arrays' sites (``untracked`` True), largest
+        first. Their counts and bytes add up to the headline's, each buffer in the row of its
+        first record."""
         return sorted(
-            group_by_site(self.records).values(), key=lambda s: (-s.bytes, -s.count, s.site)
+            group_by_site(self.records + self.untracked).values(),
+            key=lambda s: (s.untracked, -s.bytes, -s.count, s.site),
         )
 
     def compare_to(self, old: Snapshot) -> SiteDiffList:
-        """Per-site differences from ``old``, the largest change in bytes first (a list)."""
+        """Per-site differences from ``old``, the largest change in bytes first (a list): the
+        Tensors' sites (and watched arrays'), then the untracked arrays' (``untracked`` True).
+        A snapshot taken with ``snapshot(untracked=False)`` has no untracked arrays."""
         if not isinstance(old, Snapshot):
             raise TidyjaxTypeError(f"compare_to() takes a Snapshot, got {type(old).__name__}.")
-        new_g, old_g = group_by_site(self.records), group_by_site(old.records)
+        new_g = group_by_site(self.records + self.untracked)
+        old_g = group_by_site(old.records + old.untracked)
         diffs = []
         for site in new_g.keys() | old_g.keys():
             n, o = new_g.get(site), old_g.get(site)
@@ -161,7 +222,7 @@ class Snapshot:
             ocount, obytes = (o.count, o.bytes) if o else (0, 0)
             if (count, nbytes) != (ocount, obytes):
                 diffs.append(SiteDiff(site, count, count - ocount, nbytes, nbytes - obytes))
-        diffs.sort(key=lambda d: (-abs(d.bytes_diff), -abs(d.count_diff), d.site))
+        diffs.sort(key=lambda d: (d.untracked, -abs(d.bytes_diff), -abs(d.count_diff), d.site))
         return SiteDiffList(diffs)
 
     # -- export: JSON, schema in README ("Snapshot files") ----------------------------------
@@ -171,7 +232,7 @@ class Snapshot:
             "format": "tidyjax.snapshot",
             "version": 1,
             "taken_at": self.taken_at,
-            "tensors": [r.to_json() for r in self.records],
+            "tensors": [r.to_json() for r in self.records + self.untracked],
         }
 
     def dump(self, path: str | os.PathLike[str]) -> None:
@@ -222,9 +283,15 @@ class Snapshot:
         return cls(records, taken_at)
 
 
-def snapshot() -> Snapshot:
-    """A :class:`Snapshot` of the live Tensors now."""
-    return Snapshot(live_tensors())
+def snapshot(*, untracked: bool = True) -> Snapshot:
+    """A :class:`Snapshot` of the live Tensors now, and of the jax arrays tidyjax does not own
+    (``Snapshot.untracked``, grouped by the user's line that made them).
+
+    Args:
+        untracked: False leaves the untracked arrays out (and the scan of
+            ``jax.live_arrays()`` they cost).
+    """
+    return Snapshot(live_tensors(untracked=untracked))
 
 
 class SiteDiffList(list[SiteDiff]):
@@ -240,13 +307,38 @@ def _diffs_html(diffs: list[SiteDiff]) -> str:
     if not diffs:
         return _html.box("<b>no change</b> between the snapshots")
     head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
+    parts = [head]
+    for untracked in (False, True):
+        rows = [
+            (esc(d.site), d.count, f"{d.count_diff:+d}", esc(_fmt_bytes(d.bytes)),
+             esc(signed_bytes(d.bytes_diff)))
+            for d in diffs if d.untracked == untracked
+        ]  # fmt: skip
+        if not rows:
+            continue
+        if untracked:
+            parts.append(_html.line(_html.dim(_UNTRACKED_NOTE)))
+        noun = "arrays" if untracked else "tensors"
+        header = ["created at", noun, "change", "bytes", "change"]
+        parts.append(_html.table(header, rows, numeric={1, 2, 3, 4}))
+    return _html.box(*parts)
+
+
+_UNTRACKED_NOTE = "untracked: jax arrays tidyjax does not own, by the line that made them"
+
+
+@_html.never_raises
+def _untracked_html(stats: list[SiteStat]) -> str:
+    """The untracked arrays' sites, a table apart from the Tensors' (none if none)."""
+    if not stats:
+        return ""
     rows = [
-        (esc(d.site), d.count, f"{d.count_diff:+d}", esc(_fmt_bytes(d.bytes)),
-         esc(signed_bytes(d.bytes_diff)))
-        for d in diffs
+        (esc(s.site), s.count, esc(_fmt_bytes(s.bytes)),
+         esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
+        for s in stats
     ]  # fmt: skip
-    header = ["created at", "tensors", "change", "bytes", "change"]
-    return _html.box(head, _html.table(header, rows, numeric={1, 2, 3, 4}))
+    table = _html.table(["created at", "arrays", "bytes", "shapes"], rows, numeric={1, 2})
+    return _html.box(_html.line(_html.dim(_UNTRACKED_NOTE)), table)
 
 
 def stats_html(title: str, stats: list[SiteStat], bad: bool = False, note: str = "") -> str:
