@@ -191,6 +191,14 @@ def test_check_leaks_counts_tensors_and_arrays_apart_with_one_allowance():
     del raw, raw2, raw3
 
 
+def test_a_tensors_array_is_counted_once_as_the_tensor():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+        key = tj.random.key(0)  # jax.live_arrays lists its words, not the key
+        t = tj.tensor([1.0]) * 2
+    assert (len(err.value.report.tensors), len(err.value.report.arrays)) == (2, 0)
+    tj.dispose([key, t])
+
+
 def test_allowed_and_returned_arrays_are_no_leaks():
     with tj.check_leaks() as checker:
         kept = {"w": jnp.ones(3), "key": jax.random.key(0)}

@@ -281,12 +281,18 @@ def plain_leaks(mark: ArrayMark, allowed: dict[int, Any] | None = None) -> list[
 
 
 def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
+    """The arrays made since ``mark`` that tidyjax does not record and ``allowed`` lacks."""
     allowed = allowed or {}
-    return [
+    out = [
         a
         for a in mark.new()
         if _registry.lookup(a) is None and ((ref := allowed.get(id(a))) is None or ref() is not a)
     ]
+    if out:  # jax.live_arrays lists a recorded typed key as its words: that is the Tensor
+        recs, _ = _registry.live()
+        words = {id(w) for r in recs for k in r.arrays() if (w := base_array(k)) is not k}
+        out = [a for a in out if id(a) not in words]
+    return out
 
 
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator
