@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from . import _html, _registry
-from ._arrays import failed, local_nbytes
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError
 from ._format import count as _count
@@ -33,7 +32,7 @@ from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._records import TensorRecord, live_tensors
+from ._records import UNTRACKED, TensorRecord, live_tensors, untracked_record
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site, creation_site
 from ._snapshot import SiteStat, Snapshot, stats_html
 from ._tensor import _ids
@@ -42,9 +41,6 @@ from ._trees import _gather
 __all__ = ["UNTRACKED", "LeakReport", "check_leaks", "leak_error", "plain_leaks"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: The scope of a leaked plain array's record (as ``live_tensors(untracked=True)`` names it).
-UNTRACKED = "<untracked>"
 
 _NOUN = "untracked array"
 
@@ -252,30 +248,11 @@ def _user_site(arr: Any) -> Site | None:
     return site
 
 
-def _plain_record(arr: Any, site: Site) -> TensorRecord:
-    return TensorRecord(
-        id=0,
-        shape=tuple(arr.shape),
-        dtype=str(arr.dtype),
-        bytes=0 if failed(arr) else local_nbytes(base_array(arr)),
-        devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
-        scope=UNTRACKED,
-        site=site,
-        kept=False,
-        variable=False,
-        _buffer=id(arr),
-    )
-
-
 def plain_leaks(mark: ArrayMark, allowed: dict[int, Any] | None = None) -> list[TensorRecord]:
     """A record of each plain jax.Array made since ``mark`` and alive, that tidyjax does not
     record, that ``allowed`` (ids to weak references) does not hold, and whose traceback has
     a user frame (see the module docstring), largest first."""
-    out = []
-    for arr in _candidates(mark, allowed):
-        site = _user_site(arr)
-        if site is not None:
-            out.append(_plain_record(arr, site))
+    out = [untracked_record(a) for a in _candidates(mark, allowed) if _user_site(a) is not None]
     out.sort(key=lambda r: -r.bytes)
     return out
 
