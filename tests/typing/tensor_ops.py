@@ -121,7 +121,12 @@ assert_type(a.take(ints - 1), Tensor)
 assert_type(a.repeat(2), Tensor)
 assert_type(a.sort(), Tensor)
 assert_type(a.argsort(), Tensor)
-assert_type(a.argpartition(1), Tensor)
+
+
+def _argpartition_typed_only() -> None:  # jax 0.6.2's own argpartition method fails at run time
+    assert_type(a.argpartition(1), Tensor)
+
+
 assert_type(a.searchsorted(2.0), Tensor)
 assert_type(a.round(1), Tensor)
 assert_type(a.ptp(), Tensor)
