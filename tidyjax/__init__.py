@@ -90,6 +90,13 @@ __all__ = [
     "OutOfMemoryError", "TidyjaxTypeError", "TidyjaxValueError",
 ]  # fmt: skip
 
+# Public classes print and pickle as ``tidyjax.X``, not by the private module that defines them.
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and _obj.__module__.startswith("tidyjax."):
+        _obj.__module__ = "tidyjax"
+del _name, _obj
+
 try:
     __version__ = _version("tidyjax")
 except _PackageNotFoundError:  # pragma: no cover - running from a source tree
