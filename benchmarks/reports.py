@@ -11,11 +11,19 @@ rounds):
   the ids of all for the fallback);
 * ``mark.new()`` with 0, 100 and 1000 arrays made since the mark: linear in the new arrays;
 * ``check_leaks()`` entered and left with nothing new made (no garbage collection then).
+
+Then, for 5k, 20k and 100k live Tensors (``--tensors``), in ms per call and µs per live Tensor
+(a per-Tensor cost that stays flat as the count grows is a linear report):
+
+* ``live_tensors()``, ``snapshot()`` and ``memory()``;
+* ``check_leaks()`` with nothing new made, and with 100 Tensors made inside and leaked (the
+  check's report built, its LeakError caught).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 from collections.abc import Callable
@@ -46,10 +54,60 @@ def _check() -> None:
         pass
 
 
+def _make_tensors(n: int) -> list[tj.Tensor]:
+    return [tj.Tensor(a) for a in _make(n)]
+
+
+def _leak(k: int) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            with tj.check_leaks():
+                made = _make_tensors(k)
+        except tj.LeakError:
+            pass
+        else:
+            raise AssertionError("check_leaks found no leak")
+        del made
+
+    return run
+
+
+def _ms(fn: Callable[[], object], number: int, rounds: int) -> float:
+    fn()
+    return 1e3 * min(per_call(fn, number) for _ in range(rounds))
+
+
+def tensor_reports(counts: list[int], rounds: int) -> None:
+    """The reports' cost against how many Tensors live: ms per call, µs per live Tensor."""
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("live_tensors()", tj.live_tensors),
+        ("snapshot()", tj.snapshot),
+        ("check_leaks, 0 new", _check),
+        ("check_leaks, 100 new", _leak(100)),
+        ("memory()", tj.memory),
+    ]
+    unit = "ms (per live Tensor)"
+    print(f"\nlive Tensors | {' | '.join(f'{name:>28}' for name, _ in calls)}")
+    print(f"{'':>12} | {' | '.join(f'{unit:>28}' for _ in calls)}")
+    held: list[tj.Tensor] = []
+    for n in sorted(counts):
+        held += _make_tensors(n - len(held))
+        gc.collect()
+        number = max(1, 20_000 // n)
+        cells = []
+        for _, fn in calls:
+            ms = _ms(fn, number, rounds)
+            cells.append(f"{ms:>12,.2f} ({1e3 * ms / n:>8.3f} µs)")
+        print(f"{n:>12,} | {' | '.join(f'{c:>28}' for c in cells)}")
+        sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--live", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--tensors", type=int, nargs="*", default=[5000, 20_000, 100_000])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tensor-rounds", type=int, default=3)
     args = parser.parse_args(argv)
     columns = ["live arrays", "live_arrays()", "ArrayMark()", "new(): 0 new", "100 new",
                "1000 new", "check_leaks, 0 new"]  # fmt: skip
@@ -72,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         row = [len(jax.live_arrays()), floor, marking, *new_costs, check]
         print(" | ".join(f"{v:>18,.0f}" if i == 0 else f"{v:>18,.1f}" for i, v in enumerate(row)))
     sys.stdout.flush()
+    del held
+    if args.tensors:
+        tensor_reports(args.tensors, args.tensor_rounds)
 
 
 if __name__ == "__main__":

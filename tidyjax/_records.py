@@ -118,15 +118,19 @@ def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[T
     """Each record with the live Tensors holding it.
 
     The registry counts holders but keeps no reference to them (that would cost on every op),
-    so a report finds them as the referrers of the records' arrays: one pass over the heap.
+    so a report finds them among the objects the garbage collector tracks: the Tensors whose
+    array is one of the records' arrays, in the collector's order (``gc.get_referrers`` of the
+    arrays finds the same, but looks through all the arrays for each reference on the heap).
+    One pass over the heap.
     """
     by_rec: dict[int, tuple[_registry.Buffer, list[Tensor]]] = {id(r): (r, []) for r in recs}
-    arrays = [a for r in recs for a in r.arrays()]
+    arrays = [a for r in recs for a in r.arrays()]  # held: their ids stay theirs meanwhile
     if arrays:
-        for obj in gc.get_referrers(*arrays):
+        ids = set(map(id, arrays))
+        for obj in gc.get_objects():
             if isinstance(obj, Tensor):
                 rec = obj._rec
-                if rec is not None and id(rec) in by_rec:
+                if rec is not None and id(rec) in by_rec and id(obj._array) in ids:
                     by_rec[id(rec)][1].append(obj)
     return list(by_rec.values())
 
