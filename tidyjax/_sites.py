@@ -11,6 +11,7 @@ tidyjax reads it only when a report asks. Imports nothing of tidyjax.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import sysconfig
@@ -124,4 +125,15 @@ def creation_site(arr: Any) -> Site | None:
         tb = getattr(getattr(arr, "_base_array", None), "traceback", None)
     if tb is None:
         return None
+    try:
+        return _site_of_traceback(tb)
+    except TypeError:  # a traceback that cannot be hashed
+        return site_of_frames(tb.frames)
+
+
+@functools.lru_cache(maxsize=4096)
+def _site_of_traceback(tb: Any) -> Site | None:
+    """The site of a JAX traceback, once per distinct traceback: arrays made at one line have
+    equal tracebacks (same code objects, same instructions), and reading the frames is the
+    cost. A cached traceback holds its code objects, so no other takes its place."""
     return site_of_frames(tb.frames)
