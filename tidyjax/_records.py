@@ -141,7 +141,24 @@ def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
     return holders(recs + deleted)
 
 
-def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str]) -> TensorRecord:
+class _Memo:
+    """What one report computes once per distinct object rather than once per record: the
+    name of each dtype. Keyed by the object's id; the object is held meanwhile, so no id is
+    taken by another."""
+
+    __slots__ = ("dtypes",)
+
+    def __init__(self) -> None:
+        self.dtypes: dict[int, tuple[Any, str]] = {}
+
+    def dtype(self, dtype: Any) -> str:
+        got = self.dtypes.get(id(dtype))
+        if got is None:
+            got = self.dtypes[id(dtype)] = (dtype, str(dtype))
+        return got[1]
+
+
+def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str], memo: _Memo) -> TensorRecord:
     arr = t._array
     owner = rec.scope
     variable = isinstance(t, Variable)
@@ -154,7 +171,7 @@ def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str]) -> TensorRe
     return TensorRecord(
         id=t._id,
         shape=tuple(arr.shape),
-        dtype=str(arr.dtype),
+        dtype=memo.dtype(arr.dtype),
         # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
         bytes=0 if failed(arr) or _deleted(arr) else rec.size(),
         # from the sharding: ``devices()`` raises for a deleted array, the sharding never does
@@ -277,7 +294,8 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
                 names[id(arr)] = path
                 if _registry.lookup(arr) is None:
                     raw.append(_watched_record(arr, path))
-    out = [_record(t, rec, names) for rec, ts in live_holders() for t in ts]
+    memo = _Memo()
+    out = [_record(t, rec, names, memo) for rec, ts in live_holders() for t in ts]
     out.sort(key=lambda r: r.id)
     if untracked:
         out += untracked_records(watched_ids(found_all))
