@@ -3,11 +3,14 @@
 Each tidyjax object's ``_repr_html_`` calls one function here. None of them may raise: a
 display that fails must still show something.
 
-Colours come from JupyterLab's CSS variables (``--jp-content-font-color1``,
-``--jp-layout-color2``, ...) with fallbacks for a light page, and dark ones under
-``prefers-color-scheme: dark`` or a host's dark-theme marker (VS Code, PyData Sphinx,
-JupyterLab), as xarray does; dim and red text are mixed from the text colour itself, so they
-keep their contrast in any theme. Numbers are right-aligned tabular figures that never wrap.
+Colours follow the host. Inside JupyterLab its CSS variables (``--jp-content-font-color1``,
+``--jp-layout-color2``, ...) decide; a host's dark- or light-theme marker (VS Code's body class,
+PyData Sphinx's ``data-theme``, JupyterLab's ``data-jp-theme-light``) sets matching colours, as
+xarray does; anywhere else the text takes the host's own colour (``currentColor``) on the host's
+own background, so it reads on a white page under a dark OS as on a dark page. Tracks and
+rules are translucent greys, dim and red text are mixed from the text colour, so they keep
+their contrast in any theme. Numbers are right-aligned tabular figures that never wrap, text
+left-aligned, by selectors that outrank JupyterLab's right-aligned table cells.
 
 Byte counts and counted nouns are formatted by ``_format`` (re-exported here).
 """
@@ -40,6 +43,14 @@ _LIGHT = (
     "--tjx-fill:var(--jp-brand-color1,#1976d2);"
     "--tjx-red:var(--jp-error-color1,#d32f2f)"
 )
+# No host marker: the host's text colour on the host's background, greys that suit either.
+_ANY = (
+    "--tjx-fg:var(--jp-content-font-color1,currentColor);"
+    "--tjx-track:var(--jp-layout-color2,rgba(128,128,128,.18));"
+    "--tjx-line:var(--jp-border-color2,rgba(128,128,128,.4));"
+    "--tjx-fill:var(--jp-brand-color1,#1976d2);"
+    "--tjx-red:var(--jp-error-color1,#e5484d)"
+)
 _DARK_HOSTS = (
     "body.vscode-dark .tjx,html[data-theme=dark] .tjx,body[data-theme=dark] .tjx,"
     "body[data-jp-theme-light=false] .tjx"
@@ -48,20 +59,22 @@ _LIGHT_HOSTS = (
     "body.vscode-light .tjx,html[data-theme=light] .tjx,body[data-theme=light] .tjx,"
     "body[data-jp-theme-light=true] .tjx"
 )
+# Table cells: ``.tjx.tjx.tjx`` (0,3,1) outranks JupyterLab's right-aligning
+# ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`` (0,2,1) wherever the sheets come.
+_T = ".tjx.tjx.tjx"
 # Inside JupyterLab the --jp-* variables decide; the fallbacks serve other hosts. Dim and red
 # text mix the text colour in (a browser without color-mix() shows the plain text colour).
 STYLE = (
     "<style>"
-    f".tjx{{{_LIGHT};color:var(--tjx-fg);font-family:var(--jp-code-font-family,monospace);"
+    f".tjx{{{_ANY};color:var(--tjx-fg);font-family:var(--jp-code-font-family,monospace);"
     "font-size:12px;line-height:1.4}"
-    f"@media (prefers-color-scheme:dark){{.tjx{{{_DARK}}}}}"
     f"{_DARK_HOSTS}{{{_DARK}}}{_LIGHT_HOSTS}{{{_LIGHT}}}"
-    ".tjx table{border-collapse:collapse;table-layout:auto;margin:2px 0;color:inherit;"
+    f"{_T} table{{border-collapse:collapse;table-layout:auto;margin:2px 0;color:inherit;"
     "background:transparent;font-size:inherit}"
-    ".tjx th,.tjx td{padding:1px 8px;border:0;border-bottom:1px solid var(--tjx-line);"
-    "text-align:left;vertical-align:top;color:inherit}"
-    ".tjx th{font-weight:bold}"
-    ".tjx .n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}"
+    f"{_T} th,{_T} td{{padding:1px 8px;border:0;border-bottom:1px solid var(--tjx-line);"
+    "text-align:left;vertical-align:top;color:inherit;line-height:inherit;white-space:normal}"
+    f"{_T} th{{font-weight:bold}}"
+    f"{_T} .n{{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}}"
     ".tjx .d{color:var(--tjx-fg);color:color-mix(in srgb,var(--tjx-fg) 72%,transparent)}"
     ".tjx .r{font-weight:bold;color:var(--tjx-fg);"
     "color:color-mix(in srgb,var(--tjx-red) 62%,var(--tjx-fg))}"

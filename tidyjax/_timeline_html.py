@@ -4,8 +4,12 @@ Everything is aggregated here, in Python, into at most ``MAX_COLUMNS`` columns o
 page holds one path per creation site and device, never one per buffer, so it stays small and
 quick at a million events. A column shows the moment of its largest total, so no peak is lost.
 The x axis is the order of events (compile pauses and idle time take no room); ticks and hover
-give the time. Without JavaScript (an untrusted notebook, a mail preview) the chart, the bands
-and the table still show; the script adds the hover and the device selector.
+give the time. Each chart is first a self-contained SVG image (``<img src="data:image/svg+xml;
+base64,...">``, with its own colours and background), which HTML sanitizers keep: without
+JavaScript (an untrusted notebook, a mail preview) the chart, the bands, the legend and the table
+still show, and no text of the SVG spills out as loose text. Where scripts run, the script swaps
+each image for the live SVG (decoded from the same data) and adds the hover and the device
+selector.
 
 The style sheet and the script are package files (``_static/timeline.css``, ``timeline.js``),
 inlined into each page. Colours are CSS variables with fallbacks, as xarray does: JupyterLab's
@@ -17,6 +21,7 @@ Reads a timeline through ``_window()``, ``dropped``, ``peak_bytes``, ``peak_time
 
 from __future__ import annotations
 
+import base64
 import collections
 import functools
 import json
@@ -36,6 +41,7 @@ TABLE_ROWS = 25
 # The chart's geometry, in SVG user units (the SVG scales to the page's width).
 _X0, _PW, _Y0, _PH = 78, 1000, 14, 280
 _LANE, _WIDTH = 18, 1090
+_OTHER = "#8c959f"  # "other": a grey that reads on light and dark
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
             "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d")  # fmt: skip
 
@@ -490,6 +496,8 @@ def _bands(ch: _Chart) -> tuple[str, int]:
 
 
 def _chart_svg(ch: _Chart, j: int) -> str:
+    """Device ``j``'s chart as a standalone SVG document: its own style sheet and background
+    (``tj-own``, which the page's script drops when it shows the SVG inline)."""
     vmax = float(ch.device_peak[j]) or 1.0
     bands, lanes = _bands(ch)
     height = _Y0 + _PH + 24 + lanes * _LANE + 6
@@ -499,9 +507,12 @@ def _chart_svg(ch: _Chart, j: int) -> str:
     anchor = "end" if pc > ch.columns * 0.7 else "start"
     dx = -5 if anchor == "end" else 5
     return (
-        f'<svg class="tj-svg" viewBox="0 0 {_WIDTH} {height}" width="100%" role="img" '
+        f'<svg class="tj-svg" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" '
+        f'height="{height}" role="img" '
         f'aria-label="live bytes over time on {esc(ch.devices[j])}" '
         f'xmlns="http://www.w3.org/2000/svg">'
+        f'<style class="tj-own">{_asset("timeline-svg.css")}{_palette_css("", len(ch.top))}'
+        f'</style><rect class="tj-own tj-bg" width="{_WIDTH}" height="{height}" rx="6"/>'
         f'<rect class="tj-hit" x="{_X0}" y="{_Y0}" width="{_PW}" height="{_PH}"/>'
         f'{_axes(ch, vmax)}<g class="tj-areas">{_areas(ch, j, vmax)}</g>'
         f'<g class="tj-peak"><line x1="{px:.1f}" x2="{px:.1f}" y1="{_Y0}" y2="{_Y0 + _PH}"/>'
@@ -511,13 +522,27 @@ def _chart_svg(ch: _Chart, j: int) -> str:
     )
 
 
+def _chart_img(ch: _Chart, j: int) -> str:
+    """Device ``j``'s chart as an image that sanitizers keep (a data URI in ``<img src>``,
+    sized by inline styles they allow); the script replaces it with the live SVG."""
+    svg = base64.b64encode(_chart_svg(ch, j).encode("utf-8")).decode("ascii")
+    alt = f"live bytes over time on {ch.devices[j]}, peak {fmt_bytes(ch.device_peak[j])}"
+    return (
+        f'<img class="tj-static" alt="{esc(alt)}" src="data:image/svg+xml;base64,{svg}" '
+        f'style="display:block;width:100%;max-width:{_WIDTH}px;height:auto">'
+    )
+
+
 def _legend(ch: _Chart) -> str:
     items = []
     for s, site in enumerate(ch.sites):
         cls = f"tj-s{s}" if s < len(ch.top) else "tj-other"
+        colour = _PALETTE[s % len(_PALETTE)] if s < len(ch.top) else _OTHER
+        # a plain span with inline styles, which sanitizers keep (an SVG swatch they drop)
         items.append(
-            f'<li data-site="{s}"><svg width="12" height="12" aria-hidden="true">'
-            f'<rect class="{cls}" width="12" height="12" rx="2"/></svg> {esc(site["label"])}</li>'
+            f'<li data-site="{s}"><span class="tj-sw {cls}" aria-hidden="true" style="display:'
+            f"inline-block;width:12px;height:12px;border-radius:2px;vertical-align:middle;"
+            f'background-color:{colour}"></span> {esc(site["label"])}</li>'
         )
     return f'<ul class="tj-legend">{"".join(items)}</ul>'
 
@@ -563,8 +588,10 @@ def _asset(name: str) -> str:
 
 
 def _palette_css(uid: str, k: int) -> str:
+    """The site colours, for the page (``uid``: its root's id) or for a standalone SVG (``""``)."""
+    scope = f"#{uid} " if uid else ""
     return "".join(
-        f"#{uid} .tj-s{i}{{fill:var(--tj-c{i},{_PALETTE[i % len(_PALETTE)]})}}" for i in range(k)
+        f"{scope}.tj-s{i}{{fill:var(--tj-c{i},{_PALETTE[i % len(_PALETTE)]})}}" for i in range(k)
     )
 
 
@@ -593,25 +620,29 @@ def fragment(tl: Any, *, top: int = 10) -> str:
             "<p>No tidyjax memory events were recorded.</p></div>"
         )
     default = max(range(len(ch.devices)), key=lambda j: (ch.device_peak[j], -j))
-    buttons = ""
-    if len(ch.devices) > 1:
-        buttons = '<div class="tj-devices" role="group" aria-label="device">' + "".join(
-            f'<button type="button" data-device="{j}" aria-pressed="{str(j == default).lower()}">'
-            f"{esc(d)} · peak {esc(fmt_bytes(ch.device_peak[j]))}</button>"
-            for j, d in enumerate(ch.devices)
-        ) + "</div>"  # fmt: skip
+    # Without the script every device's chart shows, each under its name; the script shows one.
+    names = len(ch.devices) > 1
     charts = "".join(
-        f'<section class="tj-chart" data-device="{j}"{"" if j == default else " hidden"}>'
-        f"{_chart_svg(ch, j)}</section>"
-        for j in range(len(ch.devices))
-    )
+        f'<section class="tj-chart" data-device="{j}">'
+        + (f'<div class="tj-dev">{esc(d)} · peak {esc(fmt_bytes(ch.device_peak[j]))}</div>'
+           if names else "")
+        + f"{_chart_img(ch, j)}</section>"
+        for j, d in enumerate(ch.devices)
+    )  # fmt: skip
     data = {
         "columns": ch.columns,
         "times": [round(t, 6) for t in ch.times],
         "sites": ch.sites,
         "layout": {"x0": _X0, "pw": _PW, "y0": _Y0, "ph": _PH},
+        # the device selector, which the script builds (without it, buttons would do nothing)
+        "selected": default,
         "devices": [
-            {"name": d, "vmax": float(ch.device_peak[j]) or 1.0, "cols": ch.cols[j]}
+            {
+                "name": d,
+                "vmax": float(ch.device_peak[j]) or 1.0,
+                "cols": ch.cols[j],
+                "label": f"{d} · peak {fmt_bytes(ch.device_peak[j])}",
+            }
             for j, d in enumerate(ch.devices)
         ],
     }
@@ -619,8 +650,7 @@ def fragment(tl: Any, *, top: int = 10) -> str:
     return (
         f'<div class="tjtl" id="{uid}">'
         f"<style>{_asset('timeline.css')}{_palette_css(uid, len(ch.top))}</style>"
-        f"{head}{buttons}{charts}{_legend(ch)}{_peak_table(ch)}"
-        '<div class="tj-tip" hidden></div>'
+        f"{head}{charts}{_legend(ch)}{_peak_table(ch)}"
         f'<script type="application/json" class="tj-data">{payload}</script>'
         f"<script>{_asset('timeline.js').replace('%ID%', uid)}</script></div>"
     )

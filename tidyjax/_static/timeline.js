@@ -1,12 +1,32 @@
 // The tidyjax timeline page's hover and device selector, inlined into each page by
 // tidyjax/_timeline_html.py, which puts the page's root element id in getElementById below.
-// Without this script the chart, bands and table still show.
+// Without this script each chart is an <img> of a standalone SVG (what sanitizers keep); the
+// script swaps each image for the live SVG decoded from it, then adds the hover, the tooltip
+// and the device selector.
 (function(){
 var root=document.getElementById("%ID%");
 if(!root||root.dataset.ready)return;
 root.dataset.ready="1";
 var data=JSON.parse(root.querySelector("script.tj-data").textContent);
-var tip=root.querySelector(".tj-tip");
+root.querySelectorAll("img.tj-static").forEach(function(img){
+  var bin=atob(img.getAttribute("src").split(",")[1]);
+  var bytes=new Uint8Array(bin.length);
+  for(var k=0;k<bin.length;k++)bytes[k]=bin.charCodeAt(k);
+  var doc=new DOMParser().parseFromString(new TextDecoder().decode(bytes),"image/svg+xml");
+  doc.querySelectorAll(".tj-own").forEach(function(e){e.remove()});  // its own style, backdrop
+  var svg=document.importNode(doc.documentElement,true);
+  svg.removeAttribute("width");svg.removeAttribute("height");
+  img.replaceWith(svg)});
+var tip=document.createElement("div");
+tip.className="tj-tip";tip.hidden=true;root.appendChild(tip);
+if(data.devices.length>1){
+  var group=document.createElement("div");
+  group.className="tj-devices";group.setAttribute("role","group");
+  group.setAttribute("aria-label","device");
+  data.devices.forEach(function(d,j){
+    var b=document.createElement("button");b.type="button";b.dataset.device=String(j);
+    b.textContent=d.label;group.appendChild(b)});
+  root.insertBefore(group,root.querySelector(".tj-chart"))}
 function fmt(n){
   var u=["B","KiB","MiB","GiB"],i=0;
   while(Math.abs(n)>=1024&&i<3){n/=1024;i++}
@@ -20,6 +40,7 @@ function show(d){
   root.querySelectorAll(".tj-chart").forEach(function(c){c.hidden=+c.dataset.device!==d});
   buttons.forEach(function(b){b.setAttribute("aria-pressed",String(+b.dataset.device===d))})}
 buttons.forEach(function(b){b.addEventListener("click",function(){show(+b.dataset.device)})});
+show(data.selected);
 root.querySelectorAll(".tj-area title").forEach(function(t){t.remove()});
 root.querySelectorAll(".tj-chart").forEach(function(chart){
   var dev=data.devices[+chart.dataset.device],L=data.layout;
