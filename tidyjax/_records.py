@@ -143,18 +143,27 @@ def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
 
 class _Memo:
     """What one report computes once per distinct object rather than once per record: the
-    name of each dtype. Keyed by the object's id; the object is held meanwhile, so no id is
-    taken by another."""
+    name of each dtype, the devices of each sharding. Keyed by the object's id; the object is
+    held meanwhile, so no id is taken by another."""
 
-    __slots__ = ("dtypes",)
+    __slots__ = ("dtypes", "shardings")
 
     def __init__(self) -> None:
         self.dtypes: dict[int, tuple[Any, str]] = {}
+        self.shardings: dict[int, tuple[Any, tuple[str, ...]]] = {}
 
     def dtype(self, dtype: Any) -> str:
         got = self.dtypes.get(id(dtype))
         if got is None:
             got = self.dtypes[id(dtype)] = (dtype, str(dtype))
+        return got[1]
+
+    def devices(self, sharding: Any) -> tuple[str, ...]:
+        """From the sharding: ``devices()`` raises for a deleted array, the sharding never does."""
+        got = self.shardings.get(id(sharding))
+        if got is None:
+            names = tuple(sorted(str(d) for d in sharding.device_set))
+            got = self.shardings[id(sharding)] = (sharding, names)
         return got[1]
 
 
@@ -174,8 +183,7 @@ def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str], memo: _Memo
         dtype=memo.dtype(arr.dtype),
         # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
         bytes=0 if failed(arr) or _deleted(arr) else rec.size(),
-        # from the sharding: ``devices()`` raises for a deleted array, the sharding never does
-        devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
+        devices=memo.devices(arr.sharding),
         scope=path,
         site=creation_site(arr),
         kept=owner is KEPT,
