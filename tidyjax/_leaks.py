@@ -32,7 +32,7 @@ from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._records import UNTRACKED, TensorRecord, live_tensors, untracked_record
+from ._records import UNTRACKED, TensorRecord, tensor_records, untracked_record
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site, creation_site
 from ._snapshot import SiteStat, Snapshot, stats_html
 from ._tensor import _ids
@@ -371,8 +371,8 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         gc.collect()
         out = [
             r
-            for r in live_tensors()
-            if r.id > self._start and r.id not in self._allowed and not (self.allow_kept and r.kept)
+            for r in tensor_records(self._start)
+            if r.id not in self._allowed and not (self.allow_kept and r.kept)
         ] if made_tensors else []  # fmt: skip
         if mark is not None:
             out += plain_leaks(mark, self._allowed_arrays)

@@ -37,6 +37,7 @@ __all__ = [
     "live_holders",
     "live_tensors",
     "summary",
+    "tensor_records",
     "untracked_record",
     "untracked_records",
 ]
@@ -302,12 +303,26 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
                 names[id(arr)] = path
                 if _registry.lookup(arr) is None:
                     raw.append(_watched_record(arr, path))
-    memo = _Memo()
-    out = [_record(t, rec, names, memo) for rec, ts in live_holders() for t in ts]
-    out.sort(key=lambda r: r.id)
+    out = tensor_records(names=names)
     if untracked:
         out += untracked_records(watched_ids(found_all))
     return TensorRecordList(raw + out)
+
+
+def tensor_records(since: int = 0, names: dict[int, str] | None = None) -> list[TensorRecord]:
+    """A record of each live Tensor and Variable whose id is above ``since``, oldest first, as
+    :func:`live_tensors` makes them; only those are built, so a leak check's report costs its
+    new Tensors. ``names``: the watched arrays' paths by the arrays' ids, by default found now.
+    """
+    if names is None:
+        names = {}
+        for found in watched().values():
+            for path, arr in found:
+                names.setdefault(id(arr), path)
+    memo = _Memo()
+    out = [_record(t, rec, names, memo) for rec, ts in live_holders() for t in ts if t._id > since]
+    out.sort(key=lambda r: r.id)
+    return out
 
 
 @_html.never_raises
