@@ -8,10 +8,11 @@ and JAX. Records are small immutable value objects, in the manner of ``tracemall
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _html, _registry
@@ -320,9 +321,25 @@ def tensor_records(since: int = 0, names: dict[int, str] | None = None) -> list[
             for path, arr in found:
                 names.setdefault(id(arr), path)
     memo = _Memo()
-    out = [_record(t, rec, names, memo) for rec, ts in live_holders() for t in ts if t._id > since]
+    with _collector_paused():
+        out = [
+            _record(t, rec, names, memo) for rec, ts in live_holders() for t in ts if t._id > since
+        ]
     out.sort(key=lambda r: r.id)
     return out
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The garbage collector paused while a report builds its records: they make no cycles,
+    and so many new objects would start collections, of the whole heap among them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @_html.never_raises
