@@ -233,11 +233,15 @@ def untracked_record(arr: Any) -> TensorRecord:
     )
 
 
-def untracked_records(watched_ids: set[int] | None = None) -> list[TensorRecord]:
+def untracked_records(
+    watched_ids: set[int] | None = None, recs: list[_registry.Buffer] | None = None
+) -> list[TensorRecord]:
     """A record of each jax array alive that tidyjax neither tracks nor watches (the arrays
     ``memory().untracked_arrays`` counts), largest first. ``watched_ids``: the watched arrays'
-    ids (``_memory.watched_ids``), by default found now."""
-    recs, _ = _registry.live()
+    ids (``_memory.watched_ids``); ``recs``: the live records (``_registry.live()[0]``); each
+    by default found now."""
+    if recs is None:
+        recs, _ = _registry.live()
     out = [untracked_record(a) for a in find_untracked(recs, watched_ids)]
     out.sort(key=lambda r: -r.bytes)
     return out
@@ -304,16 +308,22 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
                 names[id(arr)] = path
                 if _registry.lookup(arr) is None:
                     raw.append(_watched_record(arr, path))
-    out = tensor_records(names=names)
+    recs, deleted = _registry.live()
+    out = tensor_records(names=names, holding=holders(recs + deleted))
     if untracked:
-        out += untracked_records(watched_ids(found_all))
+        out += untracked_records(watched_ids(found_all), recs)
     return TensorRecordList(raw + out)
 
 
-def tensor_records(since: int = 0, names: dict[int, str] | None = None) -> list[TensorRecord]:
+def tensor_records(
+    since: int = 0,
+    names: dict[int, str] | None = None,
+    holding: list[tuple[_registry.Buffer, list[Tensor]]] | None = None,
+) -> list[TensorRecord]:
     """A record of each live Tensor and Variable whose id is above ``since``, oldest first, as
     :func:`live_tensors` makes them; only those are built, so a leak check's report costs its
-    new Tensors. ``names``: the watched arrays' paths by the arrays' ids, by default found now.
+    new Tensors. ``names``: the watched arrays' paths by the arrays' ids; ``holding``:
+    :func:`live_holders`; each by default found now.
     """
     if names is None:
         names = {}
@@ -323,7 +333,10 @@ def tensor_records(since: int = 0, names: dict[int, str] | None = None) -> list[
     memo = _Memo()
     with _collector_paused():
         out = [
-            _record(t, rec, names, memo) for rec, ts in live_holders() for t in ts if t._id > since
+            _record(t, rec, names, memo)
+            for rec, ts in (live_holders() if holding is None else holding)
+            for t in ts
+            if t._id > since
         ]
     out.sort(key=lambda r: r.id)
     return out
