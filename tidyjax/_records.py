@@ -308,10 +308,11 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
                 names[id(arr)] = path
                 if _registry.lookup(arr) is None:
                     raw.append(_watched_record(arr, path))
-    recs, deleted = _registry.live()
-    out = tensor_records(names=names, holding=holders(recs + deleted))
-    if untracked:
-        out += untracked_records(watched_ids(found_all), recs)
+    with _collector_paused():
+        recs, deleted = _registry.live()
+        out = tensor_records(names=names, holding=holders(recs + deleted))
+        if untracked:
+            out += untracked_records(watched_ids(found_all), recs)
     return TensorRecordList(raw + out)
 
 
@@ -344,8 +345,9 @@ def tensor_records(
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """The garbage collector paused while a report builds its records: they make no cycles,
-    and so many new objects would start collections, of the whole heap among them."""
+    """The garbage collector paused while a report finds the holders and builds its records:
+    they make no cycles, and so many new objects would start collections, of the whole heap
+    among them."""
     enabled = gc.isenabled()
     gc.disable()
     try:
