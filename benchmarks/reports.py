@@ -1,7 +1,8 @@
 """What finding the jax.Arrays made inside a leak check costs, against how many arrays live.
 
-Run:  python benchmarks/reports.py                 (about half a minute on 2 CPU cores)
-      python benchmarks/reports.py --live 1000 10000
+Run:  python benchmarks/reports.py                 (about a minute on 2 CPU cores)
+      python benchmarks/reports.py --live 1000 10000 --tensors 5000 20000
+      python benchmarks/reports.py --tensors           (the arrays' table alone)
 
 For 1k, 10k and 100k live arrays (made beforehand, held by a list), in µs per call (median of
 rounds):
