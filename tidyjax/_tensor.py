@@ -90,9 +90,10 @@ class Tensor:
     def __new__(cls, data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
         return tensor(data, dtype, device=device)
 
-    def __del__(self) -> None:
+    def __del__(self, _registry: Any = _registry, _UNTRACKED: Any = _UNTRACKED) -> None:  # noqa: N803
         # The one place a collected Tensor is noticed: its record has one holder fewer. The
         # buffer is not freed here; its owner (or JAX, when the last array reference goes) does.
+        # The modules are bound as defaults: at interpreter exit their globals are already None.
         try:
             rec = self._rec
         except AttributeError:  # a half-built Tensor
