@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import gc
+import re
 import weakref
 
 import jax
@@ -414,7 +416,10 @@ def test_timeline_magic_records_cells_and_shows_the_chart(shell, monkeypatch):
     assert shown and "text/html" in shown[-1]
     assert f"In[{first}]" in shown[-1]["text/html"]
     html = shown[-1]["text/html"]
-    assert 'class="tjtl"' in html and f'data-name="In[{first + 1}]"' in html  # the chart
+    charts = "".join(  # each chart is an <img> of a base64 SVG (it survives sanitizing)
+        base64.b64decode(b).decode() for b in re.findall(r'base64,([^"]+)"', html)
+    )
+    assert 'class="tjtl"' in html and f'data-name="In[{first + 1}]"' in charts  # the chart
     assert "usage: %tidyjax" in str(shell.run_cell("%tidyjax timeline sometimes").error_in_exec)
 
 
