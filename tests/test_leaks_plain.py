@@ -117,11 +117,13 @@ def test_array_mark_lists_the_arrays_made_since_newest_first():
 
 
 def test_array_mark_when_the_newest_arrays_at_the_mark_died():
+    # Earlier tests' garbage is collected first: an older array dying after the mark could
+    # lend its id to a new one, the fallback's documented blind spot.
+    gc.collect()
     old = [jnp.full(2, i) for i in range(5)]
     temps = [jnp.zeros(1) for _ in range(NEWEST + 3)]  # the newest at the mark, all to die
     mark = ArrayMark()
-    del temps
-    gc.collect()
+    del temps  # freed at once (no cycle): only the marked newest arrays die
     made = [jnp.ones(3) for _ in range(NEWEST + 5)]  # may reuse the dead arrays' ids
     new = mark.new()
     assert {id(a) for a in new} == {id(a) for a in made}
