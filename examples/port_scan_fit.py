@@ -19,11 +19,7 @@ twice:
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-import statistics
-import time
-
+import _ports
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,76 +105,15 @@ def train_tidyjax(steps: int, size: int = 1):
     tidyjax.dispose(params)
 
 
-# --- measuring both -------------------------------------------------------------------------
-
-
-def live_bytes() -> int:
-    """Bytes held by every live ``jax.Array`` of this process (its device memory on CPU)."""
-    return sum(a.nbytes for a in jax.live_arrays())
-
-
-def run_alone(loop) -> tuple[int, float]:
-    """Run a loop to its end; returns (live bytes after the last step minus after the first,
-    the last loss)."""
-    after = []
-    for params, loss in loop:
-        last = loss  # read only after the loop: float(jax.Array) makes an aliasing jax.Array
-        jax.block_until_ready(params)
-        after.append(live_bytes())
-    del params, loss
-    return after[-1] - after[0], float(np.ravel(last)[-1])
-
-
-def time_interleaved(loops, steps: int, warmup: int = 3) -> tuple[float, float]:
-    """Median step times (s) of ``loops[0]`` and ``loops[1]``: each a function making a loop of
-    so many steps, the two stepped in alternation (which goes first alternates too), timed after
-    ``warmup`` steps of each."""
-    loops = [make(warmup + steps) for make in loops]
-    times: dict[int, list[float]] = {0: [], 1: []}
-    for i in range(warmup + steps):
-        for k in (0, 1) if i % 2 == 0 else (1, 0):
-            t0 = time.perf_counter()
-            jax.block_until_ready(next(loops[k])[0])
-            if i >= warmup:
-                times[k].append(time.perf_counter() - t0)
-    for loop in loops:
-        for _ in loop:  # run each to its end: the port disposes its last parameters
-            pass
-    return statistics.median(times[0]), statistics.median(times[1])
+# --- measuring both (examples/_ports.py) ---------------------------------------------------
 
 
 def main(steps: int = 200, size: int = 1, timing_steps: int | None = None) -> dict:
     """Train both versions for ``steps`` steps each (memory), then time them interleaved."""
-    plain_growth, plain_loss = run_alone(train_plain(steps, size))
-    port_growth, port_loss = run_alone(train_tidyjax(steps, size))
-    loops = (lambda n: train_plain(n, size), lambda n: train_tidyjax(n, size))
-    plain_s, port_s = time_interleaved(loops, steps if timing_steps is None else timing_steps)
-    return {
-        "steps": steps,
-        "plain_growth_bytes": plain_growth,
-        "tidyjax_growth_bytes": port_growth,
-        "ratio": port_s / plain_s,
-        "final_loss_plain": plain_loss,
-        "final_loss_tidyjax": port_loss,
-        "plain_step_us": plain_s * 1e6,
-        "tidyjax_step_us": port_s * 1e6,
-    }
-
-
-def report(r: dict) -> str:
-    return (
-        f"{pathlib.Path(__file__).stem}: {r['steps']} steps\n"
-        f"  device memory growth after step 1: plain {r['plain_growth_bytes']:,} bytes, "
-        f"tidyjax {r['tidyjax_growth_bytes']:,} bytes\n"
-        f"  median step time tidyjax / plain: {r['ratio']:.3f} "
-        f"({r['tidyjax_step_us']:,.0f} / {r['plain_step_us']:,.0f} µs)\n"
-        f"  final loss: plain {r['final_loss_plain']:.6f}, tidyjax {r['final_loss_tidyjax']:.6f}"
+    return _ports.compare(
+        lambda n: train_plain(n, size), lambda n: train_tidyjax(n, size), steps, timing_steps
     )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--size", type=int, default=1, help=SIZE_HELP)
-    args = parser.parse_args()
-    print(report(main(steps=args.steps, size=args.size)))
+    _ports.cli(__file__, __doc__, main, SIZE_HELP)

@@ -31,6 +31,8 @@ PORTS = [
 
 
 def _load(name: str):
+    if str(EXAMPLES) not in sys.path:  # as when run as a script: its folder has _ports.py
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses (eqx.Module) look their module up by name
