@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
+from ._newarrays import ArrayMark
 from ._registry import Buffer
 
 __all__ = ["CURRENT", "TRACING", "Tracker", "on_jax_error", "set_jax_error_hook"]
@@ -31,10 +32,10 @@ class Tracker:
         "__weakref__",
         "_aliases",
         "_compact_at",
+        "_debug_mark",
         "_owned",
         "_peak",
         "_pruned",
-        "_seen_before",
         "parent",
         "path",
     )
@@ -47,9 +48,9 @@ class Tracker:
         self.parent: Tracker | None = None
         self.path = "<tidy>"
         self._peak = -1  # the most tidyjax bytes alive while open; set while a profile runs
-        # ids of the jax.Arrays alive at entry, taken only while the "tidyjax" logger is at
-        # DEBUG: the exit's summary names untracked arrays made inside that outlive it
-        self._seen_before: set[int] | None = None
+        # the jax.Arrays made since entry, marked only while the "tidyjax" logger is at DEBUG:
+        # the exit's summary names untracked ones that outlive it
+        self._debug_mark: ArrayMark | None = None
 
     def _compact(self) -> None:
         """Forget records whose arrays Python already collected; amortized O(1) per op."""

@@ -21,14 +21,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar, overload
 
-import jax
-
 from . import _html, _registry
 from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
 from ._format import count as _count
+from ._newarrays import ArrayMark
 from ._registry import KEPT, VARIABLE
+from ._sites import creation_site
 from ._tensor import Tensor, _ids, dispose_many, forget_array
 from ._trees import _gather, is_container, records_in
 
@@ -151,7 +151,7 @@ class Scope(Tracker):
                 self._aliases = _Redirect(self, "_aliases")
         self._first_id = next(_ids)
         if _log.isEnabledFor(logging.DEBUG):
-            self._seen_before = {id(a) for a in jax.live_arrays()}
+            self._debug_mark = ArrayMark()
         self._token = CURRENT.set(self)
         self._state = _OPEN
         if _registry.observers:  # a timeline draws scopes as bands
@@ -305,9 +305,9 @@ class Scope(Tracker):
             _log.debug(
                 "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d%s",
                 self.path, self._created, self.num_freed, self.bytes_freed, handed,
-                _untracked_note(self._seen_before),
+                _untracked_note(self._debug_mark),
             )  # fmt: skip
-        self._seen_before = None
+        self._debug_mark = None
 
     def _dispose_strays(self, strays: list[Any], handed: dict[int, Any], why: Any) -> None:
         """Dispose (object only) the Tensors made here that hold a buffer which outlives the
@@ -812,18 +812,18 @@ def dispose(x: Any) -> None:
             arr.delete()
 
 
-def _untracked_note(before: set[int] | None) -> str:
+def _untracked_note(mark: ArrayMark | None) -> str:
     """The debug summary's note on jax.Arrays made inside a scope that tidyjax does not track
     and that outlive it (``jnp.tanh(t)``, a raw ``jax.jit`` output): where they were made."""
-    if before is None:
+    if mark is None:
         return ""
     sites: dict[str, int] = {}
     nbytes = 0
-    for arr in jax.live_arrays():
-        if id(arr) in before or arr.is_deleted() or _registry.lookup(arr) is not None:
+    for arr in mark.new():
+        if _registry.lookup(arr) is not None:
             continue
         nbytes += arr.nbytes
-        site = _array_site(arr)
+        site = str(creation_site(arr) or "an unknown site")
         sites[site] = sites.get(site, 0) + 1
     if not sites:
         return ""
@@ -835,13 +835,3 @@ def _untracked_note(before: set[int] | None) -> str:
         f"tracked and outlive it ({where}{more}): use the tidyjax form (tidyjax.numpy.*, "
         "tidyjax.lax.*), tidyjax.lift(fn), or tidyjax.tensors(result)"
     )
-
-
-def _array_site(arr: Any) -> str:
-    """The first frame outside JAX and tidyjax in the traceback JAX kept for ``arr``."""
-    tb = getattr(arr, "traceback", None)
-    for frame in getattr(tb, "frames", ()):
-        name = frame.file_name
-        if "/jax/" not in name and "/jaxlib/" not in name and "/tidyjax/" not in name:
-            return f"{name}:{frame.line_num}"
-    return "an unknown site"
