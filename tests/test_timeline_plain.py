@@ -14,6 +14,8 @@ import tidyjax as tj
 from tidyjax import _registry, tidy
 from tidyjax import _timeline as tlm
 
+from .test_timeline import _replay_per_device
+
 
 @pytest.fixture(autouse=True)
 def _no_timeline_left_open():
@@ -60,24 +62,6 @@ class Truth:
             live = tl.live_at(t)
             assert sum(r.bytes for r in live) == total, (t, live)
             assert _replay_per_device(tl, t) == per
-
-
-def _replay_per_device(tl: tj.Timeline, t: float) -> dict[str, int]:
-    base, events = tl._window()
-    alive = {ev.buffer: ev for ev in base}
-    for ev in events:
-        if ev.time > t:
-            break
-        if ev.kind == "alloc":
-            assert ev.buffer not in alive
-            alive[ev.buffer] = ev
-        elif ev.kind == "free":
-            assert alive.pop(ev.buffer).bytes == ev.bytes
-    per: dict[str, int] = collections.Counter()
-    for ev in alive.values():
-        for d, b in ev.per_device:
-            per[d] += b
-    return {d: b for d, b in per.items() if b}
 
 
 def _plain(tl: tj.Timeline, kind: str = "alloc") -> list[tj.TimelineEvent]:
