@@ -12,7 +12,7 @@ rules are translucent greys, dim and red text are mixed from the text colour, so
 their contrast in any theme. Numbers are right-aligned tabular figures that never wrap, text
 left-aligned, by selectors that outrank JupyterLab's right-aligned table cells.
 
-Byte counts and counted nouns are formatted by ``_format`` (re-exported here).
+Byte counts and counted nouns are formatted by ``_format``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._format import count as count  # re-exported: the formats lived here
-from ._format import esc as esc
-from ._format import fmt_bytes as fmt_bytes
-from ._format import signed_bytes as signed_bytes
+from ._format import esc
 
 _DARK = (
     "--tjx-fg:var(--jp-content-font-color1,#e8e8e8);"
@@ -103,12 +100,6 @@ def never_raises(fn: Callable[..., str]) -> Callable[..., str]:
             return f"<pre>{html.escape(text)}</pre>"
 
     return safe
-
-
-# -- words and numbers -------------------------------------------------------------------------
-
-
-# fmt_bytes, signed_bytes, count, esc: defined in _format, re-exported here.
 
 
 # -- pieces ------------------------------------------------------------------------------------

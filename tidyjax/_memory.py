@@ -9,10 +9,10 @@ from typing import Any
 
 import jax
 
-from . import _html, _registry
+from . import _format, _html, _registry
 from ._arrays import failed, local_nbytes, shard_bytes
 from ._format import count as _count
-from ._format import fmt_bytes as _fmt_bytes  # re-exported: other modules import it here
+from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._sites import INSTALLED_FOLDERS, Site, creation_site
@@ -199,7 +199,7 @@ def _memory_html(m: MemoryInfo) -> str:
     """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
     untracked arrays' row) against the largest of them; JAX's own totals against each
     device's limit."""
-    head = f"<b>tidyjax memory</b>: {_html.esc(_headline(m))}"
+    head = f"<b>tidyjax memory</b>: {_format.esc(_headline(m))}"
     stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
     devices = sorted(set(m.bytes_per_device) | set(stats), key=str)
     untracked = m.untracked_arrays or 0
@@ -216,12 +216,12 @@ def _memory_html(m: MemoryInfo) -> str:
     rows: list[list[str]] = []
     for d in devices:
         b = m.bytes_per_device.get(d, 0)
-        row = [_html.esc(d), _html.esc(_fmt_bytes(b)), _html.bar(b / top)]
+        row = [_format.esc(d), _format.esc(_fmt_bytes(b)), _html.bar(b / top)]
         if stats:
             s = stats.get(d)
             if s:
                 used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-                row += [_html.esc(_fmt_bytes(used)), _html.esc(_fmt_bytes(limit)),
+                row += [_format.esc(_fmt_bytes(used)), _format.esc(_fmt_bytes(limit)),
                         _html.bar(used / limit)]  # fmt: skip
             else:
                 row += ["", "", ""]
@@ -230,11 +230,11 @@ def _memory_html(m: MemoryInfo) -> str:
     for name, b in m.watched.items():
         n = m.watched_arrays.get(name, 0)
         label = f"watched {name!r} (tidyjax.watch): {_count(n, 'array')}"
-        rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
+        rows.append([_format.esc(label), _format.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
     if untracked:
         b = m.untracked_bytes or 0
         label = f"untracked: {_count(untracked, 'jax array')} (not tidyjax)"
-        rows.append([_html.esc(label), _html.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
+        rows.append([_format.esc(label), _format.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
     numeric = {1, 3, 4} if stats else {1}
     return _html.box(*parts, _html.table(header, rows, numeric), *_sites_html(m), *_reasons(m))
 
@@ -246,11 +246,11 @@ def _sites_html(m: MemoryInfo) -> list[str]:
     detail = any(u.site is not None and u.site.detail is not None for u in m.untracked_sites)
     rows = []
     for u in m.untracked_sites:
-        site = _html.esc(u.site) if u.site is not None else _html.dim("unknown")
-        row = [site, _html.esc(u.device), str(u.count), _html.esc(_fmt_bytes(u.bytes))]
+        site = _format.esc(u.site) if u.site is not None else _html.dim("unknown")
+        row = [site, _format.esc(u.device), str(u.count), _format.esc(_fmt_bytes(u.bytes))]
         if detail:
             lib = u.site.detail if u.site is not None else None
-            row.append(_html.dim(_html.esc(library_frame(lib))) if lib is not None else "")
+            row.append(_html.dim(_format.esc(library_frame(lib))) if lib is not None else "")
         rows.append(row)
     header = ["untracked arrays made at", "device", "arrays", "bytes"]
     if detail:
@@ -269,7 +269,7 @@ def library_frame(site: Site) -> str:
 
 
 def _reasons(m: MemoryInfo) -> list[str]:
-    return [_html.line(_html.bad("unreliable"), ": ", _html.esc(r)) for r in m.reasons]
+    return [_html.line(_html.bad("unreliable"), ": ", _format.esc(r)) for r in m.reasons]
 
 
 def memory(

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from . import _html, _ops, _registry
+from . import _format, _html, _ops, _registry
 from ._arrays import CONCRETE
 from ._context import CURRENT
 from ._decorating import check_callable
@@ -123,7 +123,7 @@ class ProfileInfo:
             lines += [
                 f"  {s.name:16s} {s.calls:>6d} {_ms(s.first_ms):>21s} "
                 f"{_ms(s.rest_ms) if s.calls > 1 else '-':>12s} "
-                f"{_html.signed_bytes(s.net_bytes):>10s}"
+                f"{_format.signed_bytes(s.net_bytes):>10s}"
                 for s in stats
             ]
             lines.append(f"  per op{_log_note(len(self._kernels))}:")
@@ -132,7 +132,7 @@ class ProfileInfo:
                     lines.append(f"    ... {count(i, 'op')} not shown ...")
                     continue
                 lines.append(
-                    f"    {i:>5d} {k.name:16s} {_html.signed_bytes(k.bytes_added):>10s}  total "
+                    f"    {i:>5d} {k.name:16s} {_format.signed_bytes(k.bytes_added):>10s}  total "
                     f"{_fmt_bytes(k.total_bytes_snapshot):>10s} {_ms(k.wall_time_ms):>11s}  "
                     f"{k.input_shapes} -> {k.output_shapes}"
                 )
@@ -219,7 +219,7 @@ def _headline(p: ProfileInfo) -> str:
 @_html.never_raises
 def _profile_html(p: ProfileInfo) -> str:
     """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
-    esc = _html.esc
+    esc = _format.esc
     head = f"<b>profile</b>: {esc(_headline(p))}"
     stats = _per_kernel(p._kernels)
     if not stats:
@@ -230,7 +230,7 @@ def _profile_html(p: ProfileInfo) -> str:
         [(esc(s.name), s.calls, esc(_ms(s.first_ms)),
           esc(_ms(s.rest_ms)) if s.calls > 1 else "",
           esc(_ms(s.rest_ms / (s.calls - 1))) if s.calls > 1 else "",
-          esc(_html.signed_bytes(s.net_bytes)), f"{s.net_tensors:+d}")
+          esc(_format.signed_bytes(s.net_bytes)), f"{s.net_tensors:+d}")
          for s in stats],
         numeric=range(1, 7),
     )  # fmt: skip
@@ -239,7 +239,7 @@ def _profile_html(p: ProfileInfo) -> str:
         if k is None:
             rows.append(("", _html.dim(f"... {count(i, 'op')} not shown ...")))
             continue
-        rows.append((i, esc(k.name), esc(_html.signed_bytes(k.bytes_added)),
+        rows.append((i, esc(k.name), esc(_format.signed_bytes(k.bytes_added)),
                      esc(_fmt_bytes(k.total_bytes_snapshot)), f"{k.tensors_added:+d}",
                      k.total_tensors_snapshot, esc(k.input_shapes), esc(k.output_shapes),
                      f"{k.wall_time_ms:.3f}"))  # fmt: skip

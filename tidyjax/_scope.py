@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar, overload
 
-from . import _html, _registry
+from . import _format, _html, _registry
 from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
@@ -104,7 +104,7 @@ class Scope(Tracker):
         extra = ""
         if self._state == _CLOSED:
             extra = f", freed {_count(self.num_freed, 'buffer')} "
-            extra += f"({_html.fmt_bytes(self.bytes_freed)}), handed out {self.num_handed_out}"
+            extra += f"({_format.fmt_bytes(self.bytes_freed)}), handed out {self.num_handed_out}"
         return f"<tidyjax.Scope {self.path!r} {state}{extra}>"
 
     def _repr_html_(self) -> str:
@@ -462,7 +462,7 @@ def _user_frame() -> Any:
 
 @_html.never_raises
 def _scope_html(s: Scope) -> str:
-    esc = _html.esc
+    esc = _format.esc
     title = f"<b>Scope</b> {esc(repr(s.path))} "
     if s._state == _NEW:
         return _html.box(title, _html.dim("not entered yet"))
@@ -471,9 +471,9 @@ def _scope_html(s: Scope) -> str:
     row = [
         s.num_created,
         s.num_freed if s._state == _CLOSED else "",
-        esc(_html.fmt_bytes(s.bytes_freed)) if s._state == _CLOSED else "",
+        esc(_format.fmt_bytes(s.bytes_freed)) if s._state == _CLOSED else "",
         s.num_handed_out if s._state == _CLOSED else "",
-        esc(_html.fmt_bytes(peak)) if peak is not None else _html.dim("not measured"),
+        esc(_format.fmt_bytes(peak)) if peak is not None else _html.dim("not measured"),
     ]
     state = "exited" if s._state == _CLOSED else "open"
     return _html.box(title, _html.dim(state), _html.table(header, [row], numeric=range(5)))

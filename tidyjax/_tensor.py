@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _html, _registry
+from . import _format, _html, _registry
 from ._arrays import (
     CONCRETE,
     JAX_KEY_CHECKS,
@@ -993,16 +993,16 @@ def variable_info(t: Tensor, what: str) -> Any:
 
 def _failed_note(arr: Any) -> str:
     """``float32[7000000000] · allocation failed (26.1 GiB)``: a repr that reads no value."""
-    return f"{describe(arr)} · allocation failed ({_html.fmt_bytes(int(arr.nbytes))})"
+    return f"{describe(arr)} · allocation failed ({_format.fmt_bytes(int(arr.nbytes))})"
 
 
 @_html.never_raises
 def _tensor_html(t: Tensor) -> str:
     name = kind(t)
     label = getattr(t, "name", None)
-    title = f"<b>{name}</b>" + (f" {_html.esc(repr(label))}" if label else "")
+    title = f"<b>{name}</b>" + (f" {_format.esc(repr(label))}" if label else "")
     if t.is_disposed:
-        return _html.box(title, f" {_html.esc(describe(t._array))} · ", _html.bad("disposed"),
+        return _html.box(title, f" {_format.esc(describe(t._array))} · ", _html.bad("disposed"),
                          _html.dim(f": {reason(t)}"))  # fmt: skip
     arr = t._array
     if type(arr) not in CONCRETE:
@@ -1012,15 +1012,15 @@ def _tensor_html(t: Tensor) -> str:
     owner = rec.scope if rec is not None else None
     where = f" · scope {path!r}" if path else " · kept" if owner is _registry.KEPT else ""
     if failed(arr, wait=True):  # its values are never read: that would abort the process
-        return _html.box(title, f" {_html.esc(describe(arr))} · ",
-                         _html.bad(f"allocation failed ({_html.fmt_bytes(int(arr.nbytes))})"),
+        return _html.box(title, f" {_format.esc(describe(arr))} · ",
+                         _html.bad(f"allocation failed ({_format.fmt_bytes(int(arr.nbytes))})"),
                          _html.dim(f": holds no memory · id {t._id}{where}"))  # fmt: skip
     info = (
-        f"{describe(arr)} · {_html.fmt_bytes(int(arr.nbytes))} · {_placement(arr)} · "
+        f"{describe(arr)} · {_format.fmt_bytes(int(arr.nbytes))} · {_placement(arr)} · "
         f"id {t._id}{where}"
     )
     devices = ", ".join(sorted(str(d) for d in arr.devices()))
-    line = f'<span class="d" title="{_html.esc(devices)}">{_html.esc(info)}</span>'
+    line = f'<span class="d" title="{_format.esc(devices)}">{_format.esc(info)}</span>'
     if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):  # its values are the key data
         values = _html.line(_html.dim("key data")) + _html.values_preview(jax.random.key_data(arr))
     else:
@@ -1048,10 +1048,10 @@ def _placement(arr: Any) -> str:
     if shape:
         how += " over mesh " + " × ".join(f"{axis}={n}" for axis, n in shape.items())  # noqa: RUF001
     sizes = sorted(set(shard_bytes(arr).values()))
-    each = _html.fmt_bytes(sizes[0])
+    each = _format.fmt_bytes(sizes[0])
     if len(sizes) > 1:
-        each += f" to {_html.fmt_bytes(sizes[-1])}"
-    return f"{how} · {each} per device on {_html.count(len(devices), 'device')}"
+        each += f" to {_format.fmt_bytes(sizes[-1])}"
+    return f"{how} · {each} per device on {_format.count(len(devices), 'device')}"
 
 
 # -- construction ------------------------------------------------------------------------------

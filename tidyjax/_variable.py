@@ -10,8 +10,7 @@ from . import _registry
 from ._arrays import CONCRETE
 from ._context import Tracker
 from ._errors import VARIABLES_DISPOSED, TidyjaxTypeError, TidyjaxValueError, variable_disposed
-from ._tensor import Tensor, _copy_in, _ids, dispose_tensor
-from ._tensor import variable_info as variable_info  # re-exported: it lived here
+from ._tensor import Tensor, _copy_in, _ids, dispose_tensor, variable_info
 
 __all__ = ["Variable", "dispose_variables"]
 
