@@ -774,31 +774,23 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
     return out
 
 
-def wrap_borrowed(arr: Any) -> Tensor:
-    """A Tensor on a caller's own raw array that came back out of a lifted call.
+def wrap_borrowed(arr: Any) -> Any:
+    """A Tensor on a caller's own raw array: one handed to ``tensors()``, or one that came back
+    out of a lifted call.
 
     If tidyjax records the array (it escaped from a Tensor), this is an ordinary alias. If not,
-    the array is the caller's: it is counted, but tidyjax never deletes it.
+    the array stays the caller's: counted, never deleted (a scope disposes only the Tensor, and
+    the buffer goes when its last reference does; ``adopt`` hands one over). Such an array may
+    be a second object over a recorded buffer (a raw ``device_put``), so a committed one is
+    checked before the next deletion (``_registry.resolve``).
     """
     if type(arr) not in CONCRETE:
         return wrap(arr)
     rec = _registry.lookup(arr)
     if rec is not None and rec.dead is None:
         return wrap(arr)
-    return _wrap_unowned(arr)
-
-
-def wrap_given(arr: Any) -> Any:
-    """A Tensor on an array the caller hands to ``tensors()``: an array tidyjax records joins
-    its record; any other stays the caller's (counted, never deleted: a scope disposes only
-    the Tensor, and the buffer goes when its last reference does). ``adopt`` hands one over."""
-    if type(arr) not in CONCRETE:
-        return wrap(arr)
-    rec = _registry.lookup(arr)
-    if rec is not None and rec.dead is None:
-        return wrap(arr)
     t = _wrap_unowned(arr)
-    if arr.committed:  # perhaps a second object over a recorded buffer (a raw device_put)
+    if arr.committed:
         _registry.suspect(t._rec)  # type: ignore[arg-type]
     return t
 

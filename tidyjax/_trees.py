@@ -23,7 +23,6 @@ from ._tensor import (
     wrap_all,
     wrap_borrowed,
     wrap_foreign,
-    wrap_given,
 )
 
 __all__ = [
@@ -73,7 +72,7 @@ def tensors(tree: Any) -> Any:
 
 
 def _given_leaf(v: Any) -> Any:
-    return wrap_given(v) if type(v) in CONCRETE else _wrap_leaf(v)
+    return wrap_borrowed(v) if type(v) in CONCRETE else _wrap_leaf(v)
 
 
 def _is_value(x: Any) -> bool:
