@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ._errors import TidyjaxTypeError
 from ._format import count
 from ._format import fmt_bytes as _fmt_bytes
 from ._memory import memory
+from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site
 from ._tensor import Tensor
 from ._trees import tensors_in
 
@@ -43,11 +45,16 @@ class KernelRecord:
 
     Attributes:
         name: the op (``"mul"``, ``"square"``, ``"sin"``, a lifted function's name).
-        bytes_added: tidyjax bytes after the op minus before.
+        bytes_added: tidyjax bytes after the op minus before (the net change: buffers
+            collected while the op ran count against it).
         total_bytes_snapshot: tidyjax bytes right after the op.
         tensors_added, total_tensors_snapshot: the same for the number of Tensors.
         input_shapes, output_shapes: shapes of the array arguments and the array results.
         wall_time_ms: wall time of the op, outputs waited for (``block_until_ready``).
+        bytes_allocated: bytes of the new device buffers the op made (its fresh outputs).
+        buffers_allocated: how many new device buffers it made.
+        site: the user's line that called the op (outside tidyjax, JAX and installed code),
+            or None when no such frame exists.
     """
 
     name: str
@@ -58,6 +65,9 @@ class KernelRecord:
     input_shapes: list[tuple[int, ...]]
     output_shapes: list[tuple[int, ...]]
     wall_time_ms: float
+    bytes_allocated: int = 0
+    buffers_allocated: int = 0
+    site: Site | None = None
 
     def __repr__(self) -> str:
         return (
@@ -65,7 +75,8 @@ class KernelRecord:
             f"total_bytes_snapshot={self.total_bytes_snapshot}, tensors_added="
             f"{self.tensors_added}, total_tensors_snapshot={self.total_tensors_snapshot}, "
             f"input_shapes={self.input_shapes}, output_shapes={self.output_shapes}, "
-            f"wall_time_ms={self.wall_time_ms:.3f})"
+            f"wall_time_ms={self.wall_time_ms:.3f}, bytes_allocated={self.bytes_allocated}, "
+            f"site={str(self.site) if self.site is not None else None!r})"
         )
 
 
@@ -73,9 +84,14 @@ class ProfileInfo:
     """What ``profile()`` measured. A fresh object per call; final once the profile ends.
 
     Attributes:
-        new_bytes, new_tensors: tidyjax bytes and Tensors at the end minus at the start.
+        new_bytes, new_tensors: tidyjax bytes and Tensors at the end minus at the start (the
+            net change: what the block left alive less what it freed of what was there).
         peak_bytes: the most tidyjax bytes at any moment of the profile, including its start
-            (so correct even when no op ran).
+            (so correct even when no op ran): ``bytes_before + peak_bytes_during``.
+        bytes_before: tidyjax bytes alive when the profile started (the peak's baseline).
+        peak_bytes_during: how far the peak rose above ``bytes_before``.
+        bytes_allocated: bytes of the new device buffers the ops made, all ops together.
+        bytes_live_at_end: of those, the bytes still alive when the profile ended.
         kernels: a ``KernelRecord`` per op, in order.
         kernel_names: the ops' names, unique, in first-seen order.
         result: what the profiled function returned (``None`` for the with-form).
@@ -84,6 +100,8 @@ class ProfileInfo:
     __slots__ = (
         "_done",
         "_kernels",
+        "_live_end",
+        "_outs",
         "_start_bytes",
         "_start_tensors",
         "new_bytes",
@@ -94,6 +112,9 @@ class ProfileInfo:
 
     def __init__(self) -> None:
         self._kernels: list[KernelRecord] = []
+        # the new buffers of each op, until the end decides which are still alive
+        self._outs: list[list[Any]] = []
+        self._live_end: list[int] = []  # per op: its new bytes still alive at the end
         self._done = False
         self._start_bytes = self._start_tensors = 0
         self.new_bytes = self.new_tensors = self.peak_bytes = 0
@@ -107,34 +128,53 @@ class ProfileInfo:
     def kernel_names(self) -> list[str]:
         return list(dict.fromkeys(k.name for k in self._kernels))
 
+    @property
+    def bytes_before(self) -> int:
+        return self._start_bytes
+
+    @property
+    def peak_bytes_during(self) -> int:
+        return self.peak_bytes - self._start_bytes
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(k.bytes_allocated for k in self._kernels)
+
+    @property
+    def bytes_live_at_end(self) -> int:
+        return sum(_live_at_end(self))
+
     def __repr__(self) -> str:
         return (
             f"ProfileInfo(new_bytes={self.new_bytes}, new_tensors={self.new_tensors}, "
-            f"peak_bytes={self.peak_bytes}, kernels={len(self._kernels)}, "
+            f"peak_bytes={self.peak_bytes}, bytes_before={self.bytes_before}, "
+            f"bytes_allocated={self.bytes_allocated}, kernels={len(self._kernels)}, "
             f"kernel_names={self.kernel_names})"
         )
 
     def __str__(self) -> str:
-        lines = [_headline(self)]
-        stats = _per_kernel(self._kernels)
+        lines = _headline(self).splitlines()
+        stats = _per_kernel(self)
         if stats:
             lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
-                         f"{'other calls':>12s} {'net bytes':>10s}")  # fmt: skip
+                         f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  called at")  # fmt: skip
             lines += [
                 f"  {s.name:16s} {s.calls:>6d} {_ms(s.first_ms):>21s} "
                 f"{_ms(s.rest_ms) if s.calls > 1 else '-':>12s} "
-                f"{_format.signed_bytes(s.net_bytes):>10s}"
+                f"{_fmt_bytes(s.allocated):>10s} {_fmt_bytes(s.live_end):>10s}  {_sites(s)}"
                 for s in stats
             ]
             lines.append(f"  per op{_log_note(len(self._kernels))}:")
+            live = _live_at_end(self)
             for i, k in _log(self._kernels):
                 if k is None:
                     lines.append(f"    ... {count(i, 'op')} not shown ...")
                     continue
                 lines.append(
-                    f"    {i:>5d} {k.name:16s} {_format.signed_bytes(k.bytes_added):>10s}  total "
+                    f"    {i:>5d} {k.name:16s} allocated {_fmt_bytes(k.bytes_allocated):>10s}, "
+                    f"{_fmt_bytes(live[i - 1])} live at end; total "
                     f"{_fmt_bytes(k.total_bytes_snapshot):>10s} {_ms(k.wall_time_ms):>11s}  "
-                    f"{k.input_shapes} -> {k.output_shapes}"
+                    f"{k.input_shapes} -> {k.output_shapes}  {_site(k.site)}"
                 )
         return "\n".join(lines)
 
@@ -166,24 +206,55 @@ class _KernelStat:
     calls: int
     first_ms: float  # the first call: compiling happens there
     rest_ms: float  # every later call together
+    allocated: int  # bytes of the new buffers its calls made
+    live_end: int  # of those, the bytes still alive at the end
     net_bytes: int
     net_tensors: int
+    sites: dict[Site | None, int]  # where it was called, with how many calls
 
 
-def _per_kernel(kernels: list[KernelRecord]) -> list[_KernelStat]:
+#: The column of bytes an op made that are still alive when the profile ends.
+_END = "still live at end"
+
+
+def _live_at_end(p: ProfileInfo) -> list[int]:
+    """Per op, its new bytes still alive: fixed at the end, read now while still open."""
+    if p._done:
+        return p._live_end
+    return [_alive_bytes(recs) for recs in p._outs]
+
+
+def _alive_bytes(recs: list[Any]) -> int:
+    return sum(r.size() for r in recs if r.dead is None and (r() is not None or r.more))
+
+
+def _per_kernel(p: ProfileInfo) -> list[_KernelStat]:
     """One row per kernel, the most time first."""
     out: dict[str, _KernelStat] = {}
-    for k in kernels:
+    for k, live in zip(p._kernels, _live_at_end(p), strict=False):
         s = out.get(k.name)
         if s is None:
-            out[k.name] = _KernelStat(k.name, 1, k.wall_time_ms, 0.0, k.bytes_added,
-                                      k.tensors_added)  # fmt: skip
+            s = out[k.name] = _KernelStat(k.name, 0, k.wall_time_ms, 0.0, 0, 0, 0, 0, {})
         else:
-            s.calls += 1
             s.rest_ms += k.wall_time_ms
-            s.net_bytes += k.bytes_added
-            s.net_tensors += k.tensors_added
+        s.calls += 1
+        s.allocated += k.bytes_allocated
+        s.live_end += live
+        s.net_bytes += k.bytes_added
+        s.net_tensors += k.tensors_added
+        s.sites[k.site] = s.sites.get(k.site, 0) + 1
     return sorted(out.values(), key=lambda s: -(s.first_ms + s.rest_ms))
+
+
+def _site(site: Site | None) -> str:
+    return str(site) if site is not None else "?"
+
+
+def _sites(s: _KernelStat) -> str:
+    """The kernel's most frequent call site, and how many others it was called from."""
+    top = max(s.sites.items(), key=lambda kv: kv[1])[0]
+    more = len(s.sites) - 1
+    return _site(top) + (f" (+{count(more, 'other site')})" if more else "")
 
 
 def _log(kernels: list[KernelRecord]) -> list[tuple[int, KernelRecord | None]]:
@@ -209,10 +280,16 @@ def _ms(ms: float) -> str:
 
 
 def _headline(p: ProfileInfo) -> str:
+    """Two lines: what the ops allocated and kept; the peak as its baseline plus the rise."""
+    ops = f"{count(len(p._kernels), 'op')} of {count(len(p.kernel_names), 'kernel')}"
+    n_new = sum(k.buffers_allocated for k in p._kernels)
     return (
-        f"new {_fmt_bytes(p.new_bytes)} in {count(p.new_tensors, 'tensor')}, "
-        f"peak {_fmt_bytes(p.peak_bytes)}, {count(len(p._kernels), 'op')} of "
-        f"{count(len(p.kernel_names), 'kernel')}"
+        f"{ops} allocated {_fmt_bytes(p.bytes_allocated)} in {count(n_new, 'buffer')}, "
+        f"{_fmt_bytes(p.bytes_live_at_end)} of it still live at the end\n"
+        f"peak {_fmt_bytes(p.peak_bytes)} = {_fmt_bytes(p.bytes_before)} before + "
+        f"{_fmt_bytes(p.peak_bytes_during)} during; net change "
+        f"{_format.signed_bytes(p.new_bytes)}, {p.new_tensors:+d} "
+        f"{'tensor' if abs(p.new_tensors) == 1 else 'tensors'}"
     )
 
 
@@ -220,32 +297,34 @@ def _headline(p: ProfileInfo) -> str:
 def _profile_html(p: ProfileInfo) -> str:
     """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
     esc = _format.esc
-    head = f"<b>profile</b>: {esc(_headline(p))}"
-    stats = _per_kernel(p._kernels)
+    first, second = _headline(p).split("\n")
+    head = _html.line("<b>profile</b>: ", esc(first)) + _html.line(esc(second))
+    stats = _per_kernel(p)
     if not stats:
         return _html.box(head)
     summary = _html.table(
         ["kernel", "calls", "first call (compile)", "other calls", "per other call",
-         "net bytes", "net tensors"],
+         "allocated", _END, "called at"],
         [(esc(s.name), s.calls, esc(_ms(s.first_ms)),
           esc(_ms(s.rest_ms)) if s.calls > 1 else "",
           esc(_ms(s.rest_ms / (s.calls - 1))) if s.calls > 1 else "",
-          esc(_format.signed_bytes(s.net_bytes)), f"{s.net_tensors:+d}")
+          esc(_fmt_bytes(s.allocated)), esc(_fmt_bytes(s.live_end)), esc(_sites(s)))
          for s in stats],
         numeric=range(1, 7),
     )  # fmt: skip
     rows: list[tuple[object, ...]] = []
+    live = _live_at_end(p)
     for i, k in _log(p._kernels):
         if k is None:
             rows.append(("", _html.dim(f"... {count(i, 'op')} not shown ...")))
             continue
-        rows.append((i, esc(k.name), esc(_format.signed_bytes(k.bytes_added)),
-                     esc(_fmt_bytes(k.total_bytes_snapshot)), f"{k.tensors_added:+d}",
+        rows.append((i, esc(k.name), esc(_fmt_bytes(k.bytes_allocated)),
+                     esc(_fmt_bytes(live[i - 1])), esc(_fmt_bytes(k.total_bytes_snapshot)),
                      k.total_tensors_snapshot, esc(k.input_shapes), esc(k.output_shapes),
-                     f"{k.wall_time_ms:.3f}"))  # fmt: skip
+                     f"{k.wall_time_ms:.3f}", esc(_site(k.site))))  # fmt: skip
     log = _html.table(
-        ["#", "kernel", "bytes added", "total bytes", "tensors added", "total tensors",
-         "inputs", "outputs", "ms"],
+        ["#", "kernel", "allocated", _END, "total bytes after", "total tensors after",
+         "inputs", "outputs", "ms", "called at"],
         rows,
         numeric={0, 2, 3, 4, 5, 8},
     )  # fmt: skip
@@ -265,6 +344,9 @@ class _Observer:
         self.lock = threading.RLock()
         self.open_profiles: list[ProfileInfo] = []
         self.bytes = self.tensors = 0
+        # per thread: the list collecting the buffers the running op makes (an op's buffers
+        # are recorded in the thread that runs it)
+        self.sink = threading.local()
 
     # -- opening and closing --------------------------------------------------------------
 
@@ -292,6 +374,8 @@ class _Observer:
                 self.open_profiles.remove(p)
             p.new_bytes = self.bytes - p._start_bytes
             p.new_tensors = self.tensors - p._start_tensors
+            p._live_end = [_alive_bytes(recs) for recs in p._outs]
+            p._outs = []  # the records go: only their bytes were needed
             p._done = True
             if not self.open_profiles:
                 _registry.observers.remove(self)
@@ -314,6 +398,9 @@ class _Observer:
         """A change to the registry's books (see ``_registry``'s observers; ``tensor`` unused)."""
         with self.lock:
             if kind == "buffer_added":
+                sink = getattr(self.sink, "recs", None)
+                if sink is not None:
+                    sink.append(rec)
                 self.tensors += 1
                 self.bytes += rec.size()
                 self._grow()
@@ -346,12 +433,21 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     if not profiles:
         return fn(*args, **kwargs)
     obs = _observer
+    site = _caller_site()
+    made: list[Any] = []
+    outer = getattr(obs.sink, "recs", None)  # an op inside an op: both get its buffers
+    obs.sink.recs = made
     bytes0, tensors0 = obs.bytes, obs.tensors
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    results = tensors_in(out)
-    jax.block_until_ready([t._array for t in results if type(t._array) in CONCRETE])
-    elapsed = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        results = tensors_in(out)
+        jax.block_until_ready([t._array for t in results if type(t._array) in CONCRETE])
+        elapsed = time.perf_counter() - t0
+    finally:
+        obs.sink.recs = outer
+        if outer is not None:
+            outer.extend(made)
     record = KernelRecord(
         name=name,
         bytes_added=obs.bytes - bytes0,
@@ -361,10 +457,31 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         input_shapes=_shapes(list(args) + list(kwargs.values())),
         output_shapes=_shapes(results),
         wall_time_ms=elapsed * 1e3,
+        bytes_allocated=sum(r.size() for r in made),
+        buffers_allocated=len(made),
+        site=site,
     )
     for p in profiles:
         p._kernels.append(record)
+        p._outs.append(made)
     return out
+
+
+def _caller_site() -> Site | None:
+    """The user's frame calling the op: the first outside tidyjax, JAX and installed code
+    (the first installed one, such as a library's, is its detail)."""
+    frame: Any = sys._getframe(2)
+    detail: Site | None = None
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith(LIBRARY_FOLDERS):
+            here = Site(file, frame.f_lineno, frame.f_code.co_name)
+            if not file.startswith(INSTALLED_FOLDERS):
+                return Site(here.file, here.line, here.function, detail)
+            if detail is None:
+                detail = here
+        frame = frame.f_back
+    return detail
 
 
 def profile(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) -> ProfileInfo:
