@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from . import _html, _registry, _timeline_format, _timeline_html
+from . import _html, _registry, _timeline_format, _timeline_html, _variable
 from ._arrays import failed, local_nbytes, shard_bytes
 from ._context import CURRENT
 from ._decorating import check_callable, decorate
@@ -38,6 +38,7 @@ from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._format import fmt_bytes
 from ._newarrays import ArrayMark
 from ._records import Site, TensorRecord, creation_site, holders
+from ._sites import LIBRARY_FOLDERS
 from ._registry import KEPT, VARIABLE
 from ._snapshot import SiteStat, Snapshot
 from ._timeline_format import (
@@ -63,7 +64,11 @@ _lock = threading.RLock()
 _recording: list[Timeline] = []  # open timelines, in the order they started
 
 # Caches of what an allocation reports, filled as arrays are seen.
-_sites: dict[Any, Site | None] = {}  # JAX creation traceback -> first user frame
+# JAX creation traceback -> (first user frame, the short user stack): per code location
+_sites: dict[Any, tuple[Site | None, tuple[Site, ...]]] = {}
+#: The most frames of a site's stack: the first frames outside tidyjax and JAX, innermost first.
+STACK_FRAMES = 4
+_NO_SITE: tuple[None, tuple[Site, ...]] = (None, ())
 _dtypes: dict[Any, str] = {}
 _device_names: dict[Any, str] = {}
 _one_device: dict[Any, str] = {}  # sharding on one local device -> its name
@@ -82,19 +87,36 @@ def _shape(arr: Any) -> tuple[int, ...]:
     return same
 
 
-def _site_of(arr: Any) -> Site | None:
+def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
+    """The creation site of ``arr`` and its short stack, read once per code location."""
     tb = getattr(arr, "traceback", None)
     if tb is None:
-        return None
+        return _NO_SITE
     try:
         return _sites[tb]
     except KeyError:
         if len(_sites) > 65536:
             _sites.clear()
-        site = _sites[tb] = creation_site(arr)
-        return site
+        found = _sites[tb] = (creation_site(arr), _stack(tb))
+        return found
     except TypeError:  # a jaxlib whose tracebacks do not hash
-        return creation_site(arr)
+        return creation_site(arr), _stack(tb)
+
+
+def _stack(tb: Any) -> tuple[Site, ...]:
+    """The first ``STACK_FRAMES`` frames of ``tb`` outside tidyjax and JAX, innermost first."""
+    out: list[Site] = []
+    try:
+        for frame in tb.frames:
+            file = frame.file_name
+            if file.startswith(LIBRARY_FOLDERS):
+                continue
+            out.append(Site(file, frame.line_num, frame.function_name))
+            if len(out) >= STACK_FRAMES:
+                break
+    except Exception:  # a traceback without frames: no stack
+        return ()
+    return tuple(out)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -191,12 +213,15 @@ class Timeline:
         "_last",
         "_live",
         "_loaded",
+        "_names",
         "_next",
         "_peak_live",
         "_peak_seq",
         "_plain",
         "_scopes",
         "_seq",
+        "_stack_ids",
+        "_stacks",
         "_watch",
         "arrays",
         "dropped",
@@ -226,6 +251,10 @@ class Timeline:
         self._last = 0.0  # the latest event time: times never go back
         self._depth = 0
         self._loaded = False
+        # each site's short user stacks (at most 3 distinct), and the ids of the stacks seen
+        self._stacks: dict[Site, list[tuple[Site, ...]]] = {}
+        self._stack_ids: set[int] = set()
+        self._names: dict[int, str] = {}  # buffer number -> the name of the Variable holding it
         self.peak_bytes = 0
         self.peak_time = 0.0
         self._peak_seq = -1  # the event that reached the peak (-1: none yet)
@@ -252,6 +281,8 @@ class Timeline:
         """What dropped events left alive, and the events kept: together, the whole replay."""
         with _lock:
             self._forget_failed()
+            if self._depth and _variable._variables:
+                self._name_variables()
             return list(self._base.values()), list(self._events)
 
     def _forget_failed(self) -> None:
@@ -379,12 +410,23 @@ class Timeline:
             "peak_bytes": self.peak_bytes,
             "peak_time": self.peak_time,
         }
-        return _timeline_format.encode(header, base, events, self._peak_live)
+        return _timeline_format.encode(
+            header, base, events, self._peak_live, self._stacks, self._names
+        )
 
     def dump(self, path: str | os.PathLike[str]) -> None:
         """Write the timeline as JSON (read it back with :meth:`load`, or draw it with
         ``python -m tidyjax view FILE``)."""
         _timeline_format.write(self.to_json(), path)
+
+    def to_chrome_trace(self, path: str | os.PathLike[str], *, buffers: bool = True) -> None:
+        """Write the timeline as Chrome trace-event JSON, which Perfetto's UI and
+        ``chrome://tracing`` open: a bytes-in-use counter per device, each scope a slice,
+        with ``buffers`` an instant per allocation and free. Gzipped when ``path`` ends in
+        ``.gz``; missing folders are created."""
+        from . import _timeline_export
+
+        _timeline_export.write(self, path, buffers=buffers)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Timeline:
@@ -425,6 +467,7 @@ class Timeline:
         tl.start_time = data["start_time"]
         tl.stop_time = data["stop_time"]
         tl._seq = len(tl._events) + tl.dropped
+        tl._stacks, tl._names = _timeline_format.decode_extras(data, codec)
         tl._loaded = True
         return tl
 
@@ -567,6 +610,8 @@ class Timeline:
             if self._depth == 0:
                 raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+                if _variable._variables:
+                    self._name_variables()
                 if self._array_mark is not None:
                     self._see_arrays()
                     self._check_deleted()
@@ -620,6 +665,8 @@ class Timeline:
                 self._mark(SCOPE_ENTER, obj.path, obj.name or "<tidy>", self._next)
             elif kind == "scope_exit":
                 self._see_arrays()
+                if _variable._variables:
+                    self._name_variables()
                 number = self._scopes.pop(obj, None)
                 if number is None:
                     self._next += 1
@@ -637,14 +684,41 @@ class Timeline:
         nbytes = rec.size()
         device, per_device = _placement(arr, nbytes)
         self._next += 1
+        site, stack = _site_of(arr)
+        if stack and id(stack) not in self._stack_ids:
+            self._add_stack(site, stack)
         ev = TimelineEvent(
-            ALLOC, now, nbytes, device, _site_of(arr), _owner(rec.scope), _shape(arr),
+            ALLOC, now, nbytes, device, site, _owner(rec.scope), _shape(arr),
             _dtype_name(arr.dtype), ids, self._next, "", per_device,
         )  # fmt: skip
         self._live[id(rec)] = [rec, ev, list(ids)]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         self._append(ev, nbytes)
+
+    def _add_stack(self, site: Site | None, stack: tuple[Site, ...]) -> None:
+        """Keep ``stack`` (a cached tuple: its id is seen once) among ``site``'s, at most 3."""
+        self._stack_ids.add(id(stack))
+        if site is None:
+            return
+        stacks = self._stacks.setdefault(site, [])
+        if len(stacks) < 3 and stack not in stacks:
+            stacks.append(stack)
+
+    def _name_variables(self) -> None:
+        """Note the name of each named Variable whose buffer is recorded live (under ``_lock``):
+        the page labels a Variable's buffers by its name, not by the line of ``assign``."""
+        live, names = self._live, self._names
+        for ref in list(_variable._variables.values()):
+            v = ref()
+            if v is None:
+                continue
+            var, rec = getattr(v, "_var", None), v._rec
+            if var is None or var.name is None or rec is None:
+                continue
+            entry = live.get(id(rec))
+            if entry is not None:
+                names[entry[1].buffer] = var.name
 
     def _free(self, entry: list[Any], now: float) -> None:
         rec, a, ids = entry
@@ -701,8 +775,11 @@ class Timeline:
                 return  # freed already, or a Tensor's: the registry reports it
             nbytes = 0 if failed(arr) else local_nbytes(arr)
             device, per_device = _placement(arr, nbytes)
+            site, stack = _site_of(arr)
+            if stack and id(stack) not in self._stack_ids:
+                self._add_stack(site, stack)
             ev = TimelineEvent(
-                ALLOC, now, nbytes, device, _site_of(arr), UNTRACKED, _shape(arr),
+                ALLOC, now, nbytes, device, site, UNTRACKED, _shape(arr),
                 _dtype_name(arr.dtype), (), self._next + 1, "", per_device,
             )  # fmt: skip
             ref = weakref.ref(arr, functools.partial(self._plain_collected, key))

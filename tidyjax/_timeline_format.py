@@ -29,6 +29,7 @@ __all__ = [
     "TimelineEvent",
     "check",
     "collection_paused",
+    "decode_extras",
     "encode",
     "read",
     "write",
@@ -119,6 +120,7 @@ class Codec:
         self.meta_list: list[tuple[str, Site | None, tuple[int, ...], str]] = []
         self.placement_list: list[tuple[tuple[str, int], ...]] = []
         self.string_list: list[str] = []
+        self.site_list: list[Site] = []
 
     def _s(self, x: str) -> int:
         i = self.strings.get(x)
@@ -159,6 +161,12 @@ class Codec:
             placement.append(pl)
         return cols
 
+    def site_index(self, site: Site) -> int:
+        """``site``'s row in the ``sites`` table, added if new."""
+        i = self.sites.setdefault((site, site.detail), len(self.sites))
+        self._keep.append(site)
+        return i
+
     def tables(self) -> dict[str, Any]:
         s = self._s
         placements = [[[s(d), b] for d, b in pd] for pd in self.placements]
@@ -173,7 +181,7 @@ class Codec:
     def read(cls, data: dict[str, Any]) -> Codec:
         codec = cls()
         strings = codec.string_list = [str(x) for x in data["strings"]]
-        sites = [_site(row) for row in data["sites"]]
+        sites = codec.site_list = [_site(row) for row in data["sites"]]
         codec.meta_list = [
             (strings[d], None if si < 0 else sites[si], tuple(int(x) for x in shape), strings[dt])
             for d, si, shape, dt in data["metas"]
@@ -237,18 +245,39 @@ def encode(
     base: list[TimelineEvent],
     events: list[TimelineEvent],
     peak_live: list[TimelineEvent] | None,
+    stacks: dict[Site, list[tuple[Site, ...]]] | None = None,
+    names: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON data of a timeline: ``format`` and ``version``, then ``header`` (the timeline's
     own numbers, in order), then its events in columns and the tables they index (see
-    :class:`Codec`)."""
+    :class:`Codec`), each site's short stacks (``stacks``: ``[site index, [[file, line,
+    function], ...], ...]``, innermost frame first) and the Variables' names of buffers
+    (``names``: ``[buffer, name]``). Files without the last two load too (older ones)."""
     codec = Codec()
     with collection_paused():
         out: dict[str, Any] = {"format": FORMAT, "version": VERSION, **header}
         out["events"] = codec.encode(events)
         out["base"] = codec.encode(base)
         out["peak_live"] = None if peak_live is None else codec.encode(peak_live)
+        out["stacks"] = [
+            [codec.site_index(site), *([[f.file, f.line, f.function] for f in st] for st in sts)]
+            for site, sts in (stacks or {}).items()
+        ]
+        out["names"] = [[b, n] for b, n in sorted((names or {}).items())]
         out.update(codec.tables())
     return out
+
+
+def decode_extras(
+    data: dict[str, Any], codec: Codec
+) -> tuple[dict[Site, list[tuple[Site, ...]]], dict[int, str]]:
+    """The ``stacks`` and ``names`` of :func:`encode`'s data (empty when the file has none)."""
+    stacks: dict[Site, list[tuple[Site, ...]]] = {}
+    for row in data.get("stacks") or ():
+        site = codec.site_list[int(row[0])]
+        stacks[site] = [tuple(Site(str(f), int(n), str(fn)) for f, n, fn in st) for st in row[1:]]
+    names = {int(b): str(n) for b, n in data.get("names") or ()}
+    return stacks, names
 
 
 def check(data: Any, where: str) -> dict[str, Any]:
