@@ -1,7 +1,11 @@
-"""``python -m tidyjax view FILE.json [-o FILE.html]``: draw a dumped Timeline or Snapshot.
+"""``python -m tidyjax view FILE.json [-o FILE.html] [--open] [--chrome-trace FILE]``: draw a
+dumped Timeline or Snapshot.
 
-Exit status 0 when the page was written, 2 when the file cannot be read as either (the message
-names the file and what was wrong).
+Writes the page (creating missing folders) and prints its ``file://`` URL, or opens it in the
+default browser with ``--open`` (the standard library's ``webbrowser``). ``--chrome-trace``
+also writes the timeline as Chrome trace-event JSON for Perfetto's UI. Exit status 0 when the
+page was written, 2 when the file cannot be read or a file cannot be written (one line naming
+the file and what was wrong, no traceback).
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
-from collections.abc import Sequence
+import webbrowser
+from collections.abc import Callable, Sequence
 
 from ._errors import TidyjaxError
 from ._snapshot import Snapshot
@@ -35,7 +41,19 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="FILE.html",
-        help="where to write the page (default: FILE.json with the suffix .html)",
+        help="where to write the page (default: FILE.json with the suffix .html); missing "
+        "folders are created, and a folder gets FILE.html inside it",
+    )
+    view.add_argument(
+        "--open",
+        action="store_true",
+        help="open the page in the default web browser (else its file:// URL is printed)",
+    )
+    view.add_argument(
+        "--chrome-trace",
+        metavar="TRACE.json",
+        help="also write the timeline as Chrome trace-event JSON (gzipped if it ends in .gz), "
+        "which ui.perfetto.dev and chrome://tracing open",
     )
     return parser
 
@@ -65,23 +83,58 @@ def _read(path: str) -> Timeline:
     )
 
 
+def _output(file: str, output: str | None) -> str:
+    """Where the page goes: ``output``, inside it when it is a folder, else beside ``file``."""
+    page = os.path.splitext(os.path.basename(file))[0] + ".html"
+    if not output:
+        return os.path.join(os.path.dirname(file), page)
+    if output.endswith(("/", os.sep)) or os.path.isdir(output):
+        return os.path.join(output, page)
+    return output
+
+
+def _write(what: str, path: str, write: Callable[[str], object]) -> str | None:
+    """Write with ``write(path)`` after creating the folders; the error line, or None."""
+    try:
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        write(path)
+    except OSError as e:
+        return f"tidyjax view: {path}: cannot write the {what} ({e.strerror or e})."
+    return None
+
+
+def _view(args: argparse.Namespace) -> int:
+    try:
+        tl = _read(args.file)
+    except TidyjaxError as e:
+        print(f"tidyjax view: {e}", file=sys.stderr)
+        return 2
+    out = _output(args.file, args.output)
+    problem = _write("page", out, tl.save_html)
+    if problem is None and args.chrome_trace:
+        problem = _write("trace", args.chrome_trace, tl.to_chrome_trace)
+        if problem is None:
+            print(f"wrote {args.chrome_trace} (open it in https://ui.perfetto.dev)")
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    url = pathlib.Path(out).resolve().as_uri()
+    print(f"wrote {out}")
+    if args.open:
+        if webbrowser.open(url):
+            return 0
+        print("tidyjax view: no web browser could be started; open this URL:", file=sys.stderr)
+    print(url)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.command == "view":
-        try:
-            tl = _read(args.file)
-        except TidyjaxError as e:
-            print(f"tidyjax view: {e}", file=sys.stderr)
-            return 2
-        out = args.output or os.path.splitext(args.file)[0] + ".html"
-        try:
-            tl.save_html(out)
-        except OSError as e:
-            print(f"tidyjax view: {out}: cannot write the page ({e.strerror or e}).",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        print(f"wrote {out}")
+        return _view(args)
     return 0
 
 

@@ -65,7 +65,7 @@ def decorate(
     is async); ``on_result(entered, result)`` runs inside the block after the call returns.
 
     Raises:
-        TidyjaxTypeError: ``fn`` is not a plain or async function (see :func:`check_callable`).
+        TidyjaxTypeError: ``fn`` is not a plain or async function (see `check_callable`).
     """
     check_callable(fn, what, decorator=True)
 
