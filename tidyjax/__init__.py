@@ -1,6 +1,6 @@
 """tidyjax: TensorFlow.js-style deterministic memory management for JAX.
 
-Wrap values in :class:`Tensor`, run code under :data:`tidy`, and every intermediate device
+Wrap values in `Tensor`, run code under `tidy`, and every intermediate device
 buffer is freed the moment the scope ends, whatever else references the raw arrays.
 """
 
