@@ -5,10 +5,10 @@ immutable linked list. A new thread starts with no scope; an asyncio task starts
 that was current where it was created (ordinary ``contextvars`` semantics) and its own
 ``async with tidy()`` never affects another task.
 
-:class:`Tracker` is the part of a scope the per-op path touches: the list of buffer records it
+`Tracker` is the part of a scope the per-op path touches: the list of buffer records it
 owns, appended to by ``_tensor.wrap``. It lives here so that the hot path imports no scope logic.
 
-:func:`on_jax_error` is where the core hands JAX's runtime errors to the reporting layer, which
+`on_jax_error` is where the core hands JAX's runtime errors to the reporting layer, which
 installs its handler at package import (``_oom.install``): the core never imports a report.
 """
 
@@ -91,13 +91,15 @@ _jax_error_hook: JaxErrorHook = _pass_through
 def on_jax_error(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
     """Raise tidyjax's error for JAX's runtime error ``err``, raised by ``what`` (an op, a lifted
     function, ``tensor()``) on ``operands``; return for any other, and the caller re-raises it
-    untouched::
+    untouched:
 
-        try:
-            out = fn(*args)
-        except RuntimeError as e:
-            on_jax_error(e, name, args)
-            raise
+    ```python
+    try:
+        out = fn(*args)
+    except RuntimeError as e:
+        on_jax_error(e, name, args)
+        raise
+    ```
 
     The handler is installed at package import (``_oom.install``: out of memory, a buffer
     deleted behind tidyjax's back); only the error path pays.
@@ -106,6 +108,6 @@ def on_jax_error(err: BaseException, what: str, operands: tuple[Any, ...] = ()) 
 
 
 def set_jax_error_hook(hook: JaxErrorHook) -> None:
-    """Make ``hook`` the handler :func:`on_jax_error` calls."""
+    """Make ``hook`` the handler `on_jax_error` calls."""
     global _jax_error_hook
     _jax_error_hook = hook
