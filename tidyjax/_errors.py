@@ -1,6 +1,6 @@
 """The tidyjax exception hierarchy.
 
-Every error tidyjax raises derives from :class:`TidyjaxError` and, where callers would catch a
+Every error tidyjax raises derives from `TidyjaxError` and, where callers would catch a
 built-in, from that built-in too (a disposed Tensor is a ``RuntimeError`` like a deleted
 ``jax.Array``; a bad argument is a ``TypeError``).
 """
@@ -51,7 +51,7 @@ class CollectiveError(TidyjaxError, RuntimeError):
 class LeakError(TidyjaxError, AssertionError):
     """Tensors created inside a leak check were still alive when it ended.
 
-    ``err.report`` is the :class:`tidyjax.LeakReport`, grouped by creation site.
+    ``err.report`` is the [`tidyjax.LeakReport`][tidyjax.LeakReport], grouped by creation site.
     """
 
     def __init__(self, message: str, report: object = None) -> None:
@@ -62,10 +62,10 @@ class LeakError(TidyjaxError, AssertionError):
 class OutOfMemoryError(TidyjaxError, MemoryError, JaxRuntimeError):
     """JAX could not allocate (``RESOURCE_EXHAUSTED``); raised from JAX's own error.
 
-    The message says what was asked for and which live arrays hold the memory, by creation site
-    and scope; ``err.report`` holds the same as data (a :class:`tidyjax.OOMReport`). Still a
-    ``jax.errors.JaxRuntimeError`` whose message holds JAX's, so code that caught JAX's error
-    (a smaller batch on ``RESOURCE_EXHAUSTED``) catches this one.
+    The message says what was asked for and which live arrays hold the memory, by creation site and
+    scope; ``err.report`` holds the same as data (a [`tidyjax.OOMReport`][tidyjax.OOMReport]). Still
+    a ``jax.errors.JaxRuntimeError`` whose message holds JAX's, so code that caught JAX's error (a
+    smaller batch on ``RESOURCE_EXHAUSTED``) catches this one.
     """
 
     def __init__(self, message: str, report: object = None, code: int | None = None) -> None:
