@@ -1,10 +1,10 @@
-"""Leak checks: ``check_leaks`` (a context manager and decorator), :class:`LeakReport` and
+"""Leak checks: ``check_leaks`` (a context manager and decorator), `LeakReport` and
 ``leak_error``, also as a collective over the processes of a ``jax.distributed`` job.
 
 A check counts two kinds of leak, apart: **Tensors** made inside and alive at the end (tracked),
 and **plain jax.Arrays** made inside and alive at the end that tidyjax does not track
 (untracked: the outputs of ``jnp``, a raw ``jax.jit``, NNX or Equinox). The plain ones are the
-arrays :class:`ArrayMark` finds, less three kinds:
+arrays `ArrayMark` finds, less three kinds:
 
 * arrays tidyjax records (a Tensor's array, counted as the Tensor);
 * arrays allowed (``checker.allow``, the decorator's return value);
@@ -207,7 +207,7 @@ def leak_error(
     timeout: float = DEFAULT_TIMEOUT,
     checker: check_leaks | None = None,
 ) -> LeakError | None:
-    """The :class:`LeakError` to raise if more than ``allowance`` Tensors and plain arrays
+    """The `LeakError` to raise if more than ``allowance`` Tensors and plain arrays
     (together) leaked, or None.
 
     Returned, not raised, so that the frame raising it is the caller's: the fewer tidyjax
@@ -275,14 +275,16 @@ def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator
     """Fail when Tensors or plain jax.Arrays created inside are still alive at the end.
 
-    Forms::
+    Forms:
 
-        with tidyjax.check_leaks() as checker:
-            out = step()
-            checker.allow(out)              # alive on purpose
+    ```python
+    with tidyjax.check_leaks() as checker:
+        out = step()
+        checker.allow(out)              # alive on purpose
 
-        @tidyjax.check_leaks(allowance=2)   # each call checked; its return value is allowed
-        def step(): ...
+    @tidyjax.check_leaks(allowance=2)   # each call checked; its return value is allowed
+    def step(): ...
+    ```
 
     Plain jax.Arrays (``jnp``, raw ``jax.jit``, NNX, Equinox outputs) count by default, apart
     from Tensors; only those whose creation traceback has a user frame (JAX's and libraries'
@@ -293,7 +295,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allowance: how many leaks (Tensors and plain arrays together) to tolerate.
         allow_returned: in the decorator form, Tensors and arrays in the return value are not
             leaks.
-        allow_kept: Tensors marked with :func:`tidyjax.keep` are not leaks.
+        allow_kept: Tensors marked with [`tidyjax.keep`][tidyjax.keep] are not leaks.
         arrays: also count plain jax.Arrays (default True).
         all_processes: a collective over every process of a ``jax.distributed`` job (each
             must run the check): a leak beyond ``allowance`` on any process fails every
@@ -301,8 +303,8 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         timeout: seconds ``all_processes`` waits for every process.
 
     Raises:
-        LeakError: with a :class:`LeakReport` (``err.report``) grouped by creation site. Not
-            raised when the block itself raised. Tensors and arrays made by other threads
+        LeakError: with a [`LeakReport`][tidyjax.LeakReport] (``err.report``) grouped by creation
+            site. Not raised when the block itself raised. Tensors and arrays made by other threads
             meanwhile count too: check code that runs alone.
         CollectiveError: with ``all_processes``, a process did not check within ``timeout``.
     """
@@ -360,7 +362,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allowed.
 
         With no Tensor and no plain array made since entering, this costs one walk of the
-        newest arrays (:class:`ArrayMark`) and no garbage collection.
+        newest arrays (`ArrayMark`) and no garbage collection.
         """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
@@ -379,7 +381,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         return out
 
     def check(self) -> None:
-        """Raise :class:`LeakError` if more than ``allowance`` Tensors and arrays leaked."""
+        """Raise `LeakError` if more than ``allowance`` Tensors and arrays leaked."""
         __tracebackhide__ = True
         if (error := self._error()) is not None:
             raise error
