@@ -42,7 +42,7 @@ class UntrackedSite:
 
     Attributes:
         device: the device, as a string (``"cuda:0"``).
-        site: the user's line that made them (a :class:`Site`; its ``detail`` the library
+        site: the user's line that made them (a [`Site`][tidyjax.Site]; its ``detail`` the library
             frame, such as ``flax/nnx/...``), or None where JAX kept no traceback.
         count: how many arrays.
         bytes: their bytes on that device (a replicated array counts on each device).
@@ -63,7 +63,7 @@ class UntrackedSite:
 
 
 class MemoryInfo:
-    """An immutable snapshot of tidyjax's accounting, as returned by :func:`memory`.
+    """An immutable snapshot of tidyjax's accounting, as returned by [`memory`][tidyjax.memory].
 
     Attributes:
         num_tensors: live Tensor objects, Variables included.
@@ -77,14 +77,14 @@ class MemoryInfo:
         reasons: why ``unreliable`` is True, one sentence each.
         untracked_arrays, untracked_bytes: jax arrays alive in the process that tidyjax does
             not own (``None`` when not scanned).
-        untracked_sites: where those were made: on each device, its :data:`TOP_SITES` largest
-            creation sites as :class:`UntrackedSite` rows (device, site, count, bytes), by
+        untracked_sites: where those were made: on each device, its `TOP_SITES` largest creation
+            sites as [`UntrackedSite`][tidyjax.UntrackedSite] rows (device, site, count, bytes), by
             device, then largest first; empty when not scanned.
         device_stats: ``Device.memory_stats()`` per device where the backend reports it
             (GPU/TPU); empty on CPU.
         per_process: with ``memory(all_processes=True)``, each process's report in
             process-index order (the other figures are their sums); else None.
-        watched: bytes held by each object registered with :func:`tidyjax.watch`, by name
+        watched: bytes held by each object registered with [`tidyjax.watch`][tidyjax.watch], by name
             (each buffer once per name). Counted apart: not in ``untracked_*``; a Tensor inside
             a watched object also counts in ``num_bytes``.
         watched_arrays: how many arrays hold ``watched[name]``'s bytes, by name: the count
@@ -295,10 +295,11 @@ def memory(
     Raises:
         CollectiveError: with ``all_processes``, a process did not call it within ``timeout``.
 
-    Example::
-
+    Example:
+        ```python
         info = tidyjax.memory()
         print(info.num_tensors, info.num_bytes)
+        ```
     """
     if all_processes:
         return _all_processes(scan_untracked, timeout)
@@ -387,7 +388,7 @@ class WatchedUsage:
 def watched_usage(
     found: Mapping[str, list[tuple[str, Any]]] | None = None,
 ) -> dict[str, WatchedUsage]:
-    """Each watched name's :class:`WatchedUsage`, from ``found`` (``_watch.watched()``; by
+    """Each watched name's `WatchedUsage`, from ``found`` (``_watch.watched()``; by
     default, read now): the one count behind ``memory().watched`` and the reports."""
     if found is None:
         found = _watched()
