@@ -65,15 +65,15 @@ class _PlatformMark:
 
 
 class ArrayMark:
-    """A point in time; :meth:`new` lists the live ``jax.Array``s created after it.
+    """A point in time; `new` lists the live ``jax.Array``s created after it.
 
-    ::
+    ```python
+    mark = ArrayMark()
+    step()
+    leaked = mark.new()      # newest first; arrays made by every thread count
+    ```
 
-        mark = ArrayMark()
-        step()
-        leaked = mark.new()      # newest first; arrays made by every thread count
-
-    Making a mark reads ``jax.live_arrays()`` once per platform; :meth:`new` costs, in Python,
+    Making a mark reads ``jax.live_arrays()`` once per platform; `new` costs, in Python,
     one step per array made since (see the module docstring for the rule).
     """
 
