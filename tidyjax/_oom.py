@@ -4,13 +4,13 @@ When JAX cannot allocate, it raises a ``JaxRuntimeError`` whose message starts w
 ``RESOURCE_EXHAUSTED`` (``INTERNAL: ... Out of memory`` when an op reads an array whose own
 allocation failed). tidyjax's call sites (operators, lifted calls, ``tensor()``, the
 transformations, the Tensor methods that wait for a value) catch it and call
-:func:`raise_if_oom`, which raises :class:`OutOfMemoryError` from it with an :class:`OOMReport`:
+`raise_if_oom`, which raises `OutOfMemoryError` from it with an `OOMReport`:
 what was asked for, and the largest live holders by creation site and scope, tidyjax's and the
 untracked arrays' apart. Any other error passes through untouched.
 
 Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
-raised) that calls ``_context.on_jax_error``; :func:`install` (at package import) makes
-:func:`raise_for` its handler and guards Tensor's waiting methods, so the core never imports this
+raised) that calls ``_context.on_jax_error``; `install` (at package import) makes
+`raise_for` its handler and guards Tensor's waiting methods, so the core never imports this
 module. The reporting modules (``_records``, ``_memory``, ``_timeline``) are imported when a report
 is built.
 """
@@ -65,15 +65,17 @@ def is_oom(err: BaseException) -> bool:
 
 
 def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
-    """Raise :class:`OutOfMemoryError` from ``err`` if it is JAX's out-of-memory error.
+    """Raise `OutOfMemoryError` from ``err`` if it is JAX's out-of-memory error.
 
-    Returns (doing nothing) for any other error: the caller then re-raises it untouched::
+    Returns (doing nothing) for any other error: the caller then re-raises it untouched:
 
-        try:
-            out = fn(*args)
-        except JaxRuntimeError as e:
-            raise_if_oom(e, name, args)
-            raise
+    ```python
+    try:
+        out = fn(*args)
+    except JaxRuntimeError as e:
+        raise_if_oom(e, name, args)
+        raise
+    ```
 
     Args:
         err: the error JAX raised.
@@ -85,8 +87,8 @@ def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) 
 
 
 def install(tensor_class: type) -> None:
-    """Make :func:`raise_for` the core's handler of JAX's runtime errors
-    (``_context.on_jax_error``) and guard ``tensor_class``'s waiting methods (:func:`guard_waits`).
+    """Make `raise_for` the core's handler of JAX's runtime errors
+    (``_context.on_jax_error``) and guard ``tensor_class``'s waiting methods (`guard_waits`).
     Called once, at package import, after the Tensor methods are installed."""
     set_jax_error_hook(raise_for)
     guard_waits(tensor_class)
@@ -96,8 +98,8 @@ def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> 
     """Raise tidyjax's error for JAX's runtime error ``err`` in an op; return for any other
     (the caller re-raises it untouched).
 
-    Out of memory: :class:`OutOfMemoryError`. An operand Tensor whose buffer was deleted
-    behind tidyjax's back (``t.array.delete()``): :class:`DisposedError` saying so.
+    Out of memory: `OutOfMemoryError`. An operand Tensor whose buffer was deleted
+    behind tidyjax's back (``t.array.delete()``): `DisposedError` saying so.
     """
     raise_if_oom(err, what, operands)
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
@@ -122,7 +124,7 @@ _SCOPE_MARKERS = {"": ", outside every scope", "<kept>": ", kept", "<variable>":
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OOMHolder:
-    """Live arrays created at one site and freed by one scope, as an :class:`OOMReport` lists them.
+    """Live arrays created at one site and freed by one scope, as an `OOMReport` lists them.
 
     Attributes:
         site: where they were created (``"train.py:12 in step"``), or ``"<unknown site>"``.
@@ -156,7 +158,7 @@ class OOMHolder:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OOMWatched:
-    """What one object registered with :func:`tidyjax.watch` holds, as ``memory()`` counts it.
+    """What one object registered with `tidyjax.watch` holds, as ``memory()`` counts it.
 
     Attributes:
         name: the name it was watched under.
@@ -185,7 +187,7 @@ class OOMWatched:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OOMReport:
-    """What an :class:`OutOfMemoryError` knows: the request, and who holds the memory.
+    """What an `OutOfMemoryError` knows: the request, and who holds the memory.
 
     ``str(report)`` is the error's message.
 
@@ -193,23 +195,24 @@ class OOMReport:
         what: the op or block that ran out (``"add(Tensor float32[4096,1], ...)"``).
         requested: the bytes JAX could not allocate, read from its message (None if it gave none).
         tracked_bytes: bytes of the buffers of the live Tensors, each buffer once, as
-            ``memory().num_bytes`` counts them (arrays whose computation failed hold nothing):
-            the sum of the ``tracked`` holders' bytes. :attr:`tensors` is their count.
+            ``memory().num_bytes`` counts them (arrays whose computation failed hold nothing): the
+            sum of the ``tracked`` holders' bytes. [`tensors`][tidyjax.OOMReport.tensors] is their
+            count.
         untracked_bytes, untracked_arrays: jax arrays alive that tidyjax neither tracks nor
             watches: the sums of the untracked holders' bytes and counts.
         device: the device with the most memory in use, where ``memory_stats()`` reports one
             (GPU, TPU); None on CPU.
         limit, in_use: that device's ``bytes_limit`` and ``bytes_in_use`` (all of JAX), or None.
-        holders: :class:`OOMHolder` rows, largest first: tidyjax's Tensors (``tracked``) and
-            untracked arrays.
+        holders: [`OOMHolder`][tidyjax.OOMHolder] rows, largest first: tidyjax's Tensors
+            (``tracked``) and untracked arrays.
         failed: arrays alive whose computation failed (not counted), described.
         files: the open timeline's page and JSON, saved with the error (else empty).
         jax_message: JAX's own message.
         problems: what went wrong while reporting (a timeline not saved), one sentence each.
-        watched: an :class:`OOMWatched` per object registered with :func:`tidyjax.watch`, as
-            ``memory().watched`` and ``memory().watched_arrays`` count them (a watched raw
-            array is neither a Tensor nor untracked); :attr:`watched_bytes` and
-            :attr:`watched_arrays` are their sums.
+        watched: an `OOMWatched` per object registered with [`tidyjax.watch`][tidyjax.watch], as
+            ``memory().watched`` and ``memory().watched_arrays`` count them (a watched raw array is
+            neither a Tensor nor untracked); [`watched_bytes`][tidyjax.OOMReport.watched_bytes] and
+            [`watched_arrays`][tidyjax.OOMReport.watched_arrays] are their sums.
     """
 
     what: str
@@ -229,17 +232,17 @@ class OOMReport:
 
     @property
     def tensors(self) -> int:
-        """How many live Tensors hold :attr:`tracked_bytes`: the tracked holders' counts."""
+        """How many live Tensors hold `tracked_bytes`: the tracked holders' counts."""
         return sum(h.count for h in self.holders if h.tracked)
 
     @property
     def watched_bytes(self) -> int:
-        """The bytes of every watched object: the sum of :attr:`watched`'s."""
+        """The bytes of every watched object: the sum of `watched`'s."""
         return sum(w.bytes for w in self.watched)
 
     @property
     def watched_arrays(self) -> int:
-        """How many arrays hold :attr:`watched_bytes`: the sum of :attr:`watched`'s."""
+        """How many arrays hold `watched_bytes`: the sum of `watched`'s."""
         return sum(w.arrays for w in self.watched)
 
     def __str__(self) -> str:
@@ -558,7 +561,7 @@ WAITS = (
 
 
 def guard_waits(cls: type) -> None:
-    """Make ``cls``'s waiting methods (and ``to``) raise :class:`OutOfMemoryError` for JAX's
+    """Make ``cls``'s waiting methods (and ``to``) raise `OutOfMemoryError` for JAX's
     out-of-memory error. Off the per-op path: each of them waits for, or moves, a buffer."""
     for name in (*WAITS, "to"):
         method = cls.__dict__.get(name)
@@ -618,19 +621,21 @@ class _OOMReporting:
 
 
 def oom_report(label: str | Callable[..., Any] | None = None) -> Any:
-    """Turn JAX's out-of-memory error inside into an :class:`OutOfMemoryError` naming what holds
+    """Turn JAX's out-of-memory error inside into an `OutOfMemoryError` naming what holds
     memory, around any code, raw JAX included. Other errors pass through untouched.
 
-    Forms::
+    Forms:
 
-        with tidyjax.oom_report():
-            y = jax.numpy.zeros((10**13,))
+    ```python
+    with tidyjax.oom_report():
+        y = jax.numpy.zeros((10**13,))
 
-        with tidyjax.oom_report("load batch"):   # the message names the block
-            ...
+    with tidyjax.oom_report("load batch"):   # the message names the block
+        ...
 
-        @tidyjax.oom_report                      # or @tidyjax.oom_report("train step")
-        def step(params, batch): ...
+    @tidyjax.oom_report                      # or @tidyjax.oom_report("train step")
+    def step(params, batch): ...
+    ```
 
     Raises:
         OutOfMemoryError: from JAX's ``RESOURCE_EXHAUSTED`` error, with ``.report``.
