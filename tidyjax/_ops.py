@@ -45,10 +45,11 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
     new Tensor tracked by the current scope. Other results pass through. A result that *is* one of
     the caller's own raw ``jax.Array`` arguments is tracked but never deleted by tidyjax.
 
-    Example::
-
+    Example:
+        ```python
         softplus = tidyjax.lift(jax.nn.softplus)
         y = softplus(tidyjax.tensor([0.0, 1.0]))   # a Tensor
+        ```
 
     Raises:
         TidyjaxTypeError: ``fn`` is not callable.
@@ -252,7 +253,7 @@ FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
 def _inplace(attr: str) -> Callable[..., Any]:
     """``t op= x``: a plain Tensor is immutable, like ``jax.Array``, so the name is rebound to
     the result; a Variable is assigned the result (``w -= lr * g`` updates ``w`` in place, and
-    a shape or dtype change raises as :meth:`Variable.assign` does)."""
+    a shape or dtype change raises as `Variable.assign` does)."""
 
     def inplace(self: Tensor, other: Any) -> Any:
         result = getattr(self, attr)(other)
@@ -275,7 +276,7 @@ def _install(attr: str, method: Callable[..., Any], name: str) -> None:
 
 
 def install_tensor_methods() -> None:
-    """Put every operator and method on :class:`Tensor`; called once, on import of tidyjax."""
+    """Put every operator and method on `Tensor`; called once, on import of tidyjax."""
     for name, op in _BINARY.items():
         _install(f"__{name}__", _binary(op, reflected=False), name)
         _install(f"__r{name}__", _binary(op, reflected=True), name)
