@@ -4,7 +4,7 @@ tidyjax adds nothing distributed of its own: each process tracks its own Tensors
 over all processes is a collective that every process calls, like any JAX collective. The
 per-process reports travel through the key-value store of JAX's distributed client (the one
 ``jax.distributed.initialize`` starts), which waits with a timeout, so a process that never
-calls yields a :class:`~tidyjax.CollectiveError` naming it instead of a silent hang.
+calls yields a `CollectiveError` naming it instead of a silent hang.
 """
 
 from __future__ import annotations
