@@ -487,13 +487,16 @@ def _caller_site() -> Site | None:
 def profile(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) -> ProfileInfo:
     """Measure the memory a block of code allocates and the ops it runs.
 
-    Two forms::
+    Two forms:
 
-        info = tidyjax.profile(fn, *args, **kwargs)   # runs fn now; info.result is its result
-        with tidyjax.profile() as info:               # info is filled when the block ends
-            ...
+    ```python
+    info = tidyjax.profile(fn, *args, **kwargs)   # runs fn now; info.result is its result
+    with tidyjax.profile() as info:               # info is filled when the block ends
+        ...
+    ```
 
-    Profiles nest; each call returns a fresh :class:`ProfileInfo`. Nothing is freed by a profile.
+    Profiles nest; each call returns a fresh [`ProfileInfo`][tidyjax.ProfileInfo]. Nothing is freed
+    by a profile.
 
     Raises:
         TidyjaxTypeError: ``fn`` is not callable, or returns an awaitable.
