@@ -1,4 +1,4 @@
-"""Records of live Tensors: :class:`TensorRecord`, creation sites, ``live_tensors()``, holders;
+"""Records of live Tensors: `TensorRecord`, creation sites, ``live_tensors()``, holders;
 records of the arrays tidyjax does not own (``<untracked>``) and of those watched objects hold.
 
 Creation sites cost nothing per op: JAX records a creation traceback on every array (on by
@@ -46,7 +46,7 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class TensorRecord:
-    """One live Tensor, as :func:`live_tensors` reports it.
+    """One live Tensor, as [`live_tensors`][tidyjax.live_tensors] reports it.
 
     Attributes:
         id: the Tensor's id.
@@ -58,10 +58,10 @@ class TensorRecord:
             ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
             array that only a watched object holds, ``"<untracked>"`` for a jax array tidyjax
             does not own and no watched object holds (neither is a Tensor: ``id`` is 0).
-        site: a :class:`Site` or None.
+        site: a [`Site`][tidyjax.Site] or None.
         kept: whether it was kept.
         variable: whether it is a Variable.
-        name: its path in an object registered with :func:`tidyjax.watch`
+        name: its path in an object registered with [`tidyjax.watch`][tidyjax.watch]
             (``"model.layers[0].kernel"``), else None.
     """
 
@@ -273,7 +273,7 @@ def summary(records: Iterable[TensorRecord]) -> str:
 
 
 class TensorRecordList(list[TensorRecord]):
-    """A list of :class:`TensorRecord` that shows itself as a table in Jupyter."""
+    """A list of `TensorRecord` that shows itself as a table in Jupyter."""
 
     def _repr_html_(self) -> str:
         return _records_html(self)
@@ -282,10 +282,10 @@ class TensorRecordList(list[TensorRecord]):
 def live_tensors(*, untracked: bool = False) -> TensorRecordList:
     """A record of every live Tensor and Variable, oldest first (a list).
 
-    With objects registered by :func:`tidyjax.watch`, the arrays they hold come first (id 0,
-    scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
-    The reports count those apart from the Tensors: ``3 live tensors, 12 B; 2 watched arrays,
-    4.0 MiB``.
+    With objects registered by [`tidyjax.watch`][tidyjax.watch], the arrays they hold come first (id
+    0, scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
+    The reports count those apart from the Tensors:
+    ``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``.
 
     Args:
         untracked: also a record of each jax array alive that tidyjax does not own and no
@@ -293,11 +293,12 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
             made it), after the Tensors, largest first: the arrays ``memory()`` counts as
             untracked. Costs a scan of ``jax.live_arrays()``.
 
-    Example::
-
+    Example:
+        ```python
         for r in tidyjax.live_tensors(untracked=True):
             if r.scope == "<untracked>":
                 print(r.site, r.bytes)
+        ```
     """
     names: dict[int, str] = {}
     raw: list[TensorRecord] = []
@@ -322,9 +323,9 @@ def tensor_records(
     holding: list[tuple[_registry.Buffer, list[Tensor]]] | None = None,
 ) -> list[TensorRecord]:
     """A record of each live Tensor and Variable whose id is above ``since``, oldest first, as
-    :func:`live_tensors` makes them; only those are built, so a leak check's report costs its
+    `live_tensors` makes them; only those are built, so a leak check's report costs its
     new Tensors. ``names``: the watched arrays' paths by the arrays' ids; ``holding``:
-    :func:`live_holders`; each by default found now.
+    `live_holders`; each by default found now.
     """
     if names is None:
         names = {}
