@@ -1,6 +1,6 @@
 """The process-wide registry of the device buffers tidyjax created or was handed.
 
-One :class:`Buffer` record exists per device buffer. The record *is* a weak reference to the
+One `Buffer` record exists per device buffer. The record *is* a weak reference to the
 ``jax.Array`` object holding the buffer, so it never keeps memory alive, and it is keyed by that
 object's ``id()``: while the weak reference resolves to the same object the id cannot have been
 reused, so a record is never confused with another array that reuses a freed address. JAX is
@@ -8,7 +8,7 @@ never asked for a buffer address on the per-op path (on an array whose allocatio
 call aborts the process).
 
 A record knows its owner (``scope``: the scope that created it, a parent it was handed to,
-:data:`KEPT`, :data:`VARIABLE` or ``None`` outside every scope), how many live Tensors hold it
+`KEPT`, `VARIABLE` or ``None`` outside every scope), how many live Tensors hold it
 (``n``), and whether it is ``dead`` (deleted by tidyjax, donated, or deleted behind its back).
 Owners free *buffers*, not Tensor objects: a scope deletes what it created whether or not the
 Tensor objects are still alive, and whatever else references the raw array.
@@ -139,7 +139,7 @@ def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
 def suspect(rec: Buffer) -> None:
     """``rec``'s array came from outside tidyjax's own operations and is committed to its device:
     it may be a second array object over a buffer another record holds (a raw ``device_put`` to
-    where the buffer already is). Checked by :func:`resolve` before the next deletion."""
+    where the buffer already is). Checked by `resolve` before the next deletion."""
     suspects.append(rec)
 
 
@@ -335,7 +335,7 @@ def _stale(rec: Buffer) -> bool:
 
 def live() -> tuple[list[Buffer], list[Buffer]]:
     """The records whose buffers are alive, and those deleted outside tidyjax that live
-    Tensors still hold. Records over one buffer (see :func:`distinct`) are all listed."""
+    Tensors still hold. Records over one buffer (see `distinct`) are all listed."""
     resolve()
     sweep()
     seen: set[int] = set()
