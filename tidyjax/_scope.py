@@ -1,6 +1,6 @@
 """Scopes: ``tidy`` in all its forms, ``keep`` and ``dispose``.
 
-A :class:`Scope` owns every device buffer created while it is the innermost open scope of the
+A `Scope` owns every device buffer created while it is the innermost open scope of the
 running thread or task (``_tensor.wrap`` appends each new buffer's record). When it exits —
 normally or by an exception — each buffer it owns is handed to the parent scope if the result or
 ``scope.keep`` reaches it (through a Tensor or a raw ``jax.Array``), and deleted otherwise,
@@ -59,8 +59,8 @@ _AWAITABLE_IN_SYNC = (
 class Scope(Tracker):
     """One ``tidy`` scope: a context manager (sync and async) and a decorator.
 
-    Made by :data:`tidy`; see its docstring for every form. After the scope exits, its report
-    attributes tell what it did: ``num_freed`` and ``bytes_freed`` (buffers deleted),
+    Made by [`tidy`][tidyjax.tidy]; see its docstring for every form. After the scope exits, its
+    report attributes tell what it did: ``num_freed`` and ``bytes_freed`` (buffers deleted),
     ``num_handed_out`` (buffers handed to the enclosing scope).
     """
 
@@ -120,7 +120,7 @@ class Scope(Tracker):
     @property
     def peak_bytes(self) -> int | None:
         """The most tidyjax bytes alive while the scope was open; measured only while a
-        :func:`tidyjax.profile` runs, else None."""
+        [`tidyjax.profile`][tidyjax.profile] runs, else None."""
         return self._peak if self._peak >= 0 else None
 
     @property
@@ -346,10 +346,11 @@ class Scope(Tracker):
         scope is open, it also takes what that inner scope created: it survives every scope
         inside this one and belongs to this one.
 
-        Example::
-
+        Example:
+            ```python
             with tidy() as scope:
                 loss = scope.keep(compute_loss())
+            ```
         """
         if self._state != _OPEN:
             raise ScopeError(
@@ -635,25 +636,27 @@ def _run(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 class _Tidy:
     """Run code in a scope that frees every Tensor it created, except what leaves it.
 
-    Every form::
+    Every form:
 
-        with tidy():                  # anonymous scope
-            ...
-        with tidy("step") as scope:   # named; scope.keep(t) hands t out; scope.num_freed after
-            ...
-        async with tidy():            # in async code
-            ...
+    ```python
+    with tidy():                  # anonymous scope
+        ...
+    with tidy("step") as scope:   # named; scope.keep(t) hands t out; scope.num_freed after
+        ...
+    async with tidy():            # in async code
+        ...
 
-        @tidy                         # each call in a fresh scope named after the function
-        def step(x): ...
+    @tidy                         # each call in a fresh scope named after the function
+    def step(x): ...
 
-        @tidy("step")                 # named; works on `async def` too
-        async def step(x): ...
+    @tidy("step")                 # named; works on `async def` too
+    async def step(x): ...
 
-        y = tidy.run(fn, *args, **kwargs)          # TensorFlow.js's tf.tidy(fn)
-        y = tidy.run("name", fn, *args, **kwargs)
+    y = tidy.run(fn, *args, **kwargs)          # TensorFlow.js's tf.tidy(fn)
+    y = tidy.run("name", fn, *args, **kwargs)
+    ```
 
-    Tensors returned (any pytree) move to the enclosing scope; :func:`keep`-ed ones and
+    Tensors returned (any pytree) move to the enclosing scope; `keep`-ed ones and
     Variables are never freed by a scope; Tensors created in outer scopes are never touched.
 
     Raises:
@@ -746,15 +749,15 @@ tidy = _Tidy()
 One object, every form: ``with tidy():``, ``with tidy("name") as scope:``,
 ``async with tidy():``, ``@tidy``, ``@tidy("name")`` (on ``async def`` too), and the
 TensorFlow.js form ``tidy.run(fn, *args)`` / ``tidy.run("name", fn, *args)``. See
-:class:`Scope` for what a scope reports after it exits.
+[`Scope`][tidyjax.Scope] for what a scope reports after it exits.
 """
 
 
 def keep(x: T) -> T:
     """Protect every buffer in the pytree ``x`` (its Tensors and raw arrays) from all scopes.
 
-    Only an explicit :func:`dispose` frees a kept Tensor. Keeping a disposed Tensor does nothing.
-    Returns ``x``.
+    Only an explicit [`dispose`][tidyjax.dispose] frees a kept Tensor. Keeping a disposed Tensor
+    does nothing. Returns ``x``.
     """
     recs, tensors = records_in(x)
     _check_found(x, recs, tensors, "keep()")
@@ -775,9 +778,10 @@ def dispose(x: Any) -> None:
     """Dispose every Tensor and Variable in the pytree ``x``, and delete every raw
     ``jax.Array`` in it that no live Tensor holds; other leaves are ignored.
 
-    Example::
-
+    Example:
+        ```python
         tidyjax.dispose([a, b, {"c": c}])
+        ```
 
     Raises:
         TidyjaxValueError: ``x`` holds a raw ``jax.Array`` whose buffer a live Tensor or
