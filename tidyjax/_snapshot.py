@@ -1,6 +1,6 @@
 """Snapshots of the live Tensors (and of the jax arrays tidyjax does not own), grouped by
-creation site, and their diffs: ``snapshot()``, :class:`Snapshot`, :class:`SiteStat`,
-:meth:`Snapshot.compare_to` and :class:`SiteDiff`, in the manner of ``tracemalloc``; a
+creation site, and their diffs: ``snapshot()``, `Snapshot`, `SiteStat`,
+`Snapshot.compare_to` and `SiteDiff`, in the manner of ``tracemalloc``; a
 snapshot's JSON file (``dump``/``load``).
 """
 
@@ -149,18 +149,19 @@ def group_by_site(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
 
 class Snapshot:
     """The live Tensors at one moment, and the jax arrays tidyjax does not own then; compare two
-    with :meth:`compare_to`.
+    with [`compare_to`][tidyjax.Snapshot.compare_to].
 
     ``records`` holds the Tensors' records (and those of arrays only watched objects hold),
     ``untracked`` the untracked arrays' (scope ``"<untracked>"``, id 0): records given with
     that scope go there.
 
-    Example::
-
+    Example:
+        ```python
         before = tidyjax.snapshot()
         run_some_steps()
         for diff in tidyjax.snapshot().compare_to(before)[:5]:
             print(diff)
+        ```
     """
 
     __slots__ = ("records", "taken_at", "untracked")
@@ -198,7 +199,7 @@ class Snapshot:
         printer.text(str(self))
 
     def statistics(self) -> list[SiteStat]:
-        """One :class:`SiteStat` per creation site, largest first (the watched arrays made at
+        """One `SiteStat` per creation site, largest first (the watched arrays made at
         a site a row apart), then the untracked arrays' sites (``untracked`` True), largest
         first. Their counts and bytes add up to the headline's, each buffer in the row of its
         first record."""
@@ -242,7 +243,7 @@ class Snapshot:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Snapshot:
-        """Read a snapshot written by :meth:`dump`.
+        """Read a snapshot written by [`dump`][tidyjax.Snapshot.dump].
 
         Raises:
             TidyjaxValueError: the file is not JSON, not a tidyjax snapshot of format version
@@ -284,7 +285,7 @@ class Snapshot:
 
 
 def snapshot(*, untracked: bool = True) -> Snapshot:
-    """A :class:`Snapshot` of the live Tensors now, and of the jax arrays tidyjax does not own
+    """A `Snapshot` of the live Tensors now, and of the jax arrays tidyjax does not own
     (``Snapshot.untracked``, grouped by the user's line that made them).
 
     Args:
@@ -295,7 +296,7 @@ def snapshot(*, untracked: bool = True) -> Snapshot:
 
 
 class SiteDiffList(list[SiteDiff]):
-    """What :meth:`Snapshot.compare_to` returns: a list of :class:`SiteDiff` that shows itself
+    """What `Snapshot.compare_to` returns: a list of `SiteDiff` that shows itself
     as a table in Jupyter."""
 
     def _repr_html_(self) -> str:
