@@ -64,15 +64,17 @@ VARIABLE = _registry.VARIABLE
 class Tensor:
     """A tracked owner of one ``jax.Array`` (on one device or sharded over several).
 
-    Every operator and method returns a new tracked Tensor, created in the current :func:`tidy`
-    scope. :meth:`dispose` deletes the device buffer at once unless another live Tensor or a
-    :class:`Variable` shares it. ``Tensor(data)`` is the same as :func:`tidyjax.tensor`: it copies.
+    Every operator and method returns a new tracked Tensor, created in the current
+    [`tidy`][tidyjax.tidy] scope. [`dispose`][tidyjax.Tensor.dispose] deletes the device buffer at
+    once unless another live Tensor or a [`Variable`][tidyjax.Variable] shares it. ``Tensor(data)``
+    is the same as [`tidyjax.tensor`][tidyjax.tensor]: it copies.
 
-    Example::
-
+    Example:
+        ```python
         a = tidyjax.tensor([1.0, 2.0, 3.0])
         b = (a * 2).sum()
         b.dispose()
+        ```
     """
 
     __slots__ = ("__weakref__", "_array", "_id", "_kept", "_rec", "_var", "_why")
@@ -108,7 +110,7 @@ class Tensor:
     # (`_value`, `__getitem__`, the operators in `_ops.py`): a call would cost more than it.
 
     def _value(self) -> Any:
-        """The live jax value, or raise :class:`DisposedError`."""
+        """The live jax value, or raise `DisposedError`."""
         rec = self._rec
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
@@ -175,7 +177,7 @@ class Tensor:
         variable_info(self, "trainable").trainable = bool(value)
 
     def assign(self, value: Any) -> Tensor:
-        """Replace a Variable's value (see :class:`Variable`); plain Tensors are immutable."""
+        """Replace a Variable's value (see `Variable`); plain Tensors are immutable."""
         return variable_info(self, "assign").assign(self, value)
 
     def clone(self) -> Tensor:
@@ -272,12 +274,12 @@ class Tensor:
     @property
     def global_shards(self) -> list[Any]:
         """Every shard, as ``jax.Array.global_shards`` (raw, untracked; see
-        :attr:`addressable_shards`)."""
+        [`addressable_shards`][tidyjax.Tensor.addressable_shards])."""
         return list(self.block_until_ready()._array.global_shards)
 
     def addressable_data(self, index: int) -> Any:
         """The ``index``-th local shard as a raw ``jax.Array`` (untracked; see
-        :attr:`addressable_shards`)."""
+        [`addressable_shards`][tidyjax.Tensor.addressable_shards])."""
         return self.block_until_ready()._array.addressable_data(index)
 
     def is_ready(self) -> bool:
@@ -285,12 +287,12 @@ class Tensor:
         return bool(self._value().is_ready())
 
     def is_deleted(self) -> bool:
-        """Whether the buffer is gone: the same as :attr:`is_disposed` (a Tensor's buffer is
+        """Whether the buffer is gone: the same as `is_disposed` (a Tensor's buffer is
         freed by disposing it, never by deleting it)."""
         return self.is_disposed
 
     def delete(self) -> None:
-        """Not for Tensors: tidyjax frees a Tensor's buffer; call :meth:`dispose`."""
+        """Not for Tensors: tidyjax frees a Tensor's buffer; call `dispose`."""
         raise TidyjaxTypeError(
             f"{kind(self)} {describe(self._array)} (id {self._id}) has no delete(): tidyjax "
             "frees its buffer. Call t.dispose() (the buffer is deleted unless another live "
@@ -303,7 +305,7 @@ class Tensor:
         return wrap(self._value().mT)
 
     def to_device(self, device: Any, *, stream: Any = None) -> Tensor:
-        """A Tensor on ``device``, as ``jax.Array.to_device`` (the array API's :meth:`to`)."""
+        """A Tensor on ``device``, as ``jax.Array.to_device`` (the array API's `to`)."""
         arr = self._value()
         return wrap_transfer(arr.to_device(device, stream=stream), (arr,))
 
@@ -359,7 +361,7 @@ class Tensor:
 
     def copy_to_host_async(self) -> None:
         """Start copying the values to the host without waiting (as ``jax.Array``'s), so that a
-        later :meth:`numpy` is quicker."""
+        later [`numpy`][tidyjax.Tensor.numpy] is quicker."""
         self._value().copy_to_host_async()
 
     def tobytes(self, order: str = "C") -> bytes:
@@ -1129,7 +1131,8 @@ def tensor(data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
     """A new tracked Tensor holding a copy of ``data``.
 
     Always copies into a buffer the Tensor owns, so disposing it never deletes a caller's own
-    ``jax.Array``. To take over an existing ``jax.Array`` without a copy, use :func:`adopt`.
+    ``jax.Array``. To take over an existing ``jax.Array`` without a copy, use
+    [`adopt`][tidyjax.adopt].
 
     Args:
         data: a number, nested sequences, a NumPy or jax array, or a Tensor.
