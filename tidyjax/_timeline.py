@@ -1,9 +1,9 @@
 """``timeline()``: every allocation, free and scope of device memory, in order.
 
-While a :class:`Timeline` records it is one of the registry's observers (``_registry.observers``,
+While a `Timeline` records it is one of the registry's observers (``_registry.observers``,
 the list ``profile()`` uses): each buffer added, freed or collected, and each scope entered or
 exited (``_scope`` reports those only while an observer listens), becomes one immutable
-:class:`TimelineEvent`. With no timeline open nothing here runs: the registry and the scopes pay
+`TimelineEvent`. With no timeline open nothing here runs: the registry and the scopes pay
 the one truthiness check of ``observers`` they paid before. Replaying the events (``live_at``)
 gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
 
@@ -184,13 +184,13 @@ def _record(ev: TimelineEvent) -> TensorRecord:
 class Timeline:
     """Every allocation, free and scope of device memory while it recorded.
 
-    Made by :func:`timeline`. It records while entered (``with``, or a function it decorates);
-    entering it again later continues it, reconciling what changed in between. Each event is a
-    :class:`TimelineEvent`; beyond ``max_events`` the oldest are dropped (``dropped`` counts
+    Made by [`timeline`][tidyjax.timeline]. It records while entered (``with``, or a function it
+    decorates); entering it again later continues it, reconciling what changed in between. Each
+    event is a `TimelineEvent`; beyond ``max_events`` the oldest are dropped (``dropped`` counts
     them) and the replay starts from what they left alive.
 
     Plain ``jax.Array`` objects no Tensor holds (``arrays=True``, the default) are seen at the
-    next scope event, :meth:`mark` or stop after they were made, with the scope
+    next scope event, [`mark`][tidyjax.Timeline.mark] or stop after they were made, with the scope
     ``"<untracked>"``; their frees are recorded when Python drops them.
 
     Attributes:
@@ -334,9 +334,9 @@ class Timeline:
     def live_at(self, time: float) -> list[TensorRecord]:
         """The buffers alive at ``time`` (``time.perf_counter()``'s clock), oldest first.
 
-        One :class:`tidyjax.TensorRecord` per buffer (a shared buffer once): ``id`` is the Tensor
-        that created it (0 if unknown), ``scope`` its owner when allocated. Their bytes add up to
-        what ``memory().num_bytes`` reported at that moment.
+        One [`tidyjax.TensorRecord`][tidyjax.TensorRecord] per buffer (a shared buffer once): ``id``
+        is the Tensor that created it (0 if unknown), ``scope`` its owner when allocated. Their
+        bytes add up to what ``memory().num_bytes`` reported at that moment.
 
         Raises:
             TidyjaxValueError: ``time`` is before the events kept, and older ones were dropped.
@@ -362,7 +362,7 @@ class Timeline:
 
     def top_sites(self, at: float | None = None, n: int = 10) -> list[SiteStat]:
         """The creation sites holding the most bytes at ``at`` (default: the peak), largest
-        first, as :class:`tidyjax.SiteStat` (count, bytes, shapes)."""
+        first, as [`tidyjax.SiteStat`][tidyjax.SiteStat] (count, bytes, shapes)."""
         moment = self.peak_time if at is None else at
         return Snapshot(self.live_at(moment)).statistics()[:n]
 
@@ -388,7 +388,7 @@ class Timeline:
         return _timeline_html.page(self, top=top)
 
     def save_html(self, path: str | os.PathLike[str], *, top: int = 10) -> None:
-        """Write :meth:`to_html` to ``path`` (UTF-8)."""
+        """Write [`to_html`][tidyjax.Timeline.to_html] to ``path`` (UTF-8)."""
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_html(top=top))
 
@@ -415,7 +415,7 @@ class Timeline:
         )
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write the timeline as JSON (read it back with :meth:`load`, or draw it with
+        """Write the timeline as JSON (read it back with `load`, or draw it with
         ``python -m tidyjax view FILE``)."""
         _timeline_format.write(self.to_json(), path)
 
@@ -430,7 +430,7 @@ class Timeline:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Timeline:
-        """Read a timeline written by :meth:`dump`.
+        """Read a timeline written by [`dump`][tidyjax.Timeline.dump].
 
         Raises:
             TidyjaxValueError: the file is not JSON, or not a tidyjax timeline of a format
@@ -440,7 +440,7 @@ class Timeline:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "the data") -> Timeline:
-        """A timeline from :meth:`to_json`'s data (see :meth:`load` for the errors)."""
+        """A timeline from `to_json`'s data (see `load` for the errors)."""
         data = _timeline_format.check(data, where)
         try:
             with collection_paused():
@@ -529,11 +529,12 @@ class Timeline:
         """Record into this timeline (resuming it) and draw what the block did as a band named
         ``label``, as a scope is drawn: for recording notebook cells one by one.
 
-        Example::
-
+        Example:
+            ```python
             tl = tidyjax.timeline()
             with tl.section("In[3]"):
                 ...
+            ```
         """
         if not isinstance(label, str):
             raise TidyjaxTypeError(f"section() takes a str label, got {type(label).__name__}.")
@@ -862,18 +863,20 @@ def timeline(fn: F, /, *, max_events: int = 1_000_000, arrays: bool = True) -> F
 def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = True) -> Any:
     """Record every allocation, free and scope of device memory, with its time.
 
-    Every form::
+    Every form:
 
-        with tidyjax.timeline() as tl:       # tl fills while the block runs
-            ...
-        tl.save_html("memory.html")          # live bytes over time by creation site
+    ```python
+    with tidyjax.timeline() as tl:       # tl fills while the block runs
+        ...
+    tl.save_html("memory.html")          # live bytes over time by creation site
 
-        @tidyjax.timeline                    # each call records into step.timeline
-        def step(x): ...
+    @tidyjax.timeline                    # each call records into step.timeline
+    def step(x): ...
 
-        tl = tidyjax.timeline(max_events=10_000)
-        @tl                                  # the same, into tl
-        def step(x): ...
+    tl = tidyjax.timeline(max_events=10_000)
+    @tl                                  # the same, into tl
+    def step(x): ...
+    ```
 
     Records process-wide (every thread) while open; timelines nest. With no timeline open this
     costs nothing. Beyond ``max_events`` the oldest events are dropped (``tl.dropped``).
