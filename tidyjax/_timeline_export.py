@@ -209,7 +209,7 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
 
 
 def write(tl: Any, path: str | os.PathLike[str], *, buffers: bool = True) -> pathlib.Path:
-    """Write :func:`chrome_trace` of ``tl`` to ``path`` (gzip-compressed when it ends in
+    """Write `chrome_trace` of ``tl`` to ``path`` (gzip-compressed when it ends in
     ``.gz``), creating missing parent folders; returns the path written."""
     target = pathlib.Path(os.fspath(path))
     text = json.dumps(chrome_trace(tl, buffers=buffers), separators=(",", ":"))
