@@ -1,6 +1,6 @@
-"""The timeline's file format: :class:`TimelineEvent`, the event kinds, the JSON layout.
+"""The timeline's file format: `TimelineEvent`, the event kinds, the JSON layout.
 
-What a :class:`tidyjax.Timeline` records and what ``Timeline.dump`` writes and ``load`` reads
+What a `tidyjax.Timeline` records and what ``Timeline.dump`` writes and ``load`` reads
 (format ``"tidyjax.timeline"``, version 1). The recording itself is ``_timeline``'s.
 """
 
@@ -43,7 +43,7 @@ FORMAT, VERSION = "tidyjax.timeline", 1
 
 
 class TimelineEvent(NamedTuple):
-    """One change to device memory, as a :class:`Timeline` records it (immutable).
+    """One change to device memory, as a `Timeline` records it (immutable).
 
     Attributes:
         kind: ``"alloc"``, ``"free"``, ``"scope_enter"`` or ``"scope_exit"``.
@@ -52,7 +52,7 @@ class TimelineEvent(NamedTuple):
             and for a buffer whose allocation failed: JAX says so only once the array is
             waited for, so a timeline rewrites such an allocation, and its peak, when read).
         device: the device holding the buffer (``str(device)``), several joined by ``","``.
-        site: the :class:`tidyjax.Site` that created its array, or None.
+        site: the `tidyjax.Site` that created its array, or None.
         scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
             ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
             ``"free"``; ``"<untracked>"`` for a plain jax.Array no Tensor holds (its alloc
@@ -250,7 +250,7 @@ def encode(
 ) -> dict[str, Any]:
     """The JSON data of a timeline: ``format`` and ``version``, then ``header`` (the timeline's
     own numbers, in order), then its events in columns and the tables they index (see
-    :class:`Codec`), each site's short stacks (``stacks``: ``[site index, [[file, line,
+    `Codec`), each site's short stacks (``stacks``: ``[site index, [[file, line,
     function], ...], ...]``, innermost frame first) and the Variables' names of buffers
     (``names``: ``[buffer, name]``). Files without the last two load too (older ones)."""
     codec = Codec()
@@ -271,7 +271,7 @@ def encode(
 def decode_extras(
     data: dict[str, Any], codec: Codec
 ) -> tuple[dict[Site, list[tuple[Site, ...]]], dict[int, str]]:
-    """The ``stacks`` and ``names`` of :func:`encode`'s data (empty when the file has none)."""
+    """The ``stacks`` and ``names`` of `encode`'s data (empty when the file has none)."""
     stacks: dict[Site, list[tuple[Site, ...]]] = {}
     for row in data.get("stacks") or ():
         site = codec.site_list[int(row[0])]
