@@ -657,7 +657,7 @@ def fragment(tl: Any, *, top: int = 10) -> str:
 
 
 def page(tl: Any, *, top: int = 10) -> str:
-    """The whole page: :func:`fragment` in a document that opens from disk, offline."""
+    """The whole page: `fragment` in a document that opens from disk, offline."""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="color-scheme" content="light dark">'
