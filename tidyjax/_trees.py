@@ -62,11 +62,11 @@ def arrays(tree: Any) -> Any:
 def tensors(tree: Any) -> Any:
     """``tree`` with every ``jax.Array`` in it replaced by a Tensor; Tensors stay.
 
-    The arrays stay the caller's: tidyjax counts them, and a scope exit or ``dispose`` lets go
-    of the Tensor without deleting the array, so memory is freed as soon as nothing else holds
-    it (``tensors(step(...))`` in a loop stays flat) and an array the caller still holds is
-    never lost. :func:`tidyjax.adopt` hands an array over to be deleted. The way back from
-    :func:`arrays`: ``state = tidyjax.tensors(restore(...))``.
+    The arrays stay the caller's: tidyjax counts them, and a scope exit or ``dispose`` lets go of
+    the Tensor without deleting the array, so memory is freed as soon as nothing else holds it
+    (``tensors(step(...))`` in a loop stays flat) and an array the caller still holds is never lost.
+    [`tidyjax.adopt`][tidyjax.adopt] hands an array over to be deleted. The way back from
+    [`arrays`][tidyjax.arrays]: ``state = tidyjax.tensors(restore(...))``.
     """
     return walk(tree, _given_leaf)
 
