@@ -53,22 +53,25 @@ class _VariableType(type):
 
 
 class Variable(Tensor, metaclass=_VariableType):
-    """A Tensor whose value can be replaced with :meth:`assign`; never freed by a scope.
+    """A Tensor whose value can be replaced with `assign`; never freed by a scope.
 
     Built from a Tensor, it shares that Tensor's buffer (two tensors, one data buffer); from any
     other data (including a raw ``jax.Array``) it holds a copy. Use it in ops like a Tensor; the
-    results are plain Tensors. Free it with :meth:`dispose` or :func:`dispose_variables`.
+    results are plain Tensors. Free it with [`dispose`][tidyjax.Tensor.dispose] or
+    [`dispose_variables`][tidyjax.dispose_variables].
 
-    A Variable *is* a :class:`Tensor` carrying a variable flag (``isinstance(v, Variable)`` is
-    true, ``type(v)`` is ``Tensor``): JAX sees one pytree node type, so a tree of Variables maps
-    together with its gradients and optax updates (``optax.apply_updates(variables, updates)``).
-    ``pickle`` and ``copy.deepcopy`` give back a Variable with the same name and ``trainable``.
+    A Variable *is* a [`Tensor`][tidyjax.Tensor] carrying a variable flag
+    (``isinstance(v, Variable)`` is true, ``type(v)`` is ``Tensor``): JAX sees one pytree node type,
+    so a tree of Variables maps together with its gradients and optax updates
+    (``optax.apply_updates(variables, updates)``). ``pickle`` and ``copy.deepcopy`` give back a
+    Variable with the same name and ``trainable``.
 
-    Example::
-
+    Example:
+        ```python
         w = tidyjax.Variable(tidyjax.tensor([1.0, 2.0]), name="w")
         with tidy():
             w.assign(w - 0.1 * grad)   # the old buffer is freed, the new one survives the scope
+        ```
     """
 
     __slots__ = ()
