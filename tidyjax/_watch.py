@@ -43,8 +43,8 @@ def watch(obj: T, name: str) -> T:
 
     ``obj`` is anything JAX can flatten (a dict or list of arrays, an Equinox module, an optax
     state) or a Flax NNX object (``nnx.Module``, ``nnx.Optimizer``, ``nnx.MultiMetric``), read
-    through ``nnx.state``. It is held weakly when it allows that (NNX objects, modules, most
-    class instances), else strongly (dicts, lists, tuples) until :func:`unwatch`. Watching
+    through ``nnx.state``. It is held weakly when it allows that (NNX objects, modules, most class
+    instances), else strongly (dicts, lists, tuples) until [`unwatch`][tidyjax.unwatch]. Watching
     again under a name in use replaces that entry (a re-run notebook cell); watching a watched
     object under a new name renames it.
 
@@ -65,11 +65,12 @@ def watch(obj: T, name: str) -> T:
         TidyjaxTypeError: ``name`` is not a non-empty string, or ``obj`` cannot hold arrays
             (None, a number, a string, an object JAX sees as a single non-array leaf).
 
-    Example::
-
+    Example:
+        ```python
         model = tidyjax.watch(MLP(rngs=nnx.Rngs(0)), "model")
         print(tidyjax.memory().watched)          # {'model': 1184}
         print(tidyjax.memory().watched_arrays)   # {'model': 4}
+        ```
     """
     if not isinstance(name, str) or not name:
         raise TidyjaxTypeError(
