@@ -50,7 +50,7 @@ R_co = TypeVar("R_co", covariant=True)
 if TYPE_CHECKING:
 
     class Jitted(Protocol[P, R_co]):
-        """What :func:`jit` returns: ``fn``'s signature, and ``lower`` as on ``jax.jit``."""
+        """What `jit` returns: ``fn``'s signature, and ``lower`` as on ``jax.jit``."""
 
         __name__: str
         __qualname__: str
