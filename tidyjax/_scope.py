@@ -746,10 +746,34 @@ class _Tidy:
 tidy = _Tidy()
 """Run code in a scope that frees every buffer it created, except what leaves it.
 
-One object, every form: ``with tidy():``, ``with tidy("name") as scope:``,
-``async with tidy():``, ``@tidy``, ``@tidy("name")`` (on ``async def`` too), and the
-TensorFlow.js form ``tidy.run(fn, *args)`` / ``tidy.run("name", fn, *args)``. See
+One object, every form:
+
+```python
+with tidy():                  # anonymous scope
+    ...
+with tidy("step") as scope:   # named; scope.keep(t) hands t out; scope.num_freed after
+    ...
+async with tidy():            # in async code
+    ...
+
+@tidy                         # each call in a fresh scope named after the function
+def step(x): ...
+
+@tidy("step")                 # named; works on `async def` too
+async def step(x): ...
+
+y = tidy.run(fn, *args, **kwargs)          # TensorFlow.js's tf.tidy(fn)
+y = tidy.run("name", fn, *args, **kwargs)
+```
+
+Tensors returned (any pytree) move to the enclosing scope; [`keep`][tidyjax.keep]-ed ones and
+Variables are never freed by a scope; Tensors created in outer scopes are never touched. See
 [`Scope`][tidyjax.Scope] for what a scope reports after it exits.
+
+Raises:
+    TidyjaxTypeError: a bad argument, a generator function, or a synchronous scope whose
+        function returned an awaitable.
+    ScopeError: a scope exited twice, out of order, or from another task.
 """
 
 
