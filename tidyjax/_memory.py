@@ -19,8 +19,12 @@ from ._sites import INSTALLED_FOLDERS, Site, creation_site
 from ._watch import watched as _watched
 
 __all__ = [
+    "ALARM_BYTES",
+    "ALARM_SHARE",
+    "DEVICE_TOP",
     "TOP_SITES",
     "MemoryInfo",
+    "TopSite",
     "UntrackedSite",
     "WatchedUsage",
     "buffer_id",
@@ -33,6 +37,49 @@ __all__ = [
 
 #: How many creation sites of untracked arrays ``memory()`` names per device, largest first.
 TOP_SITES = 5
+
+#: How many holders (sites of Tensors and of untracked arrays, watched objects) ``memory()``
+#: names per device, largest first.
+DEVICE_TOP = 3
+
+#: Untracked bytes are shown as an alarm from this many bytes, or from this share of all the
+#: bytes counted (once those reach ``ALARM_BYTES``); a smaller stray is a note.
+ALARM_BYTES = 1 << 20
+ALARM_SHARE = 0.01
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopSite:
+    """One of the largest holders of memory on a device, as ``memory().top_sites`` lists them.
+
+    Attributes:
+        device: the device, as a string (``"cuda:0"``).
+        kind: ``"tidyjax"`` (Tensors' buffers), ``"watched"`` (arrays of an object given to
+            ``tidyjax.watch`` that no Tensor holds) or ``"untracked"`` (other jax arrays).
+        site: where the arrays were made (the user's line), or None for a watched object or
+            where JAX kept no traceback.
+        name: the watched object's name, for ``kind == "watched"``; else None.
+        count: how many buffers.
+        bytes: their bytes on that device.
+    """
+
+    device: str
+    kind: str
+    site: Site | None
+    name: str | None
+    count: int
+    bytes: int
+
+    @property
+    def label(self) -> str:
+        """What holds the bytes: the site, or the watched object's name."""
+        if self.name is not None:
+            return f"watched {self.name!r}"
+        return str(self.site) if self.site is not None else "<unknown site>"
+
+    def __str__(self) -> str:
+        held = f"{_fmt_bytes(self.bytes)} in {_count(self.count, 'buffer')}"
+        return f"{self.label} ({self.kind}): {held}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,6 +137,14 @@ class MemoryInfo:
         watched_arrays: how many arrays hold ``watched[name]``'s bytes, by name: the count
             beside each byte figure (a Tensor inside a watched object is one of them). Arrays
             whose computation failed hold nothing and are in neither.
+        watched_per_device: bytes of watched arrays that no Tensor holds, on each device (each
+            buffer once over all names): what the watched objects add to ``bytes_per_device``.
+        untracked_per_device: the untracked arrays' bytes on each device (empty when not
+            scanned).
+        total_per_device: on each device, tidyjax's + watched + untracked bytes (property).
+        top_sites: on each device, its `DEVICE_TOP` largest holders as ``TopSite`` rows
+            (Tensors by creation site, watched objects by name, untracked arrays by creation
+            site), by device, then largest first; empty when not scanned.
     """
 
     __slots__ = (
@@ -100,12 +155,15 @@ class MemoryInfo:
         "num_tensors",
         "per_process",
         "reasons",
+        "top_sites",
         "unreliable",
         "untracked_arrays",
         "untracked_bytes",
+        "untracked_per_device",
         "untracked_sites",
         "watched",
         "watched_arrays",
+        "watched_per_device",
     )
 
     num_tensors: int
@@ -121,12 +179,18 @@ class MemoryInfo:
     per_process: tuple[MemoryInfo, ...] | None
     watched: Mapping[str, int]
     watched_arrays: Mapping[str, int]
+    watched_per_device: Mapping[Any, int]
+    untracked_per_device: Mapping[Any, int]
+    top_sites: tuple[TopSite, ...]
 
     def __init__(self, **fields: Any) -> None:
         fields.setdefault("per_process", None)
         fields.setdefault("untracked_sites", ())
         fields.setdefault("watched", MappingProxyType({}))
         fields.setdefault("watched_arrays", MappingProxyType({}))
+        fields.setdefault("watched_per_device", MappingProxyType({}))
+        fields.setdefault("untracked_per_device", MappingProxyType({}))
+        fields.setdefault("top_sites", ())
         for name in self.__slots__:
             object.__setattr__(self, name, fields[name])
 
@@ -141,6 +205,14 @@ class MemoryInfo:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def total_per_device(self) -> dict[Any, int]:
+        out: dict[Any, int] = {}
+        for part in (self.bytes_per_device, self.watched_per_device, self.untracked_per_device):
+            for d, b in part.items():
+                out[d] = out.get(d, 0) + b
+        return out
 
     def __repr__(self) -> str:
         per_device = {str(d): b for d, b in self.bytes_per_device.items()}
@@ -159,26 +231,84 @@ class MemoryInfo:
 
     def __str__(self) -> str:
         lines = [_headline(self)]
-        lines += [
-            f"  {d}: {_fmt_bytes(b)}"
-            for d, b in sorted(self.bytes_per_device.items(), key=lambda kv: str(kv[0]))
-        ]
+        for d in _devices(self):
+            lines.append(f"  {d}: {_device_sum(self, d)}")
+            stats = _limit_line(self.device_stats.get(d))
+            if stats:
+                lines.append(f"    {stats}")
+            lines += [f"    {i}. {t}" for i, t in enumerate(_top_of(self, d), 1)]
         lines += [f"  {_watched_line(self, name)}" for name in self.watched]
         if self.untracked_arrays:
             lines.append(f"  untracked: {_untracked(self)}")
             if self.untracked_sites:
                 lines[-1] += "; made at (largest first):"
             lines += [f"    {u.device}: {u}" for u in self.untracked_sites]
-        if self.unreliable:
-            lines += [f"  unreliable: {r}" for r in self.reasons]
+        minor = _minor(self)
+        lines += [f"  {'note' if minor and _is_untracked(r) else 'unreliable'}: {r}"
+                  for r in self.reasons]  # fmt: skip
         return "\n".join(lines)
 
 
-def _headline(m: MemoryInfo) -> str:
+def _devices(m: MemoryInfo) -> list[Any]:
+    """Every device with something to say, by name."""
+    stats = {d for d, s in m.device_stats.items() if s.get("bytes_limit")}
+    return sorted(set(m.total_per_device) | stats, key=str)
+
+
+def _device_sum(m: MemoryInfo, d: Any) -> str:
+    """``45 B`` or ``45 B tidyjax + 1.0 KiB watched + 4 B untracked = 1.1 KiB``."""
+    b = m.bytes_per_device.get(d, 0)
+    w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
+    if not (w or u):
+        return _fmt_bytes(b)
     return (
+        f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched + {_fmt_bytes(u)} untracked = "
+        f"{_fmt_bytes(b + w + u)}"
+    )
+
+
+def _limit_line(s: Mapping[str, int] | None) -> str:
+    """All of JAX on a device against its limit, with its peak, where the backend says."""
+    if not s or not s.get("bytes_limit"):
+        return ""
+    used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
+    text = (
+        f"in use (all of JAX) {_fmt_bytes(used)} = {_share(used, limit)} of the limit "
+        f"{_fmt_bytes(limit)}"
+    )
+    if "peak_bytes_in_use" in s:
+        text += f"; peak {_fmt_bytes(s['peak_bytes_in_use'])}"
+    return text
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _top_of(m: MemoryInfo, d: Any) -> list[TopSite]:
+    return [t for t in m.top_sites if t.device == str(d)]
+
+
+def _is_untracked(reason: str) -> bool:
+    return "not owned by tidyjax" in reason
+
+
+def _minor(m: MemoryInfo) -> bool:
+    """Whether the untracked arrays are a small stray rather than a gap worth an alarm."""
+    u = m.untracked_bytes or 0
+    total = sum(m.total_per_device.values()) or m.num_bytes + u
+    return u < ALARM_BYTES and (total < ALARM_BYTES or u < ALARM_SHARE * total)
+
+
+def _headline(m: MemoryInfo) -> str:
+    text = (
         f"{_count(m.num_tensors, 'tensor')}, {_count(m.num_data_buffers, 'buffer')}, "
         f"{_fmt_bytes(m.num_bytes)}"
     )
+    w, u = sum(m.watched_per_device.values()), sum(m.untracked_per_device.values())
+    if w or u:
+        text += f"; {_fmt_bytes(m.num_bytes + w + u)} with watched and untracked arrays"
+    return text
 
 
 def _watched_line(m: MemoryInfo, name: str) -> str:
@@ -198,10 +328,11 @@ def _untracked(m: MemoryInfo) -> str:
 def _memory_html(m: MemoryInfo) -> str:
     """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
     untracked arrays' row) against the largest of them; JAX's own totals against each
-    device's limit."""
+    device's limit. Where watched or untracked arrays add to a device, its total with each
+    part; then the largest holders on each device."""
     head = f"<b>tidyjax memory</b>: {_format.esc(_headline(m))}"
     stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
-    devices = sorted(set(m.bytes_per_device) | set(stats), key=str)
+    devices = _devices(m)
     untracked = m.untracked_arrays or 0
     parts = [head]
     if not m.bytes_per_device and not m.num_data_buffers:
@@ -210,23 +341,35 @@ def _memory_html(m: MemoryInfo) -> str:
         return _html.box(*parts, *_reasons(m))
     extra = [*m.watched.values(), (m.untracked_bytes or 0) if untracked else 0]
     top = max([*m.bytes_per_device.values(), *extra]) or 1
+    parted = any(m.watched_per_device.values()) or any(m.untracked_per_device.values())
+    peaks = any("peak_bytes_in_use" in s for s in stats.values())
     header = ["device", "tidyjax bytes", ""]
+    if parted:
+        header += ["+ watched", "+ untracked", "= total on device"]
     if stats:
         header += ["in use (all of JAX)", "limit", ""]
+        if peaks:
+            header.append("peak (all of JAX)")
     rows: list[list[str]] = []
     for d in devices:
         b = m.bytes_per_device.get(d, 0)
         row = [_format.esc(d), _format.esc(_fmt_bytes(b)), _html.bar(b / top)]
+        if parted:
+            w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
+            row += [_format.esc(_fmt_bytes(x)) for x in (w, u, b + w + u)]
         if stats:
             s = stats.get(d)
             if s:
                 used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-                row += [_format.esc(_fmt_bytes(used)), _format.esc(_fmt_bytes(limit)),
-                        _html.bar(used / limit)]  # fmt: skip
+                row += [_format.esc(f"{_fmt_bytes(used)} ({_share(used, limit)})"),
+                        _format.esc(_fmt_bytes(limit)), _html.bar(used / limit)]  # fmt: skip
+                if peaks:
+                    peak = s.get("peak_bytes_in_use")
+                    row.append("" if peak is None else _format.esc(_fmt_bytes(peak)))
             else:
-                row += ["", "", ""]
+                row += [""] * (4 if peaks else 3)
         rows.append(row)
-    pad = ["", "", ""] if stats else []
+    pad = [""] * (len(header) - 3)
     for name, b in m.watched.items():
         n = m.watched_arrays.get(name, 0)
         label = f"watched {name!r} (tidyjax.watch): {_count(n, 'array')}"
@@ -235,8 +378,23 @@ def _memory_html(m: MemoryInfo) -> str:
         b = m.untracked_bytes or 0
         label = f"untracked: {_count(untracked, 'jax array')} (not tidyjax)"
         rows.append([_format.esc(label), _format.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
-    numeric = {1, 3, 4} if stats else {1}
-    return _html.box(*parts, _html.table(header, rows, numeric), *_sites_html(m), *_reasons(m))
+    numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
+    return _html.box(
+        *parts, _html.table(header, rows, numeric), *_top_html(m), *_sites_html(m), *_reasons(m)
+    )
+
+
+def _top_html(m: MemoryInfo) -> list[str]:
+    """The largest holders on each device: what holds the memory, not only how much."""
+    if not m.top_sites:
+        return []
+    rows = [
+        [_format.esc(t.device), _format.esc(t.label), _format.esc(t.kind), str(t.count),
+         _format.esc(_fmt_bytes(t.bytes))]
+        for t in m.top_sites
+    ]  # fmt: skip
+    header = ["device", f"largest holders (top {DEVICE_TOP})", "kind", "buffers", "bytes"]
+    return [_html.table(header, rows, {3, 4})]
 
 
 def _sites_html(m: MemoryInfo) -> list[str]:
@@ -269,7 +427,14 @@ def library_frame(site: Site) -> str:
 
 
 def _reasons(m: MemoryInfo) -> list[str]:
-    return [_html.line(_html.bad("unreliable"), ": ", _format.esc(r)) for r in m.reasons]
+    """Why the figures are incomplete: an alarm, except for a small untracked stray."""
+    minor = _minor(m)
+    return [
+        _html.line(_html.dim("note: "), _format.esc(r))
+        if minor and _is_untracked(r)
+        else _html.line(_html.bad("unreliable"), ": ", _format.esc(r))
+        for r in m.reasons
+    ]
 
 
 def memory(
@@ -308,15 +473,20 @@ def memory(
     num_bytes = 0
     per_device: dict[Any, int] = {}
     recs = _registry.distinct(recs)  # records over one buffer count once
+    holders = _Holders() if scan_untracked else None
     for rec in recs:
         if failed(rec.array()):  # never allocated (aliases share its state): holds nothing
             continue
         num_bytes += rec.size()
-        for dev, b in _registry.device_bytes(rec).items():
+        spread = _registry.device_bytes(rec)
+        for dev, b in spread.items():
             per_device[dev] = per_device.get(dev, 0) + b
+        if holders is not None:
+            holders.add("tidyjax", creation_site(rec.array()), None, spread.items())
     deleted_outside = len(deleted)
     watched = _watched()
     usage = watched_usage(watched)
+    watched_devices = _watched_per_device(watched, holders)
 
     reasons: list[str] = []
     if deleted_outside:
@@ -327,11 +497,17 @@ def memory(
         )
     untracked_arrays = untracked_bytes = None
     sites: tuple[UntrackedSite, ...] = ()
-    if scan_untracked:
+    untracked_devices: dict[Any, int] = {}
+    if holders is not None:
         untracked = find_untracked(recs, watched_ids(watched))
         untracked_arrays = len(untracked)
         untracked_bytes = sum(int(a.nbytes) for a in untracked)
         sites = untracked_sites(untracked)
+        for arr in untracked:
+            spread = tuple(_device_bytes(arr))
+            for dev, b in spread:
+                untracked_devices[dev] = untracked_devices.get(dev, 0) + b
+            holders.add("untracked", creation_site(arr), None, spread)
         if untracked_arrays:
             reasons.append(
                 f"{_count(untracked_arrays, 'jax array')} ({_fmt_bytes(untracked_bytes or 0)}) "
@@ -360,7 +536,60 @@ def memory(
         device_stats=MappingProxyType(device_stats),
         watched=MappingProxyType({name: u.bytes for name, u in usage.items()}),
         watched_arrays=MappingProxyType({name: u.arrays for name, u in usage.items()}),
+        watched_per_device=MappingProxyType(watched_devices),
+        untracked_per_device=MappingProxyType(untracked_devices),
+        top_sites=holders.top() if holders is not None else (),
     )
+
+
+class _Holders:
+    """Bytes per device by holder (kind, site, watched name), for ``top_sites``."""
+
+    def __init__(self) -> None:
+        # (device name, kind, site, name) -> [buffers, bytes]; a key keeps the first site seen
+        self.groups: dict[tuple[str, str, Site | None, str | None], list[int]] = {}
+
+    def add(
+        self, kind: str, site: Site | None, name: str | None, spread: Iterable[tuple[Any, int]]
+    ) -> None:
+        for dev, b in spread:
+            row = self.groups.setdefault((str(dev), kind, site, name), [0, 0])
+            row[0] += 1
+            row[1] += b
+
+    def top(self, n: int = DEVICE_TOP) -> tuple[TopSite, ...]:
+        by_device: dict[str, list[TopSite]] = {}
+        for (dev, kind, site, name), (count, b) in self.groups.items():
+            by_device.setdefault(dev, []).append(TopSite(dev, kind, site, name, count, b))
+        out: list[TopSite] = []
+        for dev in sorted(by_device):
+            rows = by_device[dev]
+            rows.sort(key=lambda t: (-t.bytes, -t.count, t.label))
+            out += rows[:n]
+        return tuple(out)
+
+
+def _watched_per_device(
+    found: Mapping[str, list[tuple[str, Any]]], holders: _Holders | None
+) -> dict[Any, int]:
+    """Bytes of the watched arrays no Tensor holds, per device, each buffer once over all the
+    names (the first name that holds it claims it for ``holders``)."""
+    out: dict[Any, int] = {}
+    seen: set[int] = set()
+    for name, pairs in found.items():
+        for _, arr in pairs:
+            if failed(arr) or _registry.lookup(arr) is not None:  # nothing, or a Tensor's
+                continue
+            base = base_array(arr)
+            if id(base) in seen:
+                continue
+            seen.add(id(base))
+            spread = tuple(_device_bytes(base))
+            for dev, b in spread:
+                out[dev] = out.get(dev, 0) + b
+            if holders is not None:
+                holders.add("watched", None, name, spread)
+    return out
 
 
 class WatchedUsage:
@@ -458,7 +687,18 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
         per_process=tuple(reports),
         watched=MappingProxyType(_sum_watched(reports, "watched")),
         watched_arrays=MappingProxyType(_sum_watched(reports, "watched_arrays")),
+        watched_per_device=MappingProxyType(_merge(reports, "watched_per_device")),
+        untracked_per_device=MappingProxyType(_merge(reports, "untracked_per_device")),
+        top_sites=tuple(t for r in reports for t in r.top_sites),  # devices differ
     )
+
+
+def _merge(reports: list[MemoryInfo], field: str) -> dict[Any, int]:
+    out: dict[Any, int] = {}
+    for r in reports:
+        for d, b in getattr(r, field).items():
+            out[d] = out.get(d, 0) + b
+    return out
 
 
 def _sum_watched(reports: list[MemoryInfo], field: str) -> dict[str, int]:
@@ -482,7 +722,28 @@ def _to_json(m: MemoryInfo) -> dict[str, Any]:
         "device_stats": {str(d.id): dict(s) for d, s in m.device_stats.items()},
         "watched": dict(m.watched),
         "watched_arrays": dict(m.watched_arrays),
+        "watched_per_device": {str(d.id): b for d, b in m.watched_per_device.items()},
+        "untracked_per_device": {str(d.id): b for d, b in m.untracked_per_device.items()},
+        "top_sites": [_top_to_json(t) for t in m.top_sites],
     }
+
+
+def _frame_to_json(s: Site | None) -> dict[str, Any] | None:
+    return None if s is None else {"file": s.file, "line": s.line, "function": s.function}
+
+
+def _frame_from_json(f: dict[str, Any] | None, detail: Site | None = None) -> Site | None:
+    return None if f is None else Site(f["file"], f["line"], f["function"], detail)
+
+
+def _top_to_json(t: TopSite) -> dict[str, Any]:
+    return {"device": t.device, "kind": t.kind, "site": _frame_to_json(t.site),
+            "name": t.name, "count": t.count, "bytes": t.bytes}  # fmt: skip
+
+
+def _top_from_json(d: dict[str, Any]) -> TopSite:
+    site = _frame_from_json(d["site"])
+    return TopSite(d["device"], d["kind"], site, d["name"], d["count"], d["bytes"])
 
 
 def _site_to_json(u: UntrackedSite) -> dict[str, Any]:
@@ -526,6 +787,13 @@ def _from_json(d: dict[str, Any]) -> MemoryInfo:
         ),
         watched=MappingProxyType(d.get("watched", {})),
         watched_arrays=MappingProxyType(d.get("watched_arrays", {})),
+        watched_per_device=MappingProxyType(
+            {devices[int(k)]: b for k, b in d.get("watched_per_device", {}).items()}
+        ),
+        untracked_per_device=MappingProxyType(
+            {devices[int(k)]: b for k, b in d.get("untracked_per_device", {}).items()}
+        ),
+        top_sites=tuple(_top_from_json(t) for t in d.get("top_sites", ())),
     )
 
 

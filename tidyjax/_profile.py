@@ -157,7 +157,8 @@ class ProfileInfo:
         stats = _per_kernel(self)
         if stats:
             lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
-                         f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  called at")  # fmt: skip
+                         f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  "
+                         "called at")  # fmt: skip
             lines += [
                 f"  {s.name:16s} {s.calls:>6d} {_ms(s.first_ms):>21s} "
                 f"{_ms(s.rest_ms) if s.calls > 1 else '-':>12s} "
