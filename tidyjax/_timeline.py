@@ -398,8 +398,9 @@ class Timeline:
     # -- files ------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The timeline as JSON data (format ``"tidyjax.timeline"``, version 1; see
-        ``_timeline_format.Codec`` for the layout)."""
+        """The timeline as JSON data (format ``"tidyjax.timeline"``, version 1): its numbers,
+        then its events as columns (kind, scope, time, bytes, ...) and the tables of strings and
+        sites they index."""
         base, events = self._window()
         header = {
             "started_at": self.started_at,
