@@ -468,16 +468,40 @@ def _scope_html(s: Scope) -> str:
     if s._state == _NEW:
         return _html.box(title, _html.dim("not entered yet"))
     peak = s.peak_bytes
-    header = ["buffers created", "freed", "bytes freed", "handed out", "peak"]
-    row = [
-        s.num_created,
-        s.num_freed if s._state == _CLOSED else "",
-        esc(_format.fmt_bytes(s.bytes_freed)) if s._state == _CLOSED else "",
-        s.num_handed_out if s._state == _CLOSED else "",
-        esc(_format.fmt_bytes(peak)) if peak is not None else _html.dim("not measured"),
-    ]
-    state = "exited" if s._state == _CLOSED else "open"
-    return _html.box(title, _html.dim(state), _html.table(header, [row], numeric=range(5)))
+    shown = esc(_format.fmt_bytes(peak)) if peak is not None else None
+    unmeasured = _html.dim("measured only inside tidyjax.profile()")
+    created = s.num_created
+    if s._state != _CLOSED:
+        # Records still listed: collected by Python or disposed already; those compaction
+        # dropped (_pruned) went the same ways.
+        gone = s._pruned + sum(
+            1 for r in s._owned if r.dead is not None or (r() is None and not r.more)
+        )
+        summary = (
+            f"open: {_count(created, 'buffer')} so far, {gone} of them collected early or "
+            "disposed; the rest is freed or handed out when it exits"
+        )
+        header = ["buffers so far", "collected early or disposed so far", "peak so far"]
+        row = [created, gone, shown or unmeasured]
+        return _html.box(
+            title, _html.dim("open"), _html.line(esc(summary)),
+            _html.table(header, [row], numeric=range(3)),
+        )  # fmt: skip
+    # Created here and neither freed at the exit nor handed out: Python collected them when
+    # their last reference went (JAX freed them), or they were disposed or kept before.
+    gone = max(created - s.num_freed - s.num_handed_out, 0)
+    summary = (
+        f"created {created} = freed {s.num_freed} at exit + handed out {s.num_handed_out} + "
+        f"collected early or disposed {gone}"
+    )
+    header = ["buffers created", "freed at exit", "bytes freed", "handed out",
+              "collected early or disposed", "peak"]  # fmt: skip
+    row = [created, s.num_freed, esc(_format.fmt_bytes(s.bytes_freed)), s.num_handed_out,
+           gone, shown or unmeasured]  # fmt: skip
+    return _html.box(
+        title, _html.dim("exited"), _html.line(esc(summary)),
+        _html.table(header, [row], numeric=range(6)),
+    )  # fmt: skip
 
 
 def _exit(scope: Scope, failing: bool) -> None:
