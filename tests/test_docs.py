@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html.parser
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -27,11 +29,43 @@ def _dom(browser: str, page: pathlib.Path) -> str:
     return proc.stdout
 
 
-def test_docs_build_strictly_and_the_api_page_shows_tidy(tmp_path):
+class _Text(html.parser.HTMLParser):
+    """The text a reader sees in a page: no tags, no scripts or styles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: object) -> None:
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("script", "style")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def page_text(page: pathlib.Path) -> str:
+    parser = _Text()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return "".join(parser.parts)
+
+
+# What reStructuredText markup or a private name looks like once rendered as Markdown text.
+RAW_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|data|exc|obj):`?\w|\w::(?:\s|$)")
+PRIVATE = re.compile(r"\b_[A-Z]\w*\(|tidyjax\._\w+|Bases: (?:Tracker|_)|\b_[a-z]\w*\.[A-Za-z_]")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The documentation site, built once with ``mkdocs build --strict``."""
     pytest.importorskip("mkdocs", reason="pip install -e '.[docs]'")
-    site = tmp_path / "site"
+    out = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -39,6 +73,36 @@ def test_docs_build_strictly_and_the_api_page_shows_tidy(tmp_path):
         env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out
+
+
+def test_the_markup_checks_catch_what_the_api_page_used_to_show():
+    # Text of the API page as it was rendered before its docstrings were Markdown.
+    old = (
+        "tidyjax.tidy = _Tidy() module-attribute Bases: Tracker See\n:class:Scope for what a "
+        "scope reports. Only an explicit :func:dispose frees it.\nExample::\nwith tidy(): "
+        "(see _timeline_format.Codec)"
+    )
+    assert len(RAW_ROLE.findall(old)) == 3
+    assert len(PRIVATE.findall(old)) == 3
+    assert not RAW_ROLE.search("Example:\nwith tidy(): x = a[::2]  # https://x.org")
+    assert not PRIVATE.search("Bases: TidyjaxError, RuntimeError; jax._src is JAX's")
+
+
+def test_the_api_page_shows_no_sphinx_role_and_no_private_name(site):
+    text = page_text(site / "api" / "index.html")
+    assert "Run code in a scope that frees every buffer it created" in text
+    roles = [text[max(m.start() - 60, 0) : m.end() + 20] for m in RAW_ROLE.finditer(text)]
+    assert roles == [], "raw reStructuredText in docstrings (write Markdown: [`X`][tidyjax.X])"
+    private = [text[max(m.start() - 60, 0) : m.end() + 20] for m in PRIVATE.finditer(text)]
+    assert private == [], "private names on the API page"
+    # Every cross-reference resolved (mkdocs --strict fails on an unknown one) into a link.
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    assert api.count('href="#tidyjax.Tensor"') >= 3
+    assert 'href="#tidyjax.Tensor.dispose"' in api
+
+
+def test_docs_build_strictly_and_the_api_page_shows_tidy(site):
     browser = chromium()
     api = _dom(browser, site / "api" / "index.html")
     assert 'id="tidyjax.tidy"' in api  # the entry, generated from the docstrings
