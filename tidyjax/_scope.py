@@ -21,6 +21,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar, overload
 
+import jax
+import jax.profiler
+
 from . import _format, _html, _registry
 from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
@@ -39,6 +42,17 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 _log = logging.getLogger("tidyjax")
+# While a jax.profiler trace runs (``jax.profiler.trace``, ``start_trace`` or a capture from
+# TensorBoard), each scope is a named range in it, beside XLA's ops. ``is_enabled`` is one C++
+# check, so a scope costs nothing more when no trace runs.
+_profiling = jax.profiler.TraceAnnotation.is_enabled
+
+
+def _annotate(path: str) -> Any:
+    annotation = jax.profiler.TraceAnnotation(f"tidy {path}")
+    annotation.__enter__()
+    return annotation
+
 
 _NEW, _OPEN, _CLOSED = 0, 1, 2
 _GENERATOR_IN_SCOPE = (
@@ -65,6 +79,7 @@ class Scope(Tracker):
     """
 
     __slots__ = (
+        "_annotation",
         "_bare",
         "_created",
         "_first_id",
@@ -96,6 +111,7 @@ class Scope(Tracker):
         self._first_id = 0  # Tensors with this id or larger were made while it was open
         self._frame: Any = None  # the generator frame it was entered in, if any
         self._forced = False  # closed by an enclosing scope that exited first
+        self._annotation: Any = None  # its range in a running jax.profiler trace
         self.num_freed = 0
         self.num_handed_out = 0
 
@@ -154,6 +170,8 @@ class Scope(Tracker):
             self._debug_mark = ArrayMark()
         self._token = CURRENT.set(self)
         self._state = _OPEN
+        if _profiling():  # one C++ check when no trace runs
+            self._annotation = _annotate(self.path)
         if _registry.observers:  # a timeline draws scopes as bands
             for observer in list(_registry.observers):
                 observer.event("scope_enter", self)
@@ -186,6 +204,7 @@ class Scope(Tracker):
         forced = [t for t in above if isinstance(t, Scope) and not t._transparent()]
         for inner in forced:  # innermost first
             inner._forced = True
+            inner._end_annotation()
             inner._state = _CLOSED
             inner._token = None
             inner._frame = None
@@ -204,6 +223,8 @@ class Scope(Tracker):
         self._state = _CLOSED
         self._token = None
         self._frame = None  # a generator's frame holds its locals: let them go
+        if self._annotation is not None:
+            self._end_annotation()
         self._free(result)
         if _registry.observers:
             for observer in list(_registry.observers):
@@ -215,6 +236,11 @@ class Scope(Tracker):
                 "they were closed first and freed what they owned. Exit scopes in reverse order "
                 "of entry (close an ExitStack, leave a with-block)."
             )
+
+    def _end_annotation(self) -> None:
+        annotation, self._annotation = self._annotation, None
+        if annotation is not None:
+            annotation.__exit__(None, None, None)
 
     def _transparent(self) -> bool:
         """A scope entered in a generator that is suspended now: its caller skips it."""

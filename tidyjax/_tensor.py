@@ -58,6 +58,7 @@ _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
 _fresh = _registry.fresh
+Buffer = _registry.Buffer
 VARIABLE = _registry.VARIABLE
 
 
@@ -763,7 +764,12 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         t = _new(Tensor)
         t._array = arr
         t._id = next(_ids)
-        rec = _fresh(arr, scope)
+        rec = Buffer(arr)  # `_registry.fresh` inlined
+        rec.dead = rec.more = None
+        rec.n = 1
+        rec.nbytes = -1
+        rec.owned = True
+        rec.scope = scope
         _buffers[id(arr)] = rec
         t._rec = rec
         if append is not None:
@@ -875,10 +881,27 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
         for rec in released:
             _registry._notify("tensor_removed", rec)
     freed = []
-    for rec in doomed:
-        arr = _registry.free(rec)
-        if arr is not None:
-            freed.append(arr)
+    if _registry.suspects or _registry._groups or _registry.observers:
+        for rec in doomed:
+            arr = _registry.free(rec)
+            if arr is not None:
+                freed.append(arr)
+    else:  # `_registry.free` inlined for the usual record: one array object, no group
+        free = _registry.free
+        for rec in doomed:
+            if rec.more:
+                arr = free(rec)
+                if arr is not None:
+                    freed.append(arr)
+                continue
+            arr = rec()
+            if arr is not None:
+                key = id(arr)
+                if _buffers.get(key) is rec:
+                    del _buffers[key]
+                if rec.owned:
+                    arr.delete()
+                    freed.append(arr)
     for t in survivors:
         forget_array(t)
     return freed
