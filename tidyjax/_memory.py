@@ -504,10 +504,10 @@ def memory(
         untracked_bytes = sum(int(a.nbytes) for a in untracked)
         sites = untracked_sites(untracked)
         for arr in untracked:
-            spread = tuple(_device_bytes(arr))
-            for dev, b in spread:
+            shares = tuple(_device_bytes(arr))
+            for dev, b in shares:
                 untracked_devices[dev] = untracked_devices.get(dev, 0) + b
-            holders.add("untracked", creation_site(arr), None, spread)
+            holders.add("untracked", creation_site(arr), None, shares)
         if untracked_arrays:
             reasons.append(
                 f"{_count(untracked_arrays, 'jax array')} ({_fmt_bytes(untracked_bytes or 0)}) "
