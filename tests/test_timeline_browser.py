@@ -104,7 +104,11 @@ def test_the_page_draws_areas_bands_peak_and_table_without_errors(driver, page, 
     assert _errors(driver) == []
     labels = [a.get_attribute("data-label") for a in svg.find_elements(By.CSS_SELECTOR, ".tj-area")]
     assert len(labels) == TOP + 1  # one area per top site, plus "other"
-    assert labels[0] == "model.py:9 in <module>" and labels[-1] == "other (5 sites)"
+    # the top sites by size, stacked bottom up from the longest-lived (all four live to the end;
+    # those made first lived longest)
+    assert set(labels[:-1]) == {f"model.py:{i} in <module>" for i in (6, 7, 8, 9)}
+    assert labels[0] in ("model.py:6 in <module>", "model.py:7 in <module>")
+    assert labels[-1] == "other (5 sites)"
     bands = [b.text for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band text")]
     assert bands == ["load_params", "release"]
     peak = svg.find_element(By.CSS_SELECTOR, ".tj-peak text").text
@@ -119,23 +123,26 @@ def test_hovering_an_area_names_its_site_shapes_bytes_and_scope(driver, page, sc
     svg = _open(driver, page, scheme)
     line = svg.find_element(By.CSS_SELECTOR, ".tj-peak line").rect
     box = svg.rect
-    # Just above the axis at the peak: the bottom layer, the largest site.
+    # Just above the axis at the peak: the bottom layer, the longest-lived site.
     x = line["x"] - (box["x"] + box["width"] / 2)
     y = line["y"] + line["height"] - 4 - (box["y"] + box["height"] / 2)
     ActionChains(driver).move_to_element_with_offset(svg, int(x), int(y)).perform()
     tip = driver.find_element(By.CSS_SELECTOR, ".tj-tip")
     assert tip.is_displayed()
-    assert tip.text.splitlines() == [
-        "model.py:9 in <module>",
-        tip.text.splitlines()[1],
-        "shapes: float32[2304]",
+    bottom = svg.find_element(By.CSS_SELECTOR, ".tj-area").get_attribute("data-label")
+    line = int(bottom.split(":")[1].split()[0])  # model.py:N holds N KiB
+    lines = tip.text.splitlines()
+    assert lines[0] == bottom
+    assert re.fullmatch(rf"{line}\.0 KiB live now, of 45\.0 KiB live on \S+, at \+[\d.]+ (ms|s)",
+                        lines[1])  # fmt: skip
+    assert lines[2:5] == [
+        f"allocations over the run: 1 (float32[{256 * line}])",
         "dtype: float32",
-        "scope: load_params",
+        "scopes of those allocations: load_params",
     ]
-    assert re.fullmatch(r"9\.0 KiB of 45\.0 KiB live on \S+, at \+[\d.]+ (ms|s)",
-                        tip.text.splitlines()[1])  # fmt: skip
     hot = svg.find_elements(By.CSS_SELECTOR, ".tj-area.tj-hot")
     assert [a.get_attribute("data-site") for a in hot] == ["0"]
+    assert lines[-1] == "click to keep these details"
     ActionChains(driver).move_by_offset(0, 400).perform()  # off the chart: the tip goes
     assert not tip.is_displayed()
     assert _errors(driver) == []

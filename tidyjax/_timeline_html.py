@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import time
+import zlib
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -36,11 +37,16 @@ from ._format import esc, fmt_bytes
 __all__ = ["elapsed", "fragment", "page"]
 
 MAX_COLUMNS = 1000
+#: The most columns the page embeds for its script to zoom into (every event below that).
+FINE_COLUMNS = 20_000
 MAX_LANES = 6
 TABLE_ROWS = 25
-# The chart's geometry, in SVG user units (the SVG scales to the page's width).
-_X0, _PW, _Y0, _PH = 78, 1000, 14, 280
-_LANE, _WIDTH = 18, 1090
+# The static chart's geometry, in SVG user units (the image scales to the page's width; at
+# 700 px its 13-unit text is 10 px). The script draws the live chart at the page's own pixels.
+_X0, _PW, _Y0, _PH = 72, 812, 26, 260
+_LANE, _WIDTH = 20, 900
+_MIN_PEAK = 18  # the peak's column is at least this wide
+_CHAR = 7.4  # the width of a character of band text, about
 _OTHER = "#8c959f"  # "other": a grey that reads on light and dark
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
             "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d")  # fmt: skip
@@ -91,6 +97,8 @@ class _Sites:
         self.cur: list[int] = []
         self.most: list[int] = []
         self.info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
+        self.life: list[int] = []  # bytes times events alive, summed over its buffers
+        self.allocated: list[int] = []
 
     def add(self, site: Any, untracked: bool = False) -> int:
         """The index of ``site``, a Site object not seen before (its value may have been)."""
@@ -102,39 +110,92 @@ class _Sites:
             self.cur.append(0)
             self.most.append(0)
             self.info.append({})
+            self.life.append(0)
+            self.allocated.append(0)
         (self.uids if untracked else self.ids)[id(site)] = i
         self._keep_alive.append(site)
         return i
 
 
+class _VarSite:
+    """A named Variable's buffers, drawn as a site of their own (not the line of ``assign``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"Variable {self.name!r}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _VarSite) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("tidyjax.Variable", self.name))
+
+
+def _named(events: list[Any], names: dict[int, str], cache: dict[str, _VarSite]) -> list[Any]:
+    """``events`` with the site of each named Variable's buffer replaced by its name."""
+    out = []
+    for ev in events:
+        name = names.get(ev.buffer) if ev.kind == "alloc" or ev.kind == "free" else None
+        if name is None:
+            out.append(ev)
+            continue
+        site = cache.get(name)
+        if site is None:
+            site = cache[name] = _VarSite(name)
+        out.append(ev._replace(site=site))
+    return out
+
+
 class _Chart:
     """The aggregated picture of a timeline's events (two passes over them, no per-buffer
-    output): the top sites, each device's columns, the scopes, and what was alive at the peak."""
+    output): the top sites, each device's columns, the scopes, and what was alive at the peak.
+
+    Columns come at two resolutions: ``fine`` columns (every event up to ``FINE_COLUMNS``; the
+    page's script re-aggregates them when zoomed) and the static chart's ``columns``, each the
+    fine column of the largest total in its group. A snapshot (``moment``: allocations only, all
+    at one time) is one column."""
 
     def __init__(self, tl: Any, top: int) -> None:
         base, events = tl._window()
+        names = getattr(tl, "_names", None)
+        if names:
+            cache: dict[str, _VarSite] = {}
+            base, events = _named(base, names, cache), _named(events, names, cache)
+        self.stacks: dict[Any, list[Any]] = getattr(tl, "_stacks", None) or {}
         self.n = n = len(events)
-        self.columns = max(1, min(n, MAX_COLUMNS))
+        self.moment = bool(n) and events[0].time == events[-1].time and all(
+            ev.kind == "alloc" for ev in events
+        )
+        self.fine = 1 if self.moment else max(1, min(n, FINE_COLUMNS))
+        self.columns = max(1, min(self.fine, MAX_COLUMNS))
         self.t0 = tl.start_time if tl.start_time is not None else (events[0].time if n else 0.0)
         sites = _Sites()
         devices = self._scan(base, events, sites)
         slot = self._rank(sites, top)
         self.devices = sorted(devices)
         self._fill_columns(base, events, sites.ids, sites.uids, slot)
-        self.peak_live: list[Any] = _alive_after(base, events, self.peak_index)
-        self.device_peak: list[int] = []
-        self.device_peak_col: list[int] = []
-        for cols in self.cols:
-            sums = [sum(v) for v in cols]
-            top_sum = max(sums, default=0)
-            self.device_peak.append(top_sum)
-            self.device_peak_col.append(sums.index(top_sum) if sums else 0)
+        self._columns()
+        self._steps()
+        self.lanes = _lanes(self)
+        self.peak_live: list[Any] = _alive_after(base, events, [self.peak_index])[0]
+        self.device_live = (
+            _alive_after(base, events, self.device_peak_index)
+            if len(self.devices) > 1
+            else [self.peak_live]
+        )
         self.end_time = (events[-1].time - self.t0) if n else 0.0
 
     def _scan(self, base: list[Any], events: list[Any], sites: _Sites) -> set[str]:
-        """Pass 1: each site's largest live bytes and what it allocated, the scopes as bands,
-        the peak (``peak``, ``peak_index``: the state after that event); returns the devices."""
+        """Pass 1: each site's largest live bytes, what it allocated and how long its bytes
+        lived, the scopes as bands, the peak (``peak``, ``peak_index``: the state after that
+        event); returns the devices."""
         ids, uids, cur, most, info = sites.ids, sites.uids, sites.cur, sites.most, sites.info
+        life, allocated = sites.life, sites.allocated
+        born: dict[int, tuple[int, int, int]] = {}  # buffer -> (event, site, bytes)
         devices: set[str] = set()
         total = peak = 0
         self.peak_index = -1  # -1: the peak is before any event kept
@@ -160,9 +221,14 @@ class _Chart:
                     total += ev.bytes
                     if total > peak:
                         peak, self.peak_index = total, i - nb
+                    born[ev.buffer] = (i, s, ev.bytes)
+                    allocated[s] += ev.bytes
                 else:
                     cur[s] -= ev.bytes
                     total -= ev.bytes
+                    b = born.pop(ev.buffer, None)
+                    if b is not None:
+                        life[b[1]] += b[2] * (i - b[0])
             elif kind == "scope_enter":
                 enters[ev.buffer] = (i - nb, ev)
             elif kind == "scope_exit":
@@ -170,6 +236,10 @@ class _Chart:
                 self.bands_raw.append(
                     (start, i - nb, opened.name, opened.scope, ev.time - opened.time)
                 )
+        end = nb + len(events)
+        for i, s, nbytes in born.values():  # alive at the end
+            life[s] += nbytes * (end - i)
+        self.span = max(end, 1)
         for start, ev in enters.values():  # still open when the recording stopped
             end_time = events[-1].time if events else ev.time
             self.bands_raw.append((start, len(events), ev.name, ev.scope, end_time - ev.time))
@@ -178,12 +248,21 @@ class _Chart:
 
     def _rank(self, sites: _Sites, top: int) -> list[int]:
         """The ``top`` sites by their largest live bytes, each with its hover text (``sites``),
-        the rest as one "other"; returns each site's stack slot."""
+        the rest as one "other"; returns each site's stack slot. The slots go bottom up from
+        the longest-lived bytes (a tenth of the run per step), then the largest."""
         site_list, most, info, plain = sites.sites, sites.most, sites.info, sites.untracked
         ranked = sorted(
             range(len(site_list)), key=lambda s: (-most[s], _label(site_list[s], plain[s]))
         )
-        self.top = ranked[:top]
+        life, allocated, span = sites.life, sites.allocated, self.span
+
+        def lived(s: int) -> int:  # the share of the run its bytes lived, in tenths
+            return int(10 * life[s] / (allocated[s] * span)) if allocated[s] else 0
+
+        self.top = sorted(
+            ranked[:top],
+            key=lambda s: (-lived(s), -most[s], _label(site_list[s], plain[s])),
+        )
         others = ranked[top:]
         self.other = bool(others)
         k = len(self.top) + (1 if self.other else 0)
@@ -191,9 +270,13 @@ class _Chart:
         for i, s in enumerate(self.top):
             slot[s] = i
         self.sites = [_describe(_label(site_list[s], plain[s]), [info[s]]) for s in self.top]
+        for d, s in zip(self.sites, self.top, strict=True):
+            d["stack"] = [str(f) for f in (self.stacks.get(site_list[s]) or [()])[0]]
         if self.other:
             label = f"other ({len(others)} sites)"
             self.sites.append(_describe(label, [info[s] for s in others]))
+            self.sites[-1]["stack"] = []
+            self.sites[-1]["other"] = True
         return slot
 
     def _fill_columns(
@@ -204,16 +287,18 @@ class _Chart:
         plain_ids: dict[int, int],
         slot: list[int],
     ) -> None:
-        """Pass 2: per device, each column's stack of slots at the moment of its largest total
-        (``cols``), and each column's time (``times``)."""
-        c, n = self.columns, self.n
+        """Pass 2: per device, each fine column's stack of slots at the moment of its largest
+        total (``fine_cols``), each fine column's time (``fine_times``), and each device's
+        peak (``device_peak``, the event after which it is reached: ``device_peak_index``)."""
+        c, n = self.fine, self.n
         dindex = {d: j for j, d in enumerate(self.devices)}
         nd = len(self.devices)
         vec, tot = _stacks(base, dindex, len(self.sites), site_ids, plain_ids, slot)
         cols: list[list[list[int]]] = [[] for _ in range(nd)]
         best = [0] * nd
         best_vec: list[list[int]] = [[] for _ in range(nd)]
-        self.times: list[float] = []
+        peak, peak_at = tot[:], [-1] * nd
+        self.fine_times: list[float] = []
         column = -1
         for i, ev in enumerate(events):
             col = i * c // n
@@ -222,7 +307,7 @@ class _Chart:
                     for j in range(nd):
                         cols[j].append(best_vec[j])
                 column = col
-                self.times.append(ev.time - self.t0)
+                self.fine_times.append(ev.time - self.t0)
                 for j in range(nd):
                     best[j] = tot[j]
                     best_vec[j] = vec[j][:]
@@ -238,6 +323,8 @@ class _Chart:
                     if t > best[j]:
                         best[j] = t
                         best_vec[j] = v[:]
+                    if t > peak[j]:
+                        peak[j], peak_at[j] = t, i
             elif kind == "free":
                 ids = plain_ids if ev.scope == _UNTRACKED else site_ids
                 s = slot[ids[id(ev.site)]]
@@ -249,10 +336,49 @@ class _Chart:
             for j in range(nd):
                 cols[j].append(best_vec[j])
         else:
-            self.times.append(0.0)
+            self.fine_times.append(0.0)
             for j in range(nd):
                 cols[j].append(vec[j][:])
-        self.cols = cols
+        self.fine_cols = cols
+        self.device_peak = peak
+        self.device_peak_index = peak_at
+        self.device_peak_fine = [max(0, a) * c // max(n, 1) for a in peak_at]
+
+    def _columns(self) -> None:
+        """The static chart's columns: per group of fine columns, the one of the largest total."""
+        f, c = self.fine, self.columns
+        self.cols: list[list[list[int]]] = []
+        starts = [g * f // c for g in range(c + 1)]
+        self.times = [self.fine_times[starts[g]] for g in range(c)]
+        for fine in self.fine_cols:
+            sums = [sum(v) for v in fine]
+            out = []
+            for g in range(c):
+                lo, hi = starts[g], max(starts[g + 1], starts[g] + 1)
+                best = max(range(lo, hi), key=sums.__getitem__)
+                out.append(fine[best])
+            self.cols.append(out)
+        self.device_peak_col = [p * c // f for p in self.device_peak_fine]
+
+    def _steps(self) -> None:
+        """The steps, when they are scopes: the scope path entered most often (at least 3
+        times) of the fewest levels; ``steps``: each step's (start event, end event, seconds).
+        ``compiled``: the first step took over 5 times the others' median (its compile)."""
+        paths = collections.Counter(path for _, _, _, path, _ in self.bands_raw)
+        found = [p for p, k in paths.items() if k >= 3]
+        self.step_path = min(found, key=lambda p: (p.count("/"), -paths[p], p)) if found else None
+        self.steps = sorted(
+            (max(s, 0), e, dt) for s, e, _, path, dt in self.bands_raw if path == self.step_path
+        )
+        self.compiled = False
+        if len(self.steps) >= 3:
+            rest = sorted(dt for _, _, dt in self.steps[1:])
+            median = rest[len(rest) // 2]
+            self.compiled = self.steps[0][2] > max(5 * median, 0.05)
+
+    def fpos(self, event: float) -> float:
+        """An event position as a fine-column position."""
+        return event * self.fine / max(self.n, 1)
 
 
 def _stacks(
@@ -276,21 +402,35 @@ def _stacks(
     return vec, tot
 
 
-def _alive_after(base: list[Any], events: list[Any], index: int) -> list[Any]:
-    """The allocations alive after ``events[index]`` (-1: before the first), oldest first."""
+def _alive_after(base: list[Any], events: list[Any], indexes: list[int]) -> list[list[Any]]:
+    """For each of ``indexes``, the allocations alive after ``events[index]`` (-1: before the
+    first), oldest first; one replay for them all."""
     live = {ev.buffer: ev for ev in base}
-    for ev in events[: index + 1]:
+    want = sorted(set(indexes))
+    found: dict[int, list[Any]] = {}
+    k = 0
+    while k < len(want) and want[k] < 0:
+        found[want[k]] = list(live.values())
+        k += 1
+    for i, ev in enumerate(events):
+        if k >= len(want):
+            break
         kind = ev.kind
         if kind == "alloc":
             live[ev.buffer] = ev
         elif kind == "free":
             live.pop(ev.buffer, None)
-    return list(live.values())
+        while k < len(want) and want[k] == i:
+            found[i] = list(live.values())
+            k += 1
+    for w in want[k:]:
+        found[w] = list(live.values())
+    return [found[i] for i in indexes]
 
 
 def _describe(
     label: str, infos: list[dict[tuple[str, tuple[int, ...], str], int]]
-) -> dict[str, str]:
+) -> dict[str, Any]:
     """What the hover says of a site (or of "other"): its shapes, dtypes and scopes."""
     shapes: collections.Counter[str] = collections.Counter()
     dtypes: dict[str, None] = {}
@@ -301,14 +441,30 @@ def _describe(
             dtypes[dtype] = None
             scopes[scope or "(no scope)"] += k
     return {"label": label, "shapes": _top(shapes), "dtypes": ", ".join(dtypes),
-            "scopes": _top(scopes)}  # fmt: skip
+            "scopes": _top(scopes), "allocs": sum(scopes.values())}  # fmt: skip
 
 
 # -- drawing ---------------------------------------------------------------------------------
 
 
-def _x(pos: float, columns: int) -> float:
-    return _X0 + pos * _PW / columns
+class _XMap:
+    """Static columns to SVG x: equal columns, except the peak's, at least ``_MIN_PEAK`` wide
+    so that the peak's contents show at first sight."""
+
+    def __init__(self, columns: int, wide: int) -> None:
+        self.columns = columns
+        self.w = self.ww = _PW / columns
+        self.wide = -1
+        if columns > 1 and 0 <= wide < columns and self.w < _MIN_PEAK:
+            self.w, self.ww, self.wide = (_PW - _MIN_PEAK) / (columns - 1), _MIN_PEAK, wide
+
+    def __call__(self, pos: float) -> float:
+        wide = self.wide
+        if wide < 0 or pos <= wide:
+            return _X0 + pos * self.w
+        if pos >= wide + 1:
+            return _X0 + (pos - 1) * self.w + self.ww
+        return _X0 + wide * self.w + (pos - wide) * self.ww
 
 
 def _nice(vmax: float) -> tuple[float, int]:
@@ -327,26 +483,27 @@ def _nice(vmax: float) -> tuple[float, int]:
     return step, int(vmax // step) + 1
 
 
-def _edge(ys: Sequence[float], columns: int, reverse: bool) -> str:
+def _edge(ys: Sequence[float], x: _XMap, reverse: bool) -> str:
     """A step line through each column's value: left to right (``M`` first), or right to left
     continuing the path (the lower edge of an area)."""
+    columns = x.columns
     last = columns - 1
     if not reverse:
-        out = [f"M{_x(0, columns):.1f} {ys[0]:.1f}"]
+        out = [f"M{x(0):.1f} {ys[0]:.1f}"]
         for c in range(1, columns):
             if ys[c] != ys[c - 1]:
-                out.append(f"H{_x(c, columns):.1f}V{ys[c]:.1f}")
-        out.append(f"H{_x(columns, columns):.1f}")
+                out.append(f"H{x(c):.1f}V{ys[c]:.1f}")
+        out.append(f"H{x(columns):.1f}")
     else:
         out = [f"V{ys[last]:.1f}"]
         for c in range(last - 1, -1, -1):
             if ys[c] != ys[c + 1]:
-                out.append(f"H{_x(c + 1, columns):.1f}V{ys[c]:.1f}")
-        out.append(f"H{_x(0, columns):.1f}")
+                out.append(f"H{x(c + 1):.1f}V{ys[c]:.1f}")
+        out.append(f"H{x(0):.1f}")
     return "".join(out)
 
 
-def _areas(ch: _Chart, j: int, vmax: float) -> str:
+def _areas(ch: _Chart, j: int, vmax: float, x: _XMap) -> str:
     cols = ch.cols[j]
     columns = len(cols)
     k = len(ch.sites)
@@ -358,7 +515,7 @@ def _areas(ch: _Chart, j: int, vmax: float) -> str:
         above = [below[c] + cols[c][s] for c in range(columns)]
         top_y = [round(bottom - v * scale, 1) for v in above]
         low_y = [round(bottom - v * scale, 1) for v in below]
-        d = _edge(top_y, columns, False) + _edge(low_y, columns, True) + "Z"
+        d = _edge(top_y, x, False) + _edge(low_y, x, True) + "Z"
         cls = f"tj-area tj-s{s}" if s < len(ch.top) else "tj-area tj-other"
         label = ch.sites[s]["label"]
         parts.append(
@@ -369,7 +526,39 @@ def _areas(ch: _Chart, j: int, vmax: float) -> str:
     return "".join(parts)
 
 
-def _axes(ch: _Chart, vmax: float) -> str:
+def _nice_count(k: int, most: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... that cuts ``k`` items to ``most`` or fewer."""
+    mag = 1
+    while True:
+        for m in (1, 2, 5):
+            if k <= most * m * mag:
+                return m * mag
+        mag *= 10
+
+
+def _x_ticks(ch: _Chart, most: int = 6) -> list[tuple[float, str]]:
+    """The time axis: step numbers when the steps are scopes, else the time since the start
+    (positions in fine columns)."""
+    if ch.moment:
+        return [(ch.fine / 2, "one moment (a snapshot)")]
+    if ch.steps:
+        stride = _nice_count(len(ch.steps), most)
+        return [
+            (ch.fpos(start), f"step {k}")
+            for k, (start, _, _) in enumerate(ch.steps, 1)
+            if k == 1 or k % stride == 0
+        ]
+    out = []
+    fine = ch.fine
+    for t in range(most):
+        f = round(t * (fine - 1) / (most - 1)) if fine > 1 else 0
+        if t and f == 0:
+            break
+        out.append((f + 0.5, elapsed(ch.fine_times[f])))
+    return out
+
+
+def _axes(ch: _Chart, vmax: float, x: _XMap) -> str:
     step, ticks = _nice(vmax)
     out = []
     bottom = _Y0 + _PH
@@ -383,30 +572,30 @@ def _axes(ch: _Chart, vmax: float) -> str:
             f'<text class="tj-tick" x="{_X0 - 6}" y="{y + 4:.1f}" text-anchor="end">'
             f"{esc(fmt_bytes(v))}</text>"
         )
-    columns = ch.columns
-    for t in range(6):
-        c = round(t * (columns - 1) / 5) if columns > 1 else 0
-        if t and c == 0:
-            break
-        x = _x(c + 0.5, columns)
-        anchor = "start" if t == 0 else "end" if t == 5 else "middle"
+    last = -1e9
+    for pos, label in _x_ticks(ch):
+        px = x(pos * ch.columns / ch.fine)
+        if px - last < 70:
+            continue
+        last = px
+        anchor = "start" if px < _X0 + 30 else "end" if px > _X0 + _PW - 30 else "middle"
         out.append(
-            f'<text class="tj-tick" x="{x:.1f}" y="{bottom + 16}" text-anchor="{anchor}">'
-            f"{esc(elapsed(ch.times[c]))}</text>"
+            f'<text class="tj-tick" x="{px:.1f}" y="{bottom + 17}" text-anchor="{anchor}">'
+            f"{esc(label)}</text>"
         )
     out.append(f'<line class="tj-axis" x1="{_X0}" x2="{_X0 + _PW}" y1="{bottom}" y2="{bottom}"/>')
     return "".join(out)
 
 
 def _fits(label: str, width: float) -> bool:
-    return len(label) * 6.4 + 6 <= width
+    return len(label) * _CHAR + 6 <= width
 
 
-def _groups(spans: list[tuple[float, float, str, str, float]], columns: int) -> list[list[Any]]:
+def _groups(spans: list[tuple[float, float, str, str, float]], x: _XMap) -> list[list[Any]]:
     """Runs of neighbouring scopes in one lane that are too narrow for their own label."""
     groups: list[list[Any]] = []
     for x0, x1, name, path, dt in spans:
-        px0, px1 = _x(x0, columns), _x(x1, columns)
+        px0, px1 = x(x0), x(x1)
         member = (px0, max(px1, px0 + 1.0), name, path, dt)
         last = groups[-1] if groups else None
         narrow = not _fits(name, px1 - px0)
@@ -444,29 +633,30 @@ def _band(group: list[Any], y: float) -> str:
     width = x1 - x0
     text = label
     if not _fits(text, width):
-        keep = int((width - 6) / 6.4) - 1
+        keep = int((width - 6) / _CHAR) - 1
         text = text[:keep] + "…" if keep >= 3 else ""
-    label_svg = f'<text x="{x0 + 3:.1f}" y="{y + 11}">{esc(text)}</text>' if text else ""
+    label_svg = f'<text x="{x0 + 3:.1f}" y="{y + 13}">{esc(text)}</text>' if text else ""
     return (
         f'<g class="tj-band" data-name="{esc(label)}">{rects}{label_svg}'
         f"<title>{esc(title)}</title></g>"
     )
 
 
-def _bands(ch: _Chart) -> tuple[str, int]:
-    """Scopes as labelled bands under the chart, nested or concurrent ones in lanes below.
-
-    Neighbours too narrow for their own label share one ("step x1000"), and when they are too
-    narrow to tell apart they share one rectangle too: a loop of a million scopes draws a few
-    hundred rectangles at most."""
-    n, columns = max(ch.n, 1), ch.columns
+def _lanes(ch: _Chart) -> tuple[list[tuple[float, float, str, str, float, int]], int, int]:
+    """Each scope as (start, end in fine columns, name, path, seconds, lane): nested or
+    concurrent ones in lanes below; with how many lanes, and how many scopes found no lane.
+    The first step, when it took its compile, is named "first call (compile)"."""
+    n, fine = max(ch.n, 1), ch.fine
+    first = ch.steps[0][:2] if ch.compiled else None
     spans = sorted(
-        ((s * columns / n if s >= 0 else 0.0, max(e, s + 1) * columns / n, name, path, dt)
+        ((s * fine / n if s >= 0 else 0.0, max(e, s + 1) * fine / n,
+          "first call (compile)" if first == (max(s, 0), e) and path == ch.step_path else name,
+          path, dt)
          for s, e, name, path, dt in ch.bands_raw),
         key=lambda b: (b[0], -b[1]),
     )  # fmt: skip
     lanes: list[float] = []
-    placed: list[list[tuple[float, float, str, str, float]]] = []
+    out = []
     hidden = 0
     for span in spans:
         for lane, end in enumerate(lanes):  # noqa: B007 - the lane found is used below
@@ -477,54 +667,70 @@ def _bands(ch: _Chart) -> tuple[str, int]:
                 hidden += 1
                 continue
             lanes.append(0.0)
-            placed.append([])
             lane = len(lanes) - 1
         lanes[lane] = span[1]
-        placed[lane].append(span)
-    top = _Y0 + _PH + 24
+        out.append((*span, lane))
+    return out, len(lanes), hidden
+
+
+def _bands(ch: _Chart, x: _XMap) -> tuple[str, int]:
+    """Scopes as labelled bands under the chart, nested or concurrent ones in lanes below.
+
+    Neighbours too narrow for their own label share one ("step x1000"), and when they are too
+    narrow to tell apart they share one rectangle too: a loop of a million scopes draws a few
+    hundred rectangles at most."""
+    spans, lanes, hidden = ch.lanes
+    scale = ch.columns / ch.fine
+    placed: list[list[tuple[float, float, str, str, float]]] = [[] for _ in range(lanes)]
+    for s, e, name, path, dt, lane in spans:
+        placed[lane].append((s * scale, e * scale, name, path, dt))
+    top = _Y0 + _PH + 26
     out = []
     for lane, spans_in_lane in enumerate(placed):
         y = top + lane * _LANE
-        for group in _groups(spans_in_lane, columns):
+        for group in _groups(spans_in_lane, x):
             out.append(_band(group, y))
     if hidden:
-        y = top + len(placed) * _LANE
-        out.append(f'<text class="tj-tick" x="{_X0}" y="{y + 11}">'
+        y = top + lanes * _LANE
+        out.append(f'<text class="tj-tick" x="{_X0}" y="{y + 13}">'
                    f"{hidden} more overlapping scopes not drawn</text>")  # fmt: skip
-        return "".join(out), len(placed) + 1
-    return "".join(out), len(placed)
+        return "".join(out), lanes + 1
+    return "".join(out), lanes
 
 
 def _chart_svg(ch: _Chart, j: int) -> str:
-    """Device ``j``'s chart as a standalone SVG document: its own style sheet and background
-    (``tj-own``, which the page's script drops when it shows the SVG inline)."""
+    """Device ``j``'s chart as a standalone SVG document: its own style sheet and background."""
     vmax = float(ch.device_peak[j]) or 1.0
-    bands, lanes = _bands(ch)
-    height = _Y0 + _PH + 24 + lanes * _LANE + 6
     pc = ch.device_peak_col[j]
-    px = _x(pc + 0.5, ch.columns)
+    x = _XMap(ch.columns, -1 if ch.moment else pc)
+    bands, lanes = _bands(ch, x)
+    height = _Y0 + _PH + 26 + lanes * _LANE + 6
+    px = (x(pc) + x(pc + 1)) / 2
     peak = ch.device_peak[j]
-    anchor = "end" if pc > ch.columns * 0.7 else "start"
-    dx = -5 if anchor == "end" else 5
+    anchor = "end" if px > _X0 + _PW * 0.7 else "start"
+    dx = -6 if anchor == "end" else 6
+    marker = (
+        ""
+        if ch.moment
+        else f'<g class="tj-peak"><line x1="{px:.1f}" x2="{px:.1f}" y1="{_Y0}" '
+        f'y2="{_Y0 + _PH}"/><text x="{px + dx:.1f}" y="{_Y0 - 8}" text-anchor="{anchor}">'
+        f"peak {esc(fmt_bytes(peak))}</text></g>"
+    )
     return (
         f'<svg class="tj-svg" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" '
         f'height="{height}" role="img" '
         f'aria-label="live bytes over time on {esc(ch.devices[j])}" '
         f'xmlns="http://www.w3.org/2000/svg">'
-        f'<style class="tj-own">{_asset("timeline-svg.css")}{_palette_css("", len(ch.top))}'
-        f'</style><rect class="tj-own tj-bg" width="{_WIDTH}" height="{height}" rx="6"/>'
-        f'<rect class="tj-hit" x="{_X0}" y="{_Y0}" width="{_PW}" height="{_PH}"/>'
-        f'{_axes(ch, vmax)}<g class="tj-areas">{_areas(ch, j, vmax)}</g>'
-        f'<g class="tj-peak"><line x1="{px:.1f}" x2="{px:.1f}" y1="{_Y0}" y2="{_Y0 + _PH}"/>'
-        f'<text x="{px + dx:.1f}" y="{_Y0 + 10}" text-anchor="{anchor}">peak '
-        f"{esc(fmt_bytes(peak))}</text></g>"
-        f'<g class="tj-bands">{bands}</g></svg>'
+        f'<style>{_asset("timeline-svg.css")}{_palette_css("", len(ch.top))}'
+        f'</style><rect class="tj-bg" width="{_WIDTH}" height="{height}" rx="6"/>'
+        f"{_axes(ch, vmax, x)}<g class=\"tj-areas\">{_areas(ch, j, vmax, x)}</g>"
+        f'{marker}<g class="tj-bands">{bands}</g></svg>'
     )
 
 
 def _chart_img(ch: _Chart, j: int) -> str:
     """Device ``j``'s chart as an image that sanitizers keep (a data URI in ``<img src>``,
-    sized by inline styles they allow); the script replaces it with the live SVG."""
+    sized by inline styles they allow); the script draws the live chart over it."""
     svg = base64.b64encode(_chart_svg(ch, j).encode("utf-8")).decode("ascii")
     alt = f"live bytes over time on {ch.devices[j]}, peak {fmt_bytes(ch.device_peak[j])}"
     return (
@@ -547,21 +753,32 @@ def _legend(ch: _Chart) -> str:
     return f'<ul class="tj-legend">{"".join(items)}</ul>'
 
 
-def _peak_table(ch: _Chart) -> str:
+def _peak_table(ch: _Chart, j: int) -> str:
+    """What was alive at device ``j``'s peak, largest first; on a page of several devices, in
+    the bytes each buffer holds on that device (its shard or copy)."""
+    device = ch.devices[j] if ch.devices else ""
+    several = len(ch.devices) > 1
     groups: dict[tuple[str, str, str, str], list[int]] = {}
-    for ev in ch.peak_live:
+    for ev in ch.device_live[j] if several else ch.peak_live:
+        if several:
+            nbytes = dict(ev.per_device or ((ev.device, ev.bytes),)).get(device, 0)
+            if not nbytes:
+                continue
+        else:
+            nbytes = ev.bytes
         plain = ev.scope == _UNTRACKED  # a plain jax.Array: untracked, no scope frees it
         key = (_label(ev.site, plain), f"{ev.dtype}{list(ev.shape)}".replace(" ", ""),
-               "untracked" if plain else ev.scope or "(no scope)", ev.device)  # fmt: skip
+               "untracked" if plain else ev.scope or "(no scope)",
+               device if several else ev.device)  # fmt: skip
         g = groups.setdefault(key, [0, 0])
-        g[0] += ev.bytes
+        g[0] += nbytes
         g[1] += 1
     rows = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     body = "".join(
         f'<tr><td class="tj-num">{esc(fmt_bytes(b))}</td><td class="tj-num">{n}</td>'
         f'<td>{esc(shape)}</td><td class="tj-site">{esc(site)}</td><td>{esc(scope)}</td>'
-        f"<td>{esc(device)}</td></tr>"
-        for (site, shape, scope, device), (b, n) in rows[:TABLE_ROWS]
+        f"<td>{esc(dev)}</td></tr>"
+        for (site, shape, scope, dev), (b, n) in rows[:TABLE_ROWS]
     )
     rest = rows[TABLE_ROWS:]
     if rest:
@@ -573,9 +790,19 @@ def _peak_table(ch: _Chart) -> str:
         )
     if not rows:
         body = '<tr><td colspan="6">nothing was alive</td></tr>'
+    if ch.moment:
+        caption = "Alive in the snapshot, largest first"
+    elif several:
+        caption = (
+            f"Alive at {esc(device)}'s peak ({esc(fmt_bytes(ch.device_peak[j]))}), largest "
+            f"first, in bytes on {esc(device)}"
+        )
+    else:
+        caption = "Alive at the peak, largest first"
+    head = "bytes on device" if several else "bytes"
     return (
-        '<table class="tj-peak-table"><caption>Alive at the peak, largest first</caption>'
-        "<thead><tr><th>bytes</th><th>buffers</th><th>shape</th><th>created at</th>"
+        f'<table class="tj-peak-table" data-device="{j}"><caption>{caption}</caption>'
+        f"<thead><tr><th>{head}</th><th>buffers</th><th>shape</th><th>created at</th>"
         f"<th>scope</th><th>device</th></tr></thead><tbody>{body}</tbody></table>"
     )
 
@@ -595,25 +822,94 @@ def _palette_css(uid: str, k: int) -> str:
     )
 
 
+def _data(ch: _Chart, selected: int) -> dict[str, Any]:
+    """What the page's script draws from: the fine columns (per device, each slot's change
+    from the column before), their times (microseconds, as changes), the scopes, the steps."""
+    k = len(ch.sites)
+    strings: dict[str, int] = {}
+
+    def s(x: str) -> int:
+        return strings.setdefault(x, len(strings))
+
+    times, last = [], 0
+    for t in ch.fine_times:
+        us = round(t * 1e6)
+        times.append(us - last)
+        last = us
+    devices = []
+    for j, d in enumerate(ch.devices):
+        flat: list[int] = []
+        prev = [0] * k
+        for col in ch.fine_cols[j]:
+            flat.extend(col[i] - prev[i] for i in range(k))
+            prev = col
+        devices.append({
+            "name": d, "peak": ch.device_peak[j], "peakCol": ch.device_peak_fine[j],
+            "label": f"{d} · peak {fmt_bytes(ch.device_peak[j])}", "cols": flat,
+        })  # fmt: skip
+    spans, lanes, hidden = ch.lanes
+    bands: list[Any] = []
+    for start, end, name, path, dt, lane in spans:
+        bands.extend((round(start, 3), round(end, 3), lane, s(name), s(path), round(dt * 1e3, 3)))
+    steps: list[Any] = []
+    for start, _, _ in ch.steps:
+        steps.append(round(ch.fpos(start), 3))
+    return {
+        "events": ch.n, "fine": ch.fine, "moment": ch.moment, "times": times,
+        "sites": ch.sites, "devices": devices, "selected": selected, "bands": bands,
+        "lanes": lanes, "hidden": hidden, "steps": steps, "stepPath": ch.step_path,
+        "strings": list(strings),
+    }  # fmt: skip
+
+
+def _payload(data: dict[str, Any]) -> str:
+    """``data`` as compact JSON, deflated and in base64, inside JSON (the page inflates it with
+    the browser's own ``DecompressionStream``: no library, still one offline file)."""
+    raw = json.dumps(data, separators=(",", ":")).encode("utf-8")
+    packed = base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+    return json.dumps({"format": "tidyjax.timeline.page", "deflated": packed})
+
+
+def _subtitle(tl: Any, ch: _Chart) -> str:
+    when = ""
+    if tl.started_at:
+        when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
+    if ch.moment:
+        sub = [f"a snapshot: {ch.n:,} buffers at one moment", f"{fmt_bytes(ch.peak)} in all"]
+        return f'<p class="tj-sub">{esc(" · ".join(sub))}{esc(when)}.</p>'
+    sub = [f"{ch.n:,} events over {elapsed(ch.end_time)[1:]}"]
+    if len(ch.devices) > 1:
+        lo, hi = min(ch.device_peak), max(ch.device_peak)
+        each = fmt_bytes(hi) if lo == hi else f"{fmt_bytes(lo)}–{fmt_bytes(hi)}"
+        sub.append(
+            f"peak per device {each} ({fmt_bytes(tl.peak_bytes or ch.peak)} over "
+            f"{len(ch.devices)} devices together)"
+        )
+    else:
+        sub.append(
+            f"peak {fmt_bytes(tl.peak_bytes or ch.peak)} at "
+            f"{elapsed(max(0.0, tl.peak_time - ch.t0))}"
+        )
+    if tl.dropped:
+        sub.append(f"{tl.dropped:,} older events dropped (max_events): the page starts after them")
+    if ch.steps:
+        axis = f"x: events in order, ticks at steps (scope {ch.step_path})"
+    else:
+        axis = "x: events in order, ticks give the time since the start"
+    if ch.compiled:
+        rest = sorted(dt for _, _, dt in ch.steps[1:])
+        axis += (
+            f"; step 1 took {elapsed(ch.steps[0][2])[1:]}, the first call (compile), the "
+            f"others {elapsed(rest[len(rest) // 2])[1:]} (median)"
+        )
+    return f'<p class="tj-sub">{esc(" · ".join(sub))}{esc(when)}. {esc(axis)}.</p>'
+
+
 def fragment(tl: Any, *, top: int = 10) -> str:
     """The chart, bands and table as one ``<div>`` with its style and script (for notebooks)."""
     ch = _Chart(tl, top)
     uid = "tjtl-" + os.urandom(5).hex()
-    events = ch.n
-    when = ""
-    if tl.started_at:
-        when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
-    sub = [
-        f"{events:,} events over {elapsed(ch.end_time)[1:]}",
-        f"peak {esc(fmt_bytes(tl.peak_bytes or ch.peak))} at "
-        f"{esc(elapsed(max(0.0, tl.peak_time - ch.t0)))}",
-    ]
-    if tl.dropped:
-        sub.append(f"{tl.dropped:,} older events dropped (max_events): the page starts after them")
-    head = (
-        f'<h2>tidyjax timeline</h2><p class="tj-sub">{" · ".join(sub)}{esc(when)}. '
-        "x: events in order, ticks give the time.</p>"
-    )
+    head = f"<h2>tidyjax timeline</h2>{_subtitle(tl, ch)}"
     if not ch.devices:
         return (
             f'<div class="tjtl" id="{uid}"><style>{_asset("timeline.css")}</style>{head}'
@@ -629,35 +925,19 @@ def fragment(tl: Any, *, top: int = 10) -> str:
         + f"{_chart_img(ch, j)}</section>"
         for j, d in enumerate(ch.devices)
     )  # fmt: skip
-    data = {
-        "columns": ch.columns,
-        "times": [round(t, 6) for t in ch.times],
-        "sites": ch.sites,
-        "layout": {"x0": _X0, "pw": _PW, "y0": _Y0, "ph": _PH},
-        # the device selector, which the script builds (without it, buttons would do nothing)
-        "selected": default,
-        "devices": [
-            {
-                "name": d,
-                "vmax": float(ch.device_peak[j]) or 1.0,
-                "cols": ch.cols[j],
-                "label": f"{d} · peak {fmt_bytes(ch.device_peak[j])}",
-            }
-            for j, d in enumerate(ch.devices)
-        ],
-    }
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    tables = "".join(_peak_table(ch, j) for j in range(len(ch.devices)) if names or j == 0)
+    payload = _payload(_data(ch, default)).replace("</", "<\\/")
     return (
         f'<div class="tjtl" id="{uid}">'
         f"<style>{_asset('timeline.css')}{_palette_css(uid, len(ch.top))}</style>"
-        f"{head}{charts}{_legend(ch)}{_peak_table(ch)}"
+        f"{head}{charts}{_legend(ch)}{tables}"
         f'<script type="application/json" class="tj-data">{payload}</script>'
         f"<script>{_asset('timeline.js').replace('%ID%', uid)}</script></div>"
     )
 
 
 def page(tl: Any, *, top: int = 10) -> str:
-    """The whole page: `fragment` in a document that opens from disk, offline."""
+    """The whole page: :func:`fragment` in a document that opens from disk, offline."""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="color-scheme" content="light dark">'

@@ -1,67 +1,320 @@
-// The tidyjax timeline page's hover and device selector, inlined into each page by
-// tidyjax/_timeline_html.py, which puts the page's root element id in getElementById below.
-// Without this script each chart is an <img> of a standalone SVG (what sanitizers keep); the
-// script swaps each image for the live SVG decoded from it, then adds the hover, the tooltip
-// and the device selector.
+// The tidyjax timeline page's live chart, inlined into each page by tidyjax/_timeline_html.py,
+// which puts the page's root element id in getElementById below.
+// Without this script each chart is an <img> of a standalone SVG (what sanitizers keep). Where
+// scripts run, this inflates the data embedded in the page (the fine columns, the scopes) and
+// draws the live chart over the image at the page's own pixel size: zoom (wheel, + and -, a
+// click on a scope band), pan (drag, arrow keys), a hover tooltip that a click keeps, legend
+// entries that isolate their site, and the device selector.
 (function(){
 var root=document.getElementById("%ID%");
-if(!root||root.dataset.ready)return;
-root.dataset.ready="1";
-var data=JSON.parse(root.querySelector("script.tj-data").textContent);
-root.querySelectorAll("img.tj-static").forEach(function(img){
-  var bin=atob(img.getAttribute("src").split(",")[1]);
-  var bytes=new Uint8Array(bin.length);
-  for(var k=0;k<bin.length;k++)bytes[k]=bin.charCodeAt(k);
-  var doc=new DOMParser().parseFromString(new TextDecoder().decode(bytes),"image/svg+xml");
-  doc.querySelectorAll(".tj-own").forEach(function(e){e.remove()});  // its own style, backdrop
-  var svg=document.importNode(doc.documentElement,true);
-  svg.removeAttribute("width");svg.removeAttribute("height");
-  img.replaceWith(svg)});
-var tip=document.createElement("div");
-tip.className="tj-tip";tip.hidden=true;root.appendChild(tip);
-if(data.devices.length>1){
-  var group=document.createElement("div");
-  group.className="tj-devices";group.setAttribute("role","group");
-  group.setAttribute("aria-label","device");
-  data.devices.forEach(function(d,j){
-    var b=document.createElement("button");b.type="button";b.dataset.device=String(j);
-    b.textContent=d.label;group.appendChild(b)});
-  root.insertBefore(group,root.querySelector(".tj-chart"))}
+if(!root||root.dataset.ready||root.dataset.busy)return;
+var holder=root.querySelector("script.tj-data");
+if(!holder||typeof DecompressionStream!=="function"||typeof atob!=="function")return;
+root.dataset.busy="1";
+var packed=JSON.parse(holder.textContent).deflated,bin=atob(packed);
+var raw=new Uint8Array(bin.length);
+for(var k=0;k<bin.length;k++)raw[k]=bin.charCodeAt(k);
+new Response(new Blob([raw]).stream().pipeThrough(new DecompressionStream("deflate")))
+  .text().then(function(text){start(JSON.parse(text))})
+  .catch(function(e){delete root.dataset.busy;
+    if(window.console)console.warn("tidyjax timeline: the static chart stays ("+e+")")});
+
+var SVGNS="http://www.w3.org/2000/svg",MINW=14,FONT=12,CH=7.2;
 function fmt(n){
-  var u=["B","KiB","MiB","GiB"],i=0;
-  while(Math.abs(n)>=1024&&i<3){n/=1024;i++}
+  var u=["B","KiB","MiB","GiB","TiB"],i=0;
+  while(Math.abs(n)>=1024&&i<4){n/=1024;i++}
   return i?n.toFixed(1)+" "+u[i]:Math.round(n)+" B"}
 function dt(s){
   return s<1?"+"+(s*1e3).toFixed(1)+" ms":s<120?"+"+s.toFixed(2)+" s":"+"+(s/60).toFixed(1)+" min"}
-function line(text,bold){
-  var e=document.createElement(bold?"b":"div");e.textContent=text;tip.appendChild(e)}
-var buttons=root.querySelectorAll(".tj-devices button");
-function show(d){
-  root.querySelectorAll(".tj-chart").forEach(function(c){c.hidden=+c.dataset.device!==d});
-  buttons.forEach(function(b){b.setAttribute("aria-pressed",String(+b.dataset.device===d))})}
-buttons.forEach(function(b){b.addEventListener("click",function(){show(+b.dataset.device)})});
-show(data.selected);
-root.querySelectorAll(".tj-area title").forEach(function(t){t.remove()});
-root.querySelectorAll(".tj-chart").forEach(function(chart){
-  var dev=data.devices[+chart.dataset.device],L=data.layout;
-  var svg=chart.querySelector("svg.tj-svg"),areas=svg.querySelectorAll(".tj-area");
-  function hide(){tip.hidden=true;areas.forEach(function(a){a.classList.remove("tj-hot")})}
-  svg.addEventListener("mouseleave",hide);
-  svg.addEventListener("mousemove",function(e){
-    var p=svg.createSVGPoint();p.x=e.clientX;p.y=e.clientY;
-    var q=p.matrixTransform(svg.getScreenCTM().inverse());
-    var c=Math.floor((q.x-L.x0)/L.pw*data.columns);
-    if(c<0||c>=data.columns||q.y<L.y0||q.y>L.y0+L.ph){hide();return}
-    var col=dev.cols[c],v=(L.y0+L.ph-q.y)/L.ph*dev.vmax,cum=0,s=-1,tot=0,i;
-    for(i=0;i<col.length;i++)tot+=col[i];
-    for(i=0;i<col.length;i++){if(col[i]>0&&v>=cum&&v<cum+col[i]){s=i;break}cum+=col[i]}
-    if(s<0){hide();return}
-    var site=data.sites[s];
-    areas.forEach(function(a){a.classList.toggle("tj-hot",+a.dataset.site===s)});
-    tip.textContent="";line(site.label,true);
-    line(fmt(col[s])+" of "+fmt(tot)+" live on "+dev.name+", at "+dt(data.times[c]));
-    line("shapes: "+site.shapes);line("dtype: "+site.dtypes);line("scope: "+site.scopes);
+function dur(ms){return dt(ms/1e3).slice(1)}
+function el(name,attrs,parent){
+  var e=document.createElementNS(SVGNS,name);
+  for(var a in attrs)e.setAttribute(a,attrs[a]);
+  if(parent)parent.appendChild(e);return e}
+function nice(v){  // a round byte step for about 4 ticks up to v
+  if(v<=0)return 1;
+  var unit=1,us=[1073741824,1048576,1024,1];
+  for(var i=0;i<us.length;i++)if(v>=us[i]){unit=us[i];break}
+  var raw=v/unit/4,mag=Math.pow(10,Math.floor(Math.log10(raw))),ms=[1,2,2.5,5,10];
+  for(i=0;i<ms.length;i++)if(ms[i]*mag>=raw)return ms[i]*mag*unit;
+  return 10*mag*unit}
+function stride(k,most){
+  for(var mag=1;;mag*=10)for(var m of[1,2,5])if(k<=most*m*mag)return m*mag}
+
+function start(data){
+  var F=data.fine,K=data.sites.length,S=data.strings;
+  var times=new Float64Array(F),acc=0;
+  for(var f=0;f<F;f++){acc+=data.times[f];times[f]=acc/1e6}
+  var devs=data.devices.map(function(d){
+    var v=new Float64Array(F*K),tot=new Float64Array(F),prev=new Float64Array(K);
+    for(var f=0;f<F;f++){var t=0;
+      for(var s=0;s<K;s++){prev[s]+=d.cols[f*K+s];v[f*K+s]=prev[s];t+=prev[s]}
+      tot[f]=t}
+    return {name:d.name,label:d.label,peak:d.peak,peakCol:d.peakCol,v:v,tot:tot}});
+  var B=data.bands,bands=[];
+  for(var i=0;i<B.length;i+=6)bands.push({a:B[i],b:B[i+1],lane:B[i+2],name:S[B[i+3]],
+    path:S[B[i+4]],ms:B[i+5]});
+  var steps=data.steps;
+  function stepAt(pos){  // the step number at a fine position (0: before the first)
+    var lo=0,hi=steps.length;
+    while(lo<hi){var m=(lo+hi)>>1;if(steps[m]<=pos)lo=m+1;else hi=m}
+    return lo}
+  var state={a:0,b:F,dev:data.selected,iso:-1,pinned:false};
+
+  // -- the frame: tools, device buttons, a live SVG over each static image -----------------
+  var tools=document.createElement("div");tools.className="tj-tools";
+  function button(text,title,fn){
+    var b=document.createElement("button");b.type="button";b.textContent=text;b.title=title;
+    b.addEventListener("click",fn);tools.appendChild(b);return b}
+  var range=document.createElement("span");range.className="tj-range";
+  if(!data.moment){
+    button("−","zoom out (or -)",function(){zoom(2,0.5)});
+    button("+","zoom in (or +)",function(){zoom(0.5,0.5)});
+    var reset=button("reset","show the whole run (or 0)",function(){setView(0,F)});
+    reset.className="tj-reset";
+    tools.appendChild(range);
+    var hint=document.createElement("span");hint.className="tj-hint";
+    hint.textContent="wheel: zoom · drag: pan · click a band: its scope · click: keep details";
+    tools.appendChild(hint)}
+  var first=root.querySelector(".tj-chart");
+  root.insertBefore(tools,first);
+  var buttons=[];
+  if(devs.length>1){
+    var group=document.createElement("div");
+    group.className="tj-devices";group.setAttribute("role","group");
+    group.setAttribute("aria-label","device");
+    devs.forEach(function(d,j){
+      var b=document.createElement("button");b.type="button";b.dataset.device=String(j);
+      b.textContent=d.label;group.appendChild(b);buttons.push(b);
+      b.addEventListener("click",function(){state.dev=j;showDevice()})});
+    root.insertBefore(group,first)}
+  var tip=document.createElement("div");
+  tip.className="tj-tip";tip.hidden=true;root.appendChild(tip);
+  var charts=[].slice.call(root.querySelectorAll(".tj-chart")).map(function(sec){
+    var img=sec.querySelector("img.tj-static");
+    var svg=el("svg",{"class":"tj-svg tj-live",role:"img",tabindex:"0",
+      "aria-label":img?img.getAttribute("alt"):"timeline"});
+    if(img){img.style.display="none";img.after(svg)}else sec.appendChild(svg);
+    return {sec:sec,svg:svg,j:+sec.dataset.device}});
+  var legend=[].slice.call(root.querySelectorAll(".tj-legend li"));
+  legend.forEach(function(li){
+    var s=+li.dataset.site;
+    li.setAttribute("role","button");li.tabIndex=0;li.setAttribute("aria-pressed","false");
+    li.title="click: show this site alone (click again: all)";
+    li.addEventListener("click",function(){state.iso=state.iso===s?-1:s;isolate()});
+    li.addEventListener("keydown",function(e){
+      if(e.key==="Enter"||e.key===" "){e.preventDefault();li.click()}});
+    li.addEventListener("mouseenter",function(){hot(s)});
+    li.addEventListener("mouseleave",function(){hot(-1)})});
+
+  function showDevice(){
+    charts.forEach(function(c){c.sec.hidden=c.j!==state.dev});
+    root.querySelectorAll(".tj-peak-table[data-device]").forEach(function(t){
+      t.hidden=devs.length>1&&+t.dataset.device!==state.dev});
+    buttons.forEach(function(b){b.setAttribute("aria-pressed",String(+b.dataset.device===state.dev))});
+    unpin();render()}
+  function isolate(){
+    legend.forEach(function(li){li.setAttribute("aria-pressed",String(+li.dataset.site===state.iso))});
+    root.classList.toggle("tj-isolated",state.iso>=0);
+    charts.forEach(function(c){c.svg.querySelectorAll(".tj-area").forEach(function(a){
+      a.classList.toggle("tj-dim",state.iso>=0&&+a.dataset.site!==state.iso)})})}
+  function hot(s){
+    charts.forEach(function(c){c.svg.querySelectorAll(".tj-area").forEach(function(a){
+      a.classList.toggle("tj-hot",+a.dataset.site===s)})})}
+
+  // -- drawing ------------------------------------------------------------------------------
+  var geo=null;  // the drawn chart's layout, for hit tests
+  function setView(a,b){
+    var span=Math.max(Math.min(b-a,F),Math.min(F,1));
+    a=Math.max(0,Math.min(a,F-span));
+    state.a=a;state.b=a+span;unpin();render()}
+  function zoom(factor,at){  // at: where in the plot, 0..1
+    var span=state.b-state.a,pos=state.a+at*span,ns=Math.max(1,Math.min(F,span*factor));
+    setView(pos-at*ns,pos-at*ns+ns)}
+  function render(){
+    var c=charts.filter(function(c){return c.j===state.dev})[0];
+    if(!c)return;
+    var svg=c.svg,dev=devs[c.j];
+    var W=Math.max(300,Math.round(c.sec.clientWidth||svg.clientWidth||900));
+    var X0=66,PW=W-X0-14,Y0=28,PH=Math.round(Math.max(170,Math.min(280,W*0.3))),LANE=20;
+    var a=Math.floor(state.a),b=Math.max(a+1,Math.ceil(state.b)),span=b-a;
+    var D=Math.max(1,Math.min(span,Math.floor(PW)));
+    var pick=new Int32Array(D),d,f;
+    for(d=0;d<D;d++){
+      var lo=a+Math.floor(d*span/D),hi=Math.max(lo+1,a+Math.floor((d+1)*span/D)),best=lo;
+      for(f=lo+1;f<hi;f++)if(dev.tot[f]>dev.tot[best])best=f;
+      pick[d]=best}
+    var dp=-1;
+    if(!data.moment&&dev.peakCol>=a&&dev.peakCol<b)
+      dp=Math.min(D-1,Math.floor((dev.peakCol-a)*D/span));
+    var w=new Float64Array(D).fill(PW/D);
+    if(dp>=0&&D>1&&PW/D<MINW){w.fill((PW-MINW)/(D-1));w[dp]=MINW}
+    var xs=new Float64Array(D+1);xs[0]=X0;
+    for(d=0;d<D;d++)xs[d+1]=xs[d]+w[d];
+    function fx(pos){  // a fine position to x
+      var q=(pos-a)*D/span;
+      if(q<=0)return X0;if(q>=D)return X0+PW;
+      var i=Math.floor(q);return xs[i]+(q-i)*w[i]}
+    var vmax=0;
+    for(d=0;d<D;d++)vmax=Math.max(vmax,dev.tot[pick[d]]);
+    vmax=vmax||1;
+    var spans=bands.filter(function(x){return x.b>a&&x.a<b});
+    var lanes=data.lanes+(data.hidden?1:0);
+    var H=Y0+PH+26+lanes*LANE+8;
+    svg.setAttribute("viewBox","0 0 "+W+" "+H);
+    svg.setAttribute("width",W);svg.setAttribute("height",H);
+    svg.textContent="";
+    el("rect",{"class":"tj-hit",x:X0,y:Y0,width:PW,height:PH},svg);
+    var bottom=Y0+PH,step=nice(vmax);
+    for(var v=0;v<=vmax*1.0001;v+=step){
+      var y=bottom-v/vmax*PH;
+      el("line",{"class":"tj-grid",x1:X0,x2:X0+PW,y1:y,y2:y},svg);
+      el("text",{"class":"tj-tick",x:X0-6,y:y+4,"text-anchor":"end"},svg).textContent=fmt(v)}
+    // x ticks: steps, or the time
+    var ticks=[],i;
+    if(data.moment)ticks.push([X0+PW/2,"one moment (a snapshot)"]);
+    else if(steps.length){
+      var s0=stepAt(a),s1=stepAt(b),inside=[];
+      for(i=Math.max(0,s0-1);i<s1;i++)if(steps[i]>=a&&steps[i]<b)inside.push(i+1);
+      var st=stride(inside.length,Math.max(2,Math.floor(PW/90)));
+      inside.forEach(function(n){if(n===1||n%st===0)ticks.push([fx(steps[n-1]),"step "+n])});
+      if(!ticks.length)ticks.push([X0,"step "+Math.max(1,s0)+" "+dt(times[a])])}
+    else for(i=0;i<6;i++){
+      f=Math.min(b-1,a+Math.round(i*(span-1)/5));ticks.push([fx(f+0.5),dt(times[f])])}
+    var lastx=-1e9;
+    ticks.forEach(function(t){
+      if(t[0]-lastx<70)return;lastx=t[0];
+      var anchor=t[0]<X0+30?"start":t[0]>X0+PW-30?"end":"middle";
+      el("text",{"class":"tj-tick",x:t[0],y:bottom+17,"text-anchor":anchor},svg).textContent=t[1]});
+    el("line",{"class":"tj-axis",x1:X0,x2:X0+PW,y1:bottom,y2:bottom},svg);
+    // areas, bottom up
+    var g=el("g",{"class":"tj-areas"},svg),below=new Float64Array(D),scale=PH/vmax;
+    for(var s=0;s<K;s++){
+      var top=[],low=[];
+      for(d=0;d<D;d++){
+        var lowv=below[d],val=dev.v[pick[d]*K+s];below[d]=lowv+val;
+        top.push((bottom-below[d]*scale).toFixed(1));low.push((bottom-lowv*scale).toFixed(1))}
+      var p=["M"+X0+" "+top[0]];
+      for(d=1;d<D;d++)if(top[d]!==top[d-1])p.push("H"+xs[d].toFixed(1)+"V"+top[d]);
+      p.push("H"+(X0+PW)+"V"+low[D-1]);
+      for(d=D-2;d>=0;d--)if(low[d]!==low[d+1])p.push("H"+xs[d+1].toFixed(1)+"V"+low[d]);
+      p.push("H"+X0+"Z");
+      el("path",{"class":"tj-area "+(data.sites[s].other?"tj-other":"tj-s"+s),
+        "data-site":s,"data-label":data.sites[s].label,d:p.join("")},g)}
+    // the peak, its label above the plot, clear of its line
+    if(dp>=0){
+      var px=(xs[dp]+xs[dp+1])/2,end=px>X0+PW*0.7,pg=el("g",{"class":"tj-peak"},svg);
+      el("line",{x1:px,x2:px,y1:Y0,y2:bottom},pg);
+      el("text",{x:end?px-6:px+6,y:Y0-9,"text-anchor":end?"end":"start"},pg).textContent=
+        "peak "+fmt(dev.peak)}
+    // the scopes, narrow neighbours merged
+    var bg=el("g",{"class":"tj-bands"},svg),groups=[];
+    spans.forEach(function(x){
+      var x0=fx(Math.max(x.a,a)),x1=Math.max(fx(Math.min(x.b,b)),x0+1);
+      var narrow=x.name.length*CH+6>x1-x0,last=groups[groups.length-1];
+      if(last&&last.lane===x.lane&&narrow&&last.narrow&&x0-last.x1<8){
+        last.m.push(x);last.x1=Math.max(last.x1,x1);return}
+      groups.push({lane:x.lane,x0:x0,x1:x1,m:[x],narrow:narrow})});
+    groups.forEach(function(gr){
+      var y=bottom+26+gr.lane*LANE,n=gr.m.length,ms=0,counts={};
+      gr.m.forEach(function(x){ms+=x.ms;counts[x.name]=(counts[x.name]||0)+1});
+      var names=Object.keys(counts).sort(function(p,q){return counts[q]-counts[p]});
+      var label=n===1?gr.m[0].name:names.slice(0,2).map(function(k){
+        return counts[k]>1?k+" ×"+counts[k]:k}).join(", ")+(names.length>2?", …":"");
+      var bandg=el("g",{"class":"tj-band","data-name":label,"data-a":gr.m[0].a,
+        "data-b":gr.m[n-1].b},bg);
+      var wide=(gr.x1-gr.x0)/n>=3&&n>1;
+      (wide?gr.m:[null]).forEach(function(x){
+        var x0=x?fx(Math.max(x.a,a)):gr.x0,x1=x?Math.max(fx(Math.min(x.b,b)),x0+1):gr.x1;
+        el("rect",{x:x0,y:y,width:x1-x0,height:LANE-3,rx:2},bandg)});
+      var text=label,room=gr.x1-gr.x0;
+      if(text.length*CH+6>room){var keep=Math.floor((room-6)/CH)-1;text=keep>=3?text.slice(0,keep)+"…":""}
+      if(text)el("text",{x:gr.x0+3,y:y+13},bandg).textContent=text;
+      el("title",{},bandg).textContent=(n===1?"scope "+gr.m[0].path+": "+dur(ms):
+        n+" scopes: "+dur(ms)+" in all")+" (click: zoom to it)";
+      bandg.addEventListener("click",function(){
+        var lo=gr.m[0].a,hi=gr.m[n-1].b;setView(lo,Math.max(hi,lo+1))})});
+    if(data.hidden)el("text",{"class":"tj-tick",x:X0,y:bottom+26+data.lanes*LANE+13},bg)
+      .textContent=data.hidden+" more overlapping scopes not drawn";
+    geo={svg:svg,dev:dev,X0:X0,PW:PW,Y0:Y0,PH:PH,xs:xs,pick:pick,D:D,vmax:vmax,a:a,b:b};
+    if(range)range.textContent=(a===0&&b===F)?"the whole run":
+      "events "+Math.floor(a*data.events/F).toLocaleString()+"–"+
+      Math.ceil(b*data.events/F).toLocaleString()+" of "+data.events.toLocaleString();
+    isolate()}
+
+  // -- the tooltip --------------------------------------------------------------------------
+  function unpin(){state.pinned=false;tip.hidden=true;tip.classList.remove("tj-pinned");hot(-1)}
+  function hit(e){  // the column and site under the pointer, or null
+    if(!geo)return null;
+    var r=geo.svg.getBoundingClientRect(),x=e.clientX-r.left,y=e.clientY-r.top;
+    if(x<geo.X0||x>=geo.X0+geo.PW||y<geo.Y0||y>geo.Y0+geo.PH)return null;
+    var lo=0,hi=geo.D;
+    while(hi-lo>1){var m=(lo+hi)>>1;if(geo.xs[m]<=x)lo=m;else hi=m}
+    var f=geo.pick[lo],v=(geo.Y0+geo.PH-y)/geo.PH*geo.vmax,cum=0,dev=geo.dev;
+    for(var s=0;s<K;s++){var val=dev.v[f*K+s];
+      if(val>0&&v>=cum&&v<cum+val&&(state.iso<0||state.iso===s))return {f:f,s:s};cum+=val}
+    return null}
+  function line(text,cls){
+    var e=document.createElement(cls==="b"?"b":"div");if(cls&&cls!=="b")e.className=cls;
+    e.textContent=text;tip.appendChild(e)}
+  function showTip(e,h){
+    var site=data.sites[h.s],dev=geo.dev,val=dev.v[h.f*K+h.s];
+    tip.textContent="";line(site.label,"b");
+    var at=dt(times[h.f]),n=steps.length?stepAt(h.f+0.5):0;
+    line(fmt(val)+" live now, of "+fmt(dev.tot[h.f])+" live on "+dev.name+", at "+at+
+      (n?" (step "+n+")":""));
+    line("allocations over the run: "+site.allocs.toLocaleString()+" ("+site.shapes+")");
+    line("dtype: "+site.dtypes);
+    line("scopes of those allocations: "+site.scopes);
+    if(site.stack&&site.stack.length){line("stack (innermost first):","tj-tip-h");
+      site.stack.forEach(function(fr){line(fr,"tj-frame")})}
+    line(state.pinned?"kept: click elsewhere to let go":"click to keep these details","tj-tip-h");
     var r=root.getBoundingClientRect(),x=e.clientX-r.left+14;tip.hidden=false;
     if(x+tip.offsetWidth>r.width)x=Math.max(0,e.clientX-r.left-tip.offsetWidth-14);
-    tip.style.left=x+"px";tip.style.top=(e.clientY-r.top+14)+"px"})});
+    tip.style.left=x+"px";tip.style.top=(e.clientY-r.top+14)+"px";hot(h.s)}
+  var drag=null;
+  charts.forEach(function(c){
+    var svg=c.svg;
+    svg.addEventListener("mousemove",function(e){
+      if(drag){
+        var dx=e.clientX-drag.x;if(Math.abs(dx)>3)drag.moved=true;
+        if(drag.moved){var span=drag.b-drag.a,sh=-dx/geo.PW*span;
+          state.a=Math.max(0,Math.min(F-span,drag.a+sh));state.b=state.a+span;render()}
+        return}
+      if(state.pinned)return;
+      var h=hit(e);if(!h){tip.hidden=true;hot(-1);return}
+      showTip(e,h)});
+    svg.addEventListener("mouseleave",function(){if(!state.pinned){tip.hidden=true;hot(-1)}});
+    svg.addEventListener("mousedown",function(e){
+      if(e.button!==0||!geo||e.target.closest(".tj-band"))return;
+      drag={x:e.clientX,a:state.a,b:state.b,moved:false}});
+    window.addEventListener("mouseup",function(e){
+      if(!drag)return;var was=drag;drag=null;
+      if(was.moved||e.target.closest&&e.target.closest(".tj-band"))return;
+      var h=hit(e);
+      if(!h||state.pinned){unpin();if(!h)return}
+      state.pinned=true;tip.classList.add("tj-pinned");showTip(e,h)});
+    svg.addEventListener("wheel",function(e){
+      if(data.moment||!geo)return;
+      var r=svg.getBoundingClientRect(),at=(e.clientX-r.left-geo.X0)/geo.PW;
+      if(at<0||at>1)return;
+      e.preventDefault();zoom(Math.exp(Math.max(-1,Math.min(1,e.deltaY*0.002))),at)},
+      {passive:false});
+    svg.addEventListener("keydown",function(e){
+      var span=state.b-state.a,k=e.key;
+      if(k==="+"||k==="=")zoom(0.5,0.5);else if(k==="-")zoom(2,0.5);
+      else if(k==="0")setView(0,F);
+      else if(k==="ArrowLeft")setView(state.a-span/4,state.b-span/4);
+      else if(k==="ArrowRight")setView(state.a+span/4,state.b+span/4);
+      else if(k==="Escape")unpin();else return;
+      e.preventDefault()})});
+  // the tooltip's own clicks (selecting a stack to copy) keep it
+  tip.addEventListener("mouseup",function(e){e.stopPropagation()});
+  if(typeof ResizeObserver==="function"){
+    var width=root.clientWidth;
+    new ResizeObserver(function(){
+      if(root.clientWidth!==width){width=root.clientWidth;requestAnimationFrame(render)}})
+      .observe(root)}
+  root.dataset.ready="1";delete root.dataset.busy;
+  showDevice()}
 })();
