@@ -17,8 +17,10 @@ import pathlib
 import sys
 import webbrowser
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._errors import TidyjaxError
+from ._oom import oom_page
 from ._snapshot import Snapshot
 from ._timeline import Timeline
 from ._timeline_format import FORMAT as TIMELINE_FORMAT
@@ -58,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read(path: str) -> Timeline:
-    """The timeline in ``path`` (a snapshot becomes a timeline of one moment)."""
+def _read(path: str) -> tuple[Timeline, dict[str, Any] | None]:
+    """The timeline in ``path`` (a snapshot becomes a timeline of one moment), and the failed
+    request it is marked with (the JSON an out-of-memory error saved), if any."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -70,13 +73,14 @@ def _read(path: str) -> Timeline:
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == "tidyjax.snapshot":
         try:
-            return Timeline.from_snapshot(Snapshot.load(path))
+            return Timeline.from_snapshot(Snapshot.load(path)), None
         except TidyjaxError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise TidyjaxError(f"{path}: a malformed tidyjax snapshot ({e!r}).") from e
     if kind == TIMELINE_FORMAT:
-        return Timeline.from_json(data, where=path)
+        oom = data.get("oom")
+        return Timeline.from_json(data, where=path), oom if isinstance(oom, dict) else None
     raise TidyjaxError(
         f'{path}: not a tidyjax timeline or snapshot (its "format" is {kind!r}); write one '
         "with Timeline.dump(path) or tidyjax.snapshot().dump(path)."
@@ -107,12 +111,20 @@ def _write(what: str, path: str, write: Callable[[str], object]) -> str | None:
 
 def _view(args: argparse.Namespace) -> int:
     try:
-        tl = _read(args.file)
+        tl, oom = _read(args.file)
     except TidyjaxError as e:
         print(f"tidyjax view: {e}", file=sys.stderr)
         return 2
     out = _output(args.file, args.output)
-    problem = _write("page", out, tl.save_html)
+
+    def save_page(path: str) -> None:
+        if oom is None:
+            tl.save_html(path)
+            return
+        with open(path, "w", encoding="utf-8") as f:  # the failed request marked
+            f.write(oom_page(tl, oom))
+
+    problem = _write("page", out, save_page)
     if problem is None and args.chrome_trace:
         problem = _write("trace", args.chrome_trace, tl.to_chrome_trace)
         if problem is None:

@@ -23,21 +23,23 @@ import dataclasses
 import datetime
 import functools
 import gc
+import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import jax
 from jax.errors import JaxRuntimeError
 
-from . import _registry
+from . import _html, _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._context import set_jax_error_hook
 from ._decorating import check_callable, decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError
-from ._format import count, fmt_bytes
+from ._format import count, esc, fmt_bytes
 from ._jaxdoors import base_array
 from ._tensor import disposed_error
 from ._trees import tensors_in
@@ -112,8 +114,53 @@ def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> 
 
 
 def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
-    report = build_report(err, _call_text(what, operands))
+    report = build_report(err, _call_text(_transformed_name(what), operands), _call_site(err))
     raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
+
+
+class _Frame:
+    """A Python frame as ``_sites.site_of_frames`` reads JAX's traceback frames."""
+
+    __slots__ = ("file_name", "function_name", "line_num")
+
+    def __init__(self, code: Any, line: int | None) -> None:
+        self.file_name, self.function_name, self.line_num = code.co_filename, code.co_name, line
+
+
+def _call_site(err: BaseException) -> str | None:
+    """The user's line that ran into the error: the innermost frame outside tidyjax, JAX and
+    installed code, in the error's traceback (the body of ``with oom_report()``, a function a
+    lifted call ran) and then in the calling frames."""
+    from ._sites import site_of_frames
+
+    inner = []
+    tb = err.__traceback__
+    while tb is not None:
+        inner.append(_Frame(tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    outer = []
+    f: Any = sys._getframe(1)
+    while f is not None:
+        outer.append(_Frame(f.f_code, f.f_lineno))
+        f = f.f_back
+    site = site_of_frames([*reversed(inner), *outer])
+    return None if site is None else str(site)
+
+
+def _transformed_name(what: str) -> str:
+    """``what``, or for a ``tidyjax.jit``/``grad``/``value_and_grad``/``vmap`` call the
+    ``__qualname__`` of the user's function (``Model.step``), found in the running call."""
+    from . import _lift
+
+    code = _lift._call.__code__
+    f: Any = sys._getframe(1)
+    while f is not None and f.f_code is not code:
+        f = f.f_back
+    if f is None:
+        return what
+    fn = inspect.unwrap(f.f_locals.get("transformed"))  # jax's wrappers set __wrapped__
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) and name.endswith(what) else what
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -213,6 +260,8 @@ class OOMReport:
             ``memory().watched`` and ``memory().watched_arrays`` count them (a watched raw array is
             neither a Tensor nor untracked); [`watched_bytes`][tidyjax.OOMReport.watched_bytes] and
             [`watched_arrays`][tidyjax.OOMReport.watched_arrays] are their sums.
+        called_at: the user's line that made the request (``"train.py:40 in main"``,
+            ``"In[3], line 2 in <module>"``), or None when no frame of the user's ran it.
     """
 
     what: str
@@ -229,6 +278,7 @@ class OOMReport:
     jax_message: str
     problems: tuple[str, ...] = ()
     watched: tuple[OOMWatched, ...] = ()
+    called_at: str | None = None
 
     @property
     def tensors(self) -> int:
@@ -250,7 +300,8 @@ class OOMReport:
         asked = "" if self.requested is None else f" could not allocate {fmt(self.requested)}"
         if "RESOURCE_EXHAUSTED" not in self.jax_message:  # an op read an array that had failed
             asked += " (an earlier computation it depends on failed)"
-        lines = [f"Out of memory: {self.what}{asked}. JAX said: {self.jax_message.strip()}"]
+        at = f", called at {self.called_at}" if self.called_at else ""
+        lines = [f"Out of memory: {self.what}{asked}{at}. JAX said: {self.jax_message.strip()}"]
         if self.limit is not None:
             lines.append(
                 f"Device {self.device}: {fmt(self.in_use or 0)} in use of {fmt(self.limit)} "
@@ -297,6 +348,78 @@ class OOMReport:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    def _repr_html_(self) -> str:
+        return _report_html(self)
+
+
+_HTML_SCOPES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
+
+
+def _holders_table(holders: Sequence[OOMHolder], top: int = TOP) -> str:
+    """The ``top`` largest tracked and untracked rows as a table with bars, and how many more."""
+    tracked = [h for h in holders if h.tracked]
+    untracked = [h for h in holders if not h.tracked]
+    shown = tracked[:top] + untracked[:top]
+    if not shown:
+        return ""
+    most = max(h.bytes for h in shown) or 1
+    rows = [
+        (
+            esc(fmt_bytes(h.bytes)),
+            _html.bar(h.bytes / most),
+            esc(h.count),
+            esc(h.site),
+            esc(_HTML_SCOPES.get(h.scope, h.scope)) if h.tracked else _html.dim("-"),
+            "tidyjax" if h.tracked else _html.dim("untracked"),
+            esc(", ".join(f"{k} ×{n}" if n > 1 else k for k, n in h.shapes.items())),  # noqa: RUF001
+        )
+        for h in shown
+    ]
+    header = ("bytes", "", "arrays", "created at", "scope", "tracked", "shapes")
+    text = _html.table(header, rows, numeric=(0, 2))
+    more = len(tracked) + len(untracked) - len(shown)
+    if more > 0:
+        text += _html.line(_html.dim(f"... and {count(more, 'more site')}"))
+    return text
+
+
+@_html.never_raises
+def _report_html(r: OOMReport) -> str:
+    """The report as a notebook shows it: the request, then a holders table with bars."""
+    fmt = fmt_bytes
+    asked = "" if r.requested is None else f" could not allocate <b>{esc(fmt(r.requested))}</b>"
+    if "RESOURCE_EXHAUSTED" not in r.jax_message:
+        asked += esc(" (an earlier computation it depends on failed)")
+    at = _html.dim(f" at {r.called_at}") if r.called_at else ""
+    parts = [_html.line(_html.bad("Out of memory"), f": <code>{esc(r.what)}</code>", asked, at)]
+    if r.limit is not None:
+        parts.append(_html.line(esc(
+            f"Device {r.device}: {fmt(r.in_use or 0)} in use of {fmt(r.limit)} (all of JAX)."
+        )))  # fmt: skip
+    summary = (
+        f"tidyjax holds {fmt(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
+        f"{fmt(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
+    )
+    if r.watched:
+        summary += f"; watched: {fmt(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
+    parts.append(_html.line(esc(summary + ".")))
+    parts.append(_holders_table(r.holders))
+    parts += [_html.line(esc(f"Watched {w}")) for w in r.watched]
+    if r.failed:
+        parts.append(_html.line(_html.dim(
+            f"Not counted: {count(len(r.failed), 'array')} whose computation failed, holding "
+            f"no memory: {', '.join(r.failed[:TOP])}."
+        )))  # fmt: skip
+    if r.files:
+        parts.append(_html.line(esc(f"The open timeline was saved: {', '.join(r.files)}.")))
+    parts += [_html.line(esc(p)) for p in r.problems]
+    parts.append(_html.line(_html.dim(
+        "To fit: free the largest holders above, wrap untracked arrays with tidyjax.adopt(), or "
+        "make this request smaller."
+    )))  # fmt: skip
+    parts.append(_html.details(esc("JAX said"), f"<pre>{esc(r.jax_message.strip())}</pre>"))
+    return _html.box(*parts)
+
 
 def requested_bytes(message: str) -> int | None:
     """The bytes JAX's out-of-memory message says it could not allocate, or None."""
@@ -313,20 +436,20 @@ _reporting: contextvars.ContextVar[BaseException | None] = contextvars.ContextVa
 )
 
 
-def build_report(err: BaseException, what: str) -> OOMReport:
+def build_report(err: BaseException, what: str, called_at: str | None = None) -> OOMReport:
     """The report for ``err``; a report that itself fails still gives the request and says why."""
     message = str(err)
-    files, problems = _save_timeline()
+    files, problems = _save_timeline(what, requested_bytes(message), called_at)
     token = _reporting.set(err)
     try:
         return dataclasses.replace(
             _holders_report(), what=what, requested=requested_bytes(message),
-            files=files, jax_message=message, problems=problems,
+            files=files, jax_message=message, problems=problems, called_at=called_at,
         )  # fmt: skip
     except Exception as e:  # a broken report must not hide the out-of-memory error
         problem = f"(The list of holders failed: {type(e).__name__}: {e}.)"
         return OOMReport(what, requested_bytes(message), 0, 0, 0, None, None, None, (), (),
-                         files, message, (*problems, problem))  # fmt: skip
+                         files, message, (*problems, problem), (), called_at)  # fmt: skip
     finally:
         _reporting.reset(token)
 
@@ -524,8 +647,15 @@ def _operand(x: Any) -> str:
 # -- the timeline ------------------------------------------------------------------------------
 
 
-def _save_timeline() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Save the open timeline's JSON and page; (the files, what went wrong)."""
+#: The name of the band that marks the failed request on the saved timeline page.
+OOM_BAND = "out of memory"
+
+
+def _save_timeline(
+    what: str = "", requested: int | None = None, called_at: str | None = None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Save the open timeline's page and JSON, marked with the failed request (its moment, its
+    bytes, what was alive then); (the files, what went wrong)."""
     try:
         from ._timeline import active
 
@@ -534,19 +664,120 @@ def _save_timeline() -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()
     if timeline is None:
         return (), ()
+    failure = {"time": time.perf_counter(), "what": what, "requested": requested,
+               "called_at": called_at}  # fmt: skip
     folder = os.environ.get("TIDYJAX_OOM_DIR") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     base = os.path.join(os.path.abspath(folder), f"tidyjax-oom-{stamp}")
     files: list[str] = []
     problems: list[str] = []
-    for path, save in ((base + ".html", "save_html"), (base + ".json", "dump")):
+    for path, save in ((base + ".html", _save_page), (base + ".json", _save_json)):
         try:
             os.makedirs(folder, exist_ok=True)
-            getattr(timeline, save)(path)
+            save(timeline, failure, path)
             files.append(path)
         except Exception as e:  # the out-of-memory error matters more than a file
             problems.append(f"The open timeline could not be saved to {path}: {e}.")
     return tuple(files), tuple(problems)
+
+
+def _save_page(timeline: Any, failure: dict[str, Any], path: str) -> None:
+    if not hasattr(timeline, "_window"):  # not a recorded Timeline: its own page
+        timeline.save_html(path)
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(oom_page(timeline, failure))
+
+
+def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
+    if not hasattr(timeline, "to_json"):
+        timeline.dump(path)
+        return
+    from . import _timeline_format
+
+    data = timeline.to_json()
+    data["oom"] = failure  # Timeline.load ignores it; `python -m tidyjax view` marks it
+    _timeline_format.write(data, path)
+
+
+class _Marked:
+    """A timeline as the page reads it, with the failed request as a band at its moment (the
+    timeline itself is left as it is)."""
+
+    __slots__ = ("_failure", "_tl")
+
+    def __init__(self, tl: Any, failure: Mapping[str, Any]) -> None:
+        self._tl = tl
+        self._failure = failure
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tl, name)
+
+    def _window(self) -> tuple[list[Any], list[Any]]:
+        from ._timeline_format import SCOPE_ENTER, SCOPE_EXIT, TimelineEvent
+
+        base, events = self._tl._window()
+        f = self._failure
+        moment = max(float(f["time"]), events[-1].time if events else float(f["time"]))
+        number = 1 + max((e.buffer for e in (*base, *events)), default=0)
+        asked = "" if f.get("requested") is None else f" of {fmt_bytes(int(f['requested']))}"
+        path = f"{OOM_BAND}: {f.get('what') or 'a request'}{asked}"
+        enter = TimelineEvent(SCOPE_ENTER, moment, 0, "", None, path, (), "", (), number, OOM_BAND)
+        return base, [*events, enter, enter._replace(kind=SCOPE_EXIT)]
+
+
+def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
+    """The timeline page of ``tl`` marked with a failed request: a band at its moment in the
+    chart, and above the chart its bytes and what was alive then, by creation site and scope.
+
+    Args:
+        tl: the timeline (recorded or loaded).
+        failure: ``{"time": perf_counter seconds, "what": ..., "requested": bytes or None,
+            "called_at": ...}``, as the JSON saved with the error holds it under ``"oom"``.
+    """
+    from . import _timeline_html
+
+    page = _timeline_html.page(_Marked(tl, failure))
+    try:
+        section = _failure_html(tl, failure)
+    except Exception as e:  # the page without the section rather than no page
+        section = _html.line(esc(f"(The failed request could not be marked: {e!r}.)"))
+    at = page.find("<body>")
+    return section + page if at < 0 else page[: at + 6] + section + page[at + 6 :]
+
+
+def _failure_html(tl: Any, failure: Mapping[str, Any]) -> str:
+    from ._timeline_format import UNTRACKED
+    from ._timeline_html import elapsed
+
+    moment = float(failure["time"])
+    live = tl.live_at(moment)
+    rows = [
+        h if h.scope != UNTRACKED else dataclasses.replace(h, tracked=False)
+        for h in _rows(live, tracked=True)
+    ]
+    total = sum(h.bytes for h in rows)
+    since = elapsed(max(0.0, moment - (tl.start_time or moment)))
+    requested = failure.get("requested")
+    asked = "" if requested is None else f" could not allocate <b>{esc(fmt_bytes(requested))}</b>"
+    called = failure.get("called_at")
+    head = _html.line(
+        _html.bad("Out of memory"), esc(f" at {since}: "),
+        f"<code>{esc(failure.get('what') or 'a request')}</code>", asked,
+        _html.dim(f" at {called}") if called else "",
+    )  # fmt: skip
+    alive = f"Alive then: {fmt_bytes(total)} in {count(len(live), 'buffer')}"
+    if tl.peak_bytes > total and tl.peak_time < moment:
+        alive += (
+            f" (the timeline's peak, {fmt_bytes(tl.peak_bytes)} at "
+            f"{elapsed(max(0.0, tl.peak_time - (tl.start_time or tl.peak_time)))}, came earlier)"
+        )
+    body = _html.box(head, _html.line(esc(alive + ":")), _holders_table(rows, 25))
+    req = "" if requested is None else str(int(requested))
+    return (
+        f'<section class="tjx-oom" data-time="{moment!r}" data-requested="{req}" '
+        f'data-alive="{total}" style="margin:0 0 12px">{body}</section>'
+    )
 
 
 # -- waiting for a value -----------------------------------------------------------------------
