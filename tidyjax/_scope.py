@@ -514,14 +514,15 @@ def _scope_html(s: Scope) -> str:
             _html.table(header, [row], numeric=range(3)),
         )  # fmt: skip
     # Created here and neither freed at the exit nor handed out: Python collected them when
-    # their last reference went (JAX freed them), or they were disposed or kept before.
+    # their last reference went (JAX freed them), or they were disposed, kept (tidyjax.keep)
+    # or made a Variable's before the exit.
     gone = max(created - s.num_freed - s.num_handed_out, 0)
     summary = (
         f"created {created} = freed {s.num_freed} at exit + handed out {s.num_handed_out} + "
-        f"collected early or disposed {gone}"
+        f"collected early, disposed or kept {gone}"
     )
     header = ["buffers created", "freed at exit", "bytes freed", "handed out",
-              "collected early or disposed", "peak"]  # fmt: skip
+              "collected early, disposed or kept", "peak"]  # fmt: skip
     row = [created, s.num_freed, esc(_format.fmt_bytes(s.bytes_freed)), s.num_handed_out,
            gone, shown or unmeasured]  # fmt: skip
     return _html.box(
