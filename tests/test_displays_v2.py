@@ -194,6 +194,9 @@ def test_memory_names_the_three_largest_holders_per_device(holders):
     ]
     assert HERE in rows[0][1] and HERE in rows[2][1]
     assert tj.memory(scan_untracked=False).top_sites == ()  # sites are read only when scanned
+    everywhere = tj.memory(all_processes=True)  # each process's report passes through JSON
+    assert everywhere.top_sites == m.top_sites
+    assert everywhere.total_per_device == m.total_per_device
 
 
 def test_a_tiny_stray_is_a_note_but_a_large_one_an_alarm():
@@ -289,12 +292,29 @@ def test_an_open_scope_reads_as_open_and_an_exited_one_accounts_for_every_buffer
     markup = scope._repr_html_()
     text = _text(markup)
     assert "exited" in text
-    assert "created 4 = freed 2 at exit + handed out 1 + collected early or disposed 1" in text
+    assert "created 4 = freed 2 at exit + handed out 1 + collected early, disposed or kept 1" in (
+        text
+    )
     ((head, (row,)),) = _tables(markup)
     assert head[:5] == ["buffers created", "freed at exit", "bytes freed", "handed out",
-                        "collected early or disposed"]  # fmt: skip
+                        "collected early, disposed or kept"]  # fmt: skip
     assert row[:5] == ["4", "2", "16 B", "1", "1"]
     out.dispose()
+
+
+def test_an_exited_scope_counts_what_was_disposed_or_kept_before_its_exit():
+    with tj.tidy("step") as scope:
+        a = tj.tensor([1.0])
+        a.dispose()
+        kept = tj.keep(tj.tensor([2.0]))
+        c = tj.tensor([3.0])  # freed at the exit
+        assert "3 buffers so far, 1 of them collected early or disposed" in _text(
+            scope._repr_html_()
+        )  # the kept one is alive: not counted as gone
+    row = _tables(scope._repr_html_())[0][1][0]
+    assert row[:5] == ["3", "1", "4 B", "0", "2"]
+    assert c.is_disposed and not kept.is_disposed
+    kept.dispose()
 
 
 def test_a_scope_peak_is_shown_when_a_profile_measured_it():
