@@ -171,8 +171,7 @@ def test_memory_totals_per_device_add_tracked_watched_and_untracked(holders):
 def test_memory_names_the_three_largest_holders_per_device(holders):
     lines, _ = holders
     m = tj.memory()
-    dev = str(jax.devices()[0])
-    top = [t for t in m.top_sites if t.device == dev]
+    top = [t for t in m.top_sites if t.device == str(jax.devices()[0])]
     assert len(top) == 3
     assert [(t.kind, t.bytes, t.count) for t in top] == [
         ("tidyjax", 256 * 1024, 1),
@@ -193,7 +192,15 @@ def test_memory_names_the_three_largest_holders_per_device(holders):
         [str(top[2].site), "untracked", "1", "128.0 KiB"],
     ]
     assert HERE in rows[0][1] and HERE in rows[2][1]
-    assert tj.memory(scan_untracked=False).top_sites == ()  # sites are read only when scanned
+    unscanned = tj.memory(scan_untracked=False)
+    assert unscanned.top_sites == ()  # sites are read only when scanned
+    dev = jax.devices()[0]
+    tracked, watched = unscanned.bytes_per_device[dev], unscanned.watched_per_device[dev]
+    assert f"{dev}: {fmt_bytes(tracked)} tidyjax + {fmt_bytes(watched)} watched = " in str(
+        unscanned
+    )
+    (row,) = [r for r in _tables(unscanned._repr_html_())[0][1] if r[0] == str(dev)]
+    assert row[4:6] == ["not scanned", fmt_bytes(tracked + watched)]  # no 0 B where none looked
     everywhere = tj.memory(all_processes=True)  # each process's report passes through JSON
     assert everywhere.top_sites == m.top_sites
     assert everywhere.total_per_device == m.total_per_device

@@ -261,6 +261,8 @@ def _device_sum(m: MemoryInfo, d: Any) -> str:
     w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
     if not (w or u):
         return _fmt_bytes(b)
+    if m.untracked_arrays is None:  # not scanned: no figure to add
+        return f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched = {_fmt_bytes(b + w)}"
     return (
         f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched + {_fmt_bytes(u)} untracked = "
         f"{_fmt_bytes(b + w + u)}"
@@ -356,7 +358,9 @@ def _memory_html(m: MemoryInfo) -> str:
         row = [_format.esc(d), _format.esc(_fmt_bytes(b)), _html.bar(b / top)]
         if parted:
             w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
-            row += [_format.esc(_fmt_bytes(x)) for x in (w, u, b + w + u)]
+            unscanned = _html.dim("not scanned") if m.untracked_arrays is None else None
+            row += [_format.esc(_fmt_bytes(w)), unscanned or _format.esc(_fmt_bytes(u)),
+                    _format.esc(_fmt_bytes(b + w + u))]  # fmt: skip
         if stats:
             s = stats.get(d)
             if s:
