@@ -14,6 +14,7 @@ import pytest
 import tidyjax
 
 from .conftest import chromium
+from .test_displays_browser import browser as browser  # the fixture: one Chromium per module
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -110,6 +111,68 @@ def test_docs_build_strictly_and_the_api_page_shows_tidy(site):
     assert 'id="tidyjax.memory"' in api and "all_processes" in api
     guide = _dom(browser, site / "quickstart" / "index.html")
     assert "Using a disposed Tensor raises" in guide  # the README's quickstart, included
+
+
+# The home page's pictures (written by ``python docs/screenshots.py``), each light and dark.
+DISPLAYS = ("timeline", "leaks", "memory")
+IMG = ROOT / "docs" / "img"
+
+
+def _picture(path: pathlib.Path) -> tuple[tuple[int, int], float]:
+    """A PNG's size in pixels and its mean luminance (0 black to 255 white)."""
+    from PIL import Image, ImageStat
+
+    with Image.open(path) as image:
+        return image.size, float(ImageStat.Stat(image.convert("L")).mean[0])
+
+
+def test_each_picture_is_small_sharp_and_dark_where_it_should_be():
+    pytest.importorskip("PIL", reason="Pillow comes with matplotlib (the notebooks extra)")
+    for name in DISPLAYS:
+        light, dark = IMG / f"{name}.png", IMG / f"{name}-dark.png"
+        for path in (light, dark):
+            assert path.stat().st_size < 150_000, path
+        (size, light_luminance), (dark_size, dark_luminance) = _picture(light), _picture(dark)
+        assert size[0] >= 1200, f"{light}: rendered at 2x, wider than 600 CSS px"
+        assert size == dark_size, name
+        assert light_luminance > 200 and dark_luminance < 80, name
+
+
+def test_the_readme_picture_follows_the_readers_colour_scheme():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    picture = re.search(r"<picture>(.*?)</picture>", readme, re.S)
+    assert picture is not None
+    assert '<source media="(prefers-color-scheme: dark)" srcset="docs/img/timeline-dark.png">' in (
+        picture.group(1)
+    )
+    assert 'src="docs/img/timeline.png"' in picture.group(1)
+    # Every local image the README shows exists.
+    for src in re.findall(r'(?:src|srcset)="(docs/[^"]+)"|\]\((docs/[^)#]+)', readme):
+        assert (ROOT / "".join(src)).is_file(), src
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_the_home_page_shows_each_display_in_the_readers_scheme(site, browser, scheme):
+    home = (site / "index.html").as_uri()
+    browser.open(home, scheme)
+    browser.evaluate("localStorage.clear()")  # a reader who never chose a scheme on this site
+    errors = browser.open(home, scheme)
+    assert errors == []
+    shown = browser.evaluate(
+        "[...document.querySelectorAll('article img')]"
+        ".filter(i => i.offsetParent !== null && i.complete && i.naturalWidth > 0)"
+        ".map(i => i.getAttribute('src'))"
+    )
+    ending = ".png#only-light" if scheme == "light" else "-dark.png#only-dark"
+    assert shown == [f"img/{name}{ending}" for name in DISPLAYS]
+    # The guide's timeline picture too.
+    browser.open((site / "memory" / "index.html").as_uri(), scheme)
+    shown = browser.evaluate(
+        "[...document.querySelectorAll('article img')]"
+        ".filter(i => i.offsetParent !== null && i.naturalWidth > 0)"
+        ".map(i => i.getAttribute('src'))"
+    )
+    assert shown == [f"../img/timeline{ending}"]
 
 
 @pytest.mark.skipif(

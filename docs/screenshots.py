@@ -1,0 +1,245 @@
+"""Regenerate the home page's pictures: ``python docs/screenshots.py``.
+
+Runs a small training program with tidyjax (its source below, compiled as ``train.py`` so the
+creation sites read as a user's), builds three displays from what it did (the timeline page,
+a leak report, ``memory()``), renders each in headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, through Selenium) at twice the CSS pixel size, in a light and a dark host,
+crops each to its element and writes palette PNGs under ``docs/img/``: ``timeline.png``,
+``leaks.png``, ``memory.png`` and their ``-dark`` variants. ``docs/index.md`` shows them with
+Material's ``#only-light`` / ``#only-dark`` suffixes; the README shows the timeline through a
+``<picture>`` that follows ``prefers-color-scheme``.
+
+Needs the ``test`` extra (selenium, Pillow through matplotlib) and chromium-driver.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pathlib
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import tidyjax as tj
+
+IMG = pathlib.Path(__file__).resolve().parent / "img"
+WIDTH = 900  # CSS pixels of the browser window; the docs' text column is about 690
+SCALE = 2  # device pixels per CSS pixel
+MAX_BYTES = 150_000  # each PNG stays below this (tests/test_docs.py checks)
+
+# The docs theme's page backgrounds (Material's default and slate schemes).
+BACKGROUND = {"light": "#ffffff", "dark": "#1e2129"}
+INK = {"light": "#1f2328", "dark": "#e2e4e9"}
+
+# The program the pictures show. Compiled as "train.py": the displays name its lines.
+PROGRAM = """
+import jax
+import jax.numpy as jnp
+import tidyjax as tj
+import tidyjax.numpy as tnp
+
+
+def init(key):
+    k1, k2 = jax.random.split(key)
+    return [tj.Variable(jax.random.normal(k1, (512, 1024)), name="w1"),
+            tj.Variable(jax.random.normal(k2, (1024, 256)), name="w2")]
+
+
+@tj.tidy("step")
+def step(params, x):
+    with tj.tidy("forward"):
+        h = tnp.tanh(x @ params[0])
+        loss = ((h @ params[1]) ** 2).mean()
+    with tj.tidy("update"):
+        for p in params:
+            p.assign(p * 0.999)
+    return loss
+
+
+def train(params, steps, cache):
+    for i in range(steps):
+        x = tj.tensor(jnp.ones((256 * (1 + i % 3), 512)))
+        step(params, x).dispose()
+        cache.append(tj.keep(x[:64]))  # a cache that is never emptied
+
+
+def evaluate(params):
+    outs = []
+    for _ in range(4):
+        outs.append(tnp.tanh(tj.tensor(jnp.ones((1024, 512))) @ params[0]))
+    total = 0.0
+    for out in outs:
+        total += float(out.mean())
+    return total
+
+
+def optimizer_state():
+    return {"mu": jnp.zeros((512, 1024)), "nu": jnp.zeros((512, 1024))}
+
+
+def metrics(steps):
+    history = []
+    for _ in range(steps):
+        history.append(jnp.ones((64, 1024)))  # plain jax.Arrays, kept in a list
+    return history
+
+
+def leaky_step(params, x, history):
+    y = tnp.tanh(x @ params[0])
+    history.append(y)                 # kept by mistake: one Tensor per step
+    stats = jnp.ones((256, 256)) * 2  # a plain jax.Array, kept too
+    history.append(stats)
+    return float(y.mean())
+"""
+
+
+def program() -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(PROGRAM, "train.py", "exec"), namespace)
+    return namespace
+
+
+def timeline_html(p: dict[str, Any]) -> str:
+    cache: list[tj.Tensor] = []
+    with tj.timeline() as tl:
+        params = p["init"](jax.random.key(0))
+        with tj.tidy("train"):
+            p["train"](params, 24, cache)
+        with tj.tidy("evaluate"):
+            p["evaluate"](params)
+        tj.dispose(cache)
+        tj.dispose_variables()
+    return str(tl.to_html())
+
+
+def leaks_html(p: dict[str, Any]) -> str:
+    params = p["init"](jax.random.key(1))
+    history: list[Any] = []
+    x = tj.tensor(jnp.ones((128, 512)))
+    p["leaky_step"](params, x, history)  # the first call fills JAX's caches
+    report = None
+    try:
+        with tj.check_leaks():
+            for _ in range(3):
+                p["leaky_step"](params, x, history)
+    except tj.LeakError as err:
+        report = err.report
+    assert report is not None, "the leaky step leaked nothing?"
+    out = str(report._repr_html_())
+    tj.dispose([x, history])
+    tj.dispose_variables()
+    return out
+
+
+def memory_html(p: dict[str, Any]) -> str:
+    params = p["init"](jax.random.key(2))
+    cache: list[tj.Tensor] = []
+    with tj.tidy("train"):
+        p["train"](params, 3, cache)
+    optimizer = tj.watch(p["optimizer_state"](), "optimizer")
+    stray = p["metrics"](3)  # plain arrays tidyjax does not own
+    out = str(tj.memory()._repr_html_())
+    tj.unwatch(optimizer)
+    del optimizer, stray
+    tj.dispose(cache)
+    tj.dispose_variables()
+    gc.collect()
+    return out
+
+
+def host_page(body: str, theme: str) -> str:
+    """A plain page in the docs' colours, marked light or dark as a themed host marks itself."""
+    return (
+        f'<!doctype html><html data-theme="{theme}"><head><meta charset="utf-8">'
+        f"<style>html,body{{margin:0;background:{BACKGROUND[theme]};color:{INK[theme]};"
+        "font-family:system-ui,sans-serif}#shot{display:inline-block;padding:12px 16px}"
+        f"</style></head><body><div id=shot>{body}</div></body></html>"
+    )
+
+
+def driver() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromedriver = shutil.which("chromedriver")
+    if browser is None or chromedriver is None:
+        sys.exit("needs Debian's chromium and chromium-driver (apt-get install chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={WIDTH},1400",
+        f"--force-device-scale-factor={SCALE}",
+    ):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(chromedriver), options=options)
+
+
+def small_png(png: bytes, path: pathlib.Path) -> None:
+    """Write ``png`` as a palette PNG, with fewer colours until it is below ``MAX_BYTES``."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    for colors in (128, 64, 32):
+        buf = io.BytesIO()
+        palette = image.quantize(colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        palette.save(buf, "PNG", optimize=True)
+        if buf.tell() < MAX_BYTES:
+            break
+    path.write_bytes(buf.getvalue())
+    print(
+        f"wrote {path.relative_to(IMG.parent.parent)}: {image.width}x{image.height}, "
+        f"{buf.tell() / 1000:.0f} kB, {colors} colours"
+    )
+
+
+def shoot(d: Any, page: pathlib.Path, selector: str, theme: str, path: pathlib.Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": theme}]},
+    )
+    d.get(page.as_uri())
+    element = WebDriverWait(d, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, selector))
+    small_png(element.screenshot_as_png, path)
+
+
+def main() -> None:
+    p = program()
+    pages = {
+        "timeline": timeline_html(p),
+        "leaks": leaks_html(p),
+        "memory": memory_html(p),
+    }
+    IMG.mkdir(exist_ok=True)
+    d = driver()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, html in pages.items():
+                for theme in ("light", "dark"):
+                    page = pathlib.Path(tmp) / f"{name}-{theme}.html"
+                    if name == "timeline":  # a whole page: it follows prefers-color-scheme
+                        page.write_text(html, encoding="utf-8")
+                        selector = ".tjtl[data-ready]"
+                    else:
+                        page.write_text(host_page(html, theme), encoding="utf-8")
+                        selector = "#shot"
+                    suffix = "" if theme == "light" else "-dark"
+                    shoot(d, page, selector, theme, IMG / f"{name}{suffix}.png")
+    finally:
+        d.quit()
+
+
+if __name__ == "__main__":
+    main()
