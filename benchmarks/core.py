@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -151,25 +153,212 @@ def adam_step(number: int, rounds: int) -> None:
     tj.dispose([tj_state, xt, yt])
 
 
+def _gc_clock() -> tuple[list[float], Callable[[str, dict[str, int]], None]]:
+    """A gc callback summing the cyclic collector's time into ``total[0]``."""
+    total = [0.0, 0.0]
+
+    def callback(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            total[1] = time.perf_counter()
+        else:
+            total[0] += time.perf_counter() - total[1]
+
+    return total, callback
+
+
+def breakdown(n: int, rounds: int) -> None:
+    """Where a jitted step's time goes, per leaf: each phase of the tidyjax step timed on its
+    own, beside raw JAX's own phases, in alternation (median of rounds)."""
+    from tidyjax._lift import _traced
+    from tidyjax._trees import unwrap, wrap_arrays
+
+    def update(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        return jax.tree.map(lambda w: w * 0.99 + 0.01, p)
+
+    raw_step = jax.jit(update)
+    inner = jax.jit(_traced(update))  # what tidyjax.jit calls, on plain arrays
+    raw = {f"w{i}": jnp.full((64,), float(i)) for i in range(n)}
+    params = {f"w{i}": tj.tensor(np.full((64,), float(i), np.float32)) for i in range(n)}
+    gc_time, callback = _gc_clock()
+    phases: dict[str, list[float]] = {}
+
+    def note(name: str, seconds: float) -> None:
+        phases.setdefault(name, []).append(seconds / n * 1e6)
+
+    pc = time.perf_counter
+    gc.callbacks.append(callback)
+    try:
+        for r in range(rounds + 3):
+            gc_time[0] = 0.0
+            t0 = pc()
+            out = raw_step(raw)
+            t1 = pc()
+            jax.block_until_ready(out)
+            t2 = pc()
+            raw = out  # the last step's arrays go with their last reference
+            t3 = pc()
+            raw_gc = gc_time[0]
+            if r >= 3:
+                note("raw: JAX call", t1 - t0)
+                note("raw: wait (block_until_ready)", t2 - t1)
+                note("raw: last step's arrays dropped", t3 - t2)
+                note("raw: garbage collector", raw_gc)
+            gc_time[0] = 0.0
+            t0 = pc()
+            scope = tj.tidy()
+            scope.__enter__()
+            args = unwrap(params)
+            t1 = pc()
+            result = inner(args)
+            t2 = pc()
+            new = wrap_arrays(result)
+            t3 = pc()
+            scope.keep(new)
+            t4 = pc()
+            scope.__exit__(None, None, None)
+            t5 = pc()
+            tj.dispose(params)
+            t6 = pc()
+            jax.block_until_ready(new)
+            t7 = pc()
+            params = new
+            t8 = pc()
+            if r >= 3:
+                note("tidyjax: scope enter + unwrap arguments", t1 - t0)
+                note("tidyjax: JAX call", t2 - t1)
+                note("tidyjax: wrap outputs as Tensors", t3 - t2)
+                note("tidyjax: hand out (scope.keep)", t4 - t3)
+                note("tidyjax: scope exit", t5 - t4)
+                note("tidyjax: dispose last step's Tensors", t6 - t5)
+                note("tidyjax: wait (block_until_ready)", t7 - t6)
+                note("tidyjax: last step's Tensors dropped", t8 - t7)
+                note("tidyjax: garbage collector (inside the phases above)", gc_time[0])
+    finally:
+        gc.callbacks.remove(callback)
+    tj.dispose(params)
+    print()
+    print(f"per-leaf breakdown of the jitted step, {n} leaves (µs per leaf, median)")
+    totals = {"raw": 0.0, "tidyjax": 0.0}
+    for name, values in phases.items():
+        cost = statistics.median(values)
+        side = name.split(":")[0]
+        if "garbage" not in name:
+            totals[side] += cost
+        print(f"  {name:58s} {cost:8.3f}")
+    print(f"  {'raw: total':58s} {totals['raw']:8.3f}")
+    print(f"  {'tidyjax: total':58s} {totals['tidyjax']:8.3f}")
+
+
+def realistic_step(number: int, rounds: int) -> None:
+    """A 6-layer MLP (width 256, batch 512) trained with optax adam: a raw step of several ms
+    here, where the per-leaf cost is a small share."""
+    rng = np.random.default_rng(0)
+    sizes = [64, 256, 256, 256, 256, 256, 10]
+    params = [
+        {"w": (rng.normal(size=(a, b)) / np.sqrt(a)).astype(np.float32),
+         "b": np.zeros(b, np.float32)}
+        for a, b in itertools.pairwise(sizes)
+    ]  # fmt: skip
+    x = rng.normal(size=(512, 64)).astype(np.float32)
+    y = rng.integers(0, 10, size=512)
+    opt = optax.adam(1e-3)
+
+    def loss(p: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
+        h = x
+        for layer in p[:-1]:
+            h = jax.nn.relu(h @ layer["w"] + layer["b"])
+        logits = h @ p[-1]["w"] + p[-1]["b"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    def update(p: Any, s: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+        value, grads = jax.value_and_grad(loss)(p, x, y)
+        updates, s = opt.update(grads, s, p)
+        return optax.apply_updates(p, updates), s, value
+
+    raw_step = jax.jit(update)
+    xr, yr = jnp.asarray(x), jnp.asarray(y)
+    raw_state = {"p": jax.tree.map(jnp.asarray, params)}
+    raw_state["s"] = opt.init(raw_state["p"])
+
+    def raw() -> None:
+        raw_state["p"], raw_state["s"], value = raw_step(raw_state["p"], raw_state["s"], xr, yr)
+        value.block_until_ready()
+
+    tj_step = tj.jit(update)
+    xt, yt = tj.tensor(x), tj.tensor(y)
+    tj_state = {"p": jax.tree.map(tj.tensor, params)}
+    tj_state["s"] = tj.lift(opt.init)(tj_state["p"])
+
+    def tracked() -> None:
+        with tj.tidy() as scope:
+            p, s, value = tj_step(tj_state["p"], tj_state["s"], xt, yt)
+            scope.keep(p, s)
+            value.block_until_ready()
+        tj.dispose((tj_state["p"], tj_state["s"]))
+        tj_state["p"], tj_state["s"] = p, s
+
+    row("realistic step: 6-layer MLP, adam, batch 512, jitted", raw, tracked, number, rounds)
+    tj.dispose([tj_state, xt, yt])
+
+
 def scope_exit(rounds: int) -> None:
     print()
-    print(f"{'scope exit with N tensors made in it':44s} {'µs / scope':>12s} {'µs / tensor':>12s}")
+    print("scope exit with N buffers made in it (Tensors collected, raw arrays alive), beside")
+    print("raw delete() of N such arrays")
+    print(f"{'N':>10s} {'exit µs/buffer':>16s} {'delete µs/buffer':>18s} {'ratio':>7s}")
     x = tj.tensor(jnp.ones(4))
+    raw_x = jnp.ones(4)
     for n in (10, 1000, 100_000):
-        samples = []
+        exits, deletes = [], []
         for _ in range(max(3, rounds // (1 + n // 10_000))):
+            pool = [raw_x * 2.0 for _ in range(n)]
+            jax.block_until_ready(pool)
+            t0 = time.perf_counter()
+            for a in pool:
+                a.delete()
+            deletes.append(time.perf_counter() - t0)
+            del pool
             scope = tj.tidy()
             scope.__enter__()
             # Each Tensor is collected at once, its raw array lives on in the list: the scope
             # still owns and deletes every buffer.
             pool = [(x * 2.0).array for _ in range(n)]
+            jax.block_until_ready(pool)
             t0 = time.perf_counter()
             scope.__exit__(None, None, None)
-            samples.append(time.perf_counter() - t0)
+            exits.append(time.perf_counter() - t0)
             assert all(a.is_deleted() for a in pool)
-        cost = statistics.median(samples)
-        print(f"{n:44d} {cost * 1e6:12.1f} {cost / n * 1e6:12.3f}", flush=True)
+            del pool
+        e, d = statistics.median(exits) / n, statistics.median(deletes) / n
+        print(f"{n:10d} {e * 1e6:16.3f} {d * 1e6:18.3f} {e / d:7.2f}", flush=True)
     x.dispose()
+
+
+def profiler_check(number: int, rounds: int) -> None:
+    """A scope asks JAX whether a profiler trace runs (to name itself in it): the cost of that
+    check, an empty scope with it against one with the check replaced by a constant."""
+    from tidyjax import _scope
+
+    def empty_scope() -> None:
+        with tj.tidy():
+            pass
+
+    real = _scope._profiling
+
+    def without_check() -> None:
+        _scope._profiling = bool  # bool() is False: no call into JAX
+        try:
+            for _ in range(100):
+                empty_scope()
+        finally:
+            _scope._profiling = real
+
+    def with_check() -> None:
+        for _ in range(100):
+            empty_scope()
+
+    row("empty tidy scope x100: profiler check vs none (no trace)", without_check, with_check,
+        max(1, number // 100), rounds)  # fmt: skip
 
 
 def main() -> None:
@@ -184,6 +373,9 @@ def main() -> None:
               for n in (100, 1000, 10_000)}  # fmt: skip
     print(f"{'ratio(1000) / ratio(100)':58s} {'':10s} {'':10s} {ratios[1000] / ratios[100]:7.3f}")
     adam_step(max(1, number // 10), rounds)
+    realistic_step(max(1, number // 200), rounds)
+    profiler_check(number, rounds)
+    breakdown(1000, rounds * 2)
     scope_exit(rounds)
 
 

@@ -299,13 +299,15 @@ def test_an_open_scope_reads_as_open_and_an_exited_one_accounts_for_every_buffer
     markup = scope._repr_html_()
     text = _text(markup)
     assert "exited" in text
-    assert "created 4 = freed 2 at exit + handed out 1 + collected early, disposed or kept 1" in (
-        text
+    assert scope.num_collected == 1
+    assert (
+        "created 4 = freed 2 at exit + handed out 1 + collected early 1 + disposed or kept 0"
+        in (text)
     )
     ((head, (row,)),) = _tables(markup)
-    assert head[:5] == ["buffers created", "freed at exit", "bytes freed", "handed out",
-                        "collected early, disposed or kept"]  # fmt: skip
-    assert row[:5] == ["4", "2", "16 B", "1", "1"]
+    assert head[:6] == ["buffers created", "freed at exit", "bytes freed", "handed out",
+                        "collected early", "disposed or kept"]  # fmt: skip
+    assert row[:6] == ["4", "2", "16 B", "1", "1", "0"]
     out.dispose()
 
 
@@ -319,9 +321,20 @@ def test_an_exited_scope_counts_what_was_disposed_or_kept_before_its_exit():
             scope._repr_html_()
         )  # the kept one is alive: not counted as gone
     row = _tables(scope._repr_html_())[0][1][0]
-    assert row[:5] == ["3", "1", "4 B", "0", "2"]
+    assert row[:6] == ["3", "1", "4 B", "0", "0", "2"]
+    assert scope.num_collected == 0
     assert c.is_disposed and not kept.is_disposed
     kept.dispose()
+
+
+def test_collected_early_counts_records_compaction_dropped_too():
+    with tj.tidy("loop") as scope:
+        x = tj.tensor([1.0])
+        for _ in range(3000):  # past the compaction threshold: collected records are dropped
+            x + 1.0
+    assert scope.num_collected == 3000
+    assert scope.num_created == 3001 and scope.num_freed == 1
+    assert "collected early 3000 + disposed or kept 0" in _text(scope._repr_html_())
 
 
 def test_a_scope_peak_is_shown_when_a_profile_measured_it():

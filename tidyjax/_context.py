@@ -31,6 +31,7 @@ class Tracker:
     __slots__ = (
         "__weakref__",
         "_aliases",
+        "_collected",
         "_compact_at",
         "_debug_mark",
         "_owned",
@@ -44,7 +45,8 @@ class Tracker:
         self._owned: list[Buffer] = []
         self._aliases: list[weakref.ref[Any]] = []  # Tensors made here on others' buffers
         self._compact_at = 1024
-        self._pruned = 0  # records dropped by _compact (their arrays were collected)
+        self._pruned = 0  # records dropped by _compact (collected or disposed meanwhile)
+        self._collected = 0  # of those, the ones whose arrays Python's collector freed
         self.parent: Tracker | None = None
         self.path = "<tidy>"
         self._peak = -1  # the most tidyjax bytes alive while open; set while a profile runs
@@ -56,7 +58,14 @@ class Tracker:
         """Forget records whose arrays Python already collected; amortized O(1) per op."""
         owned = self._owned
         before = len(owned)
-        owned[:] = [r for r in owned if r.dead is None and r.array() is not None]
+        kept = []
+        for r in owned:
+            if r.dead is None:
+                if r.array() is not None:
+                    kept.append(r)
+                else:
+                    self._collected += 1
+        owned[:] = kept
         self._pruned += before - len(owned)
         self._compact_at = max(1024, 2 * len(owned))
 

@@ -232,9 +232,34 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
             if rec.dead is None:
                 rec.dead = why
                 done.append(rec)
+    return free_all(done)
+
+
+def free_all(recs: list[Buffer]) -> list[Any]:
+    """``free`` each dead record; returns the deleted arrays. The usual record (one array
+    object, in no group, nothing observing) is freed inline: a call per record would cost
+    more than the work."""
     out = []
-    for rec in done:
-        arr = free(rec)
+    if suspects or _groups or observers:
+        for rec in recs:
+            arr = free(rec)
+            if arr is not None:
+                out.append(arr)
+        return out
+    buffers = _buffers
+    for rec in recs:
+        if rec.more:
+            arr = _free_aliased(rec)
+        else:
+            arr = rec()
+            if arr is None:
+                continue
+            key = id(arr)
+            if buffers.get(key) is rec:
+                del buffers[key]
+            if not rec.owned:
+                continue
+            arr.delete()
         if arr is not None:
             out.append(arr)
     return out

@@ -127,6 +127,12 @@ class Scope(Tracker):
         return _scope_html(self)
 
     @property
+    def num_collected(self) -> int:
+        """Buffers made here that Python's garbage collector freed before the exit (their last
+        reference went first)."""
+        return self._collected
+
+    @property
     def num_created(self) -> int:
         """Buffers created while this was the innermost scope (collected ones included)."""
         if self._state == _CLOSED:
@@ -248,11 +254,11 @@ class Scope(Tracker):
         return frame is not None and frame.f_back is None and self._state == _OPEN
 
     def _free(self, result: Any) -> None:
-        recs, tensors = records_in(result)
+        recs, tensors = records_in(result) if result is not None else ((), ())
         handed_tensors = self._handed_tensors
         for t in tensors:
             handed_tensors[id(t)] = t
-        escaping = self._handed | {id(r) for r in recs}
+        escaping = self._handed | {id(r) for r in recs} if recs else self._handed
         parent = _effective(self.parent)
         doomed: list[_registry.Buffer] = []
         survivors: list[_registry.Buffer] = []  # made or handed here, and outliving the exit
@@ -273,10 +279,34 @@ class Scope(Tracker):
                         parent._moved_in += 1
                 handed += 1
                 survivors.append(rec)
-            elif rec() is not None or rec.more:  # else Python collected it, and JAX freed it
+            elif rec() is not None or rec.more:
                 doomed.append(rec)
-        why = scope_exited(self.path)
-        self._freed = _registry.delete_many(doomed, why)
+            else:  # Python collected it, and JAX freed it
+                self._collected += 1
+        settle = handed_tensors or self._aliases or survivors
+        why: Any = scope_exited(self.path) if doomed or settle else None
+        self._freed = _registry.delete_many(doomed, why) if doomed else []
+        if settle:
+            self._settle_objects(handed_tensors, survivors, parent, why)
+            self._aliases = []
+            self._handed_tensors = {}
+        if self._handed:
+            self._handed = set()
+        self._created = len(owned) + self._pruned - self._moved_in
+        self.num_freed = len(self._freed)
+        self.num_handed_out = handed
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d%s",
+                self.path, self._created, self.num_freed, self.bytes_freed, handed,
+                _untracked_note(self._debug_mark),
+            )  # fmt: skip
+        self._debug_mark = None
+
+    def _settle_objects(
+        self, handed_tensors: dict[int, Any], survivors: list[Any], parent: Any, why: Any
+    ) -> None:
+        """The Tensor objects of an exiting scope whose buffers live on."""
         # Tensor objects made here on buffers that live on: disposed (TensorFlow.js), nothing
         # deleted, unless returned or kept; those returned become the parent's.
         held = [t._rec for t in handed_tensors.values()]  # None: disposed meanwhile
@@ -321,19 +351,6 @@ class Scope(Tracker):
             strays = [r for r in strays if r.n > known.get(id(r), 0) + _variables_on(r)]
         if strays:
             self._dispose_strays(list({id(r): r for r in strays}.values()), handed_tensors, why)
-        self._aliases = []
-        self._handed = set()
-        self._handed_tensors = {}
-        self._created = len(owned) + self._pruned - self._moved_in
-        self.num_freed = len(self._freed)
-        self.num_handed_out = handed
-        if _log.isEnabledFor(logging.DEBUG):
-            _log.debug(
-                "scope %r exited: created %d, freed %d buffers (%d bytes), handed out %d%s",
-                self.path, self._created, self.num_freed, self.bytes_freed, handed,
-                _untracked_note(self._debug_mark),
-            )  # fmt: skip
-        self._debug_mark = None
 
     def _dispose_strays(self, strays: list[Any], handed: dict[int, Any], why: Any) -> None:
         """Dispose (object only) the Tensors made here that hold a buffer which outlives the
@@ -405,7 +422,7 @@ class Scope(Tracker):
                 self._handed.add(id(rec))
         for scope in (*inner, self):
             if isinstance(scope, Scope):
-                scope._handed_tensors.update((id(t), t) for t in tensors)
+                scope._handed_tensors.update(zip(map(id, tensors), tensors, strict=True))
         return values[0] if len(values) == 1 else values
 
     def __enter__(self) -> Scope:
@@ -516,18 +533,19 @@ def _scope_html(s: Scope) -> str:
     # Created here and neither freed at the exit nor handed out: Python collected them when
     # their last reference went (JAX freed them), or they were disposed, kept (tidyjax.keep)
     # or made a Variable's before the exit.
-    gone = max(created - s.num_freed - s.num_handed_out, 0)
+    collected = s.num_collected
+    gone = max(created - s.num_freed - s.num_handed_out - collected, 0)
     summary = (
         f"created {created} = freed {s.num_freed} at exit + handed out {s.num_handed_out} + "
-        f"collected early, disposed or kept {gone}"
+        f"collected early {collected} + disposed or kept {gone}"
     )
     header = ["buffers created", "freed at exit", "bytes freed", "handed out",
-              "collected early, disposed or kept", "peak"]  # fmt: skip
+              "collected early", "disposed or kept", "peak"]  # fmt: skip
     row = [created, s.num_freed, esc(_format.fmt_bytes(s.bytes_freed)), s.num_handed_out,
-           gone, shown or unmeasured]  # fmt: skip
+           collected, gone, shown or unmeasured]  # fmt: skip
     return _html.box(
         title, _html.dim("exited"), _html.line(esc(summary)),
-        _html.table(header, [row], numeric=range(6)),
+        _html.table(header, [row], numeric=range(7)),
     )  # fmt: skip
 
 

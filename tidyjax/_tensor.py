@@ -880,28 +880,7 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     if _registry.observers:
         for rec in released:
             _registry._notify("tensor_removed", rec)
-    freed = []
-    if _registry.suspects or _registry._groups or _registry.observers:
-        for rec in doomed:
-            arr = _registry.free(rec)
-            if arr is not None:
-                freed.append(arr)
-    else:  # `_registry.free` inlined for the usual record: one array object, no group
-        free = _registry.free
-        for rec in doomed:
-            if rec.more:
-                arr = free(rec)
-                if arr is not None:
-                    freed.append(arr)
-                continue
-            arr = rec()
-            if arr is not None:
-                key = id(arr)
-                if _buffers.get(key) is rec:
-                    del _buffers[key]
-                if rec.owned:
-                    arr.delete()
-                    freed.append(arr)
+    freed = _registry.free_all(doomed)
     for t in survivors:
         forget_array(t)
     return freed
