@@ -122,8 +122,9 @@ class MemoryInfo:
             device that holds a copy, a sharded one counts each device's shard.
         unreliable: True when the figures above do not describe the process's device memory.
         reasons: why ``unreliable`` is True, one sentence each.
-        untracked_arrays, untracked_bytes: jax arrays alive in the process that tidyjax does
-            not own (``None`` when not scanned).
+        untracked_arrays: jax arrays alive in the process that tidyjax does not own (``None``
+            when not scanned).
+        untracked_bytes: their bytes (``None`` when not scanned).
         untracked_sites: where those were made: on each device, its `TOP_SITES` largest creation
             sites as [`UntrackedSite`][tidyjax.UntrackedSite] rows (device, site, count, bytes), by
             device, then largest first; empty when not scanned.

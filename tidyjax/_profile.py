@@ -48,8 +48,10 @@ class KernelRecord:
         bytes_added: tidyjax bytes after the op minus before (the net change: buffers
             collected while the op ran count against it).
         total_bytes_snapshot: tidyjax bytes right after the op.
-        tensors_added, total_tensors_snapshot: the same for the number of Tensors.
-        input_shapes, output_shapes: shapes of the array arguments and the array results.
+        tensors_added: Tensors after the op minus before.
+        total_tensors_snapshot: Tensors right after the op.
+        input_shapes: shapes of the array arguments.
+        output_shapes: shapes of the array results.
         wall_time_ms: wall time of the op, outputs waited for (``block_until_ready``).
         bytes_allocated: bytes of the new device buffers the op made (its fresh outputs).
         buffers_allocated: how many new device buffers it made.
@@ -84,8 +86,9 @@ class ProfileInfo:
     """What ``profile()`` measured. A fresh object per call; final once the profile ends.
 
     Attributes:
-        new_bytes, new_tensors: tidyjax bytes and Tensors at the end minus at the start (the
-            net change: what the block left alive less what it freed of what was there).
+        new_bytes: tidyjax bytes at the end minus at the start (the net change: what the block
+            left alive less what it freed of what was there).
+        new_tensors: the same for the number of Tensors.
         peak_bytes: the most tidyjax bytes at any moment of the profile, including its start
             (so correct even when no op ran): ``bytes_before + peak_bytes_during``.
         bytes_before: tidyjax bytes alive when the profile started (the peak's baseline).

@@ -57,7 +57,8 @@ class TimelineEvent(NamedTuple):
             ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
             ``"free"``; ``"<untracked>"`` for a plain jax.Array no Tensor holds (its alloc
             timed when the timeline first saw it). For scope events, the scope's path.
-        shape, dtype: the buffer's shape and dtype (``()`` and ``""`` for scopes).
+        shape: the buffer's shape (``()`` for scopes).
+        dtype: the buffer's dtype (``""`` for scopes).
         tensors: ids of the Tensors seen holding the buffer: the one that created it at
             ``"alloc"``, every one seen at ``"free"`` (none for a plain array).
         buffer: the buffer's number in this timeline, the same in its alloc and its free; for
