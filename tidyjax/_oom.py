@@ -211,8 +211,9 @@ class OOMWatched:
         name: the name it was watched under.
         arrays: how many arrays it holds (each buffer once), ``memory().watched_arrays[name]``.
         bytes: their bytes, ``memory().watched[name]``.
-        tensors, tensor_bytes: how many of those arrays are Tensors' and their bytes: tidyjax
-            tracks them, so they are among the Tensors too.
+        tensors: how many of those arrays are Tensors': tidyjax tracks them, so they are among
+            the Tensors too.
+        tensor_bytes: those Tensors' bytes.
     """
 
     name: str
@@ -245,11 +246,13 @@ class OOMReport:
             ``memory().num_bytes`` counts them (arrays whose computation failed hold nothing): the
             sum of the ``tracked`` holders' bytes. [`tensors`][tidyjax.OOMReport.tensors] is their
             count.
-        untracked_bytes, untracked_arrays: jax arrays alive that tidyjax neither tracks nor
-            watches: the sums of the untracked holders' bytes and counts.
+        untracked_bytes: bytes of the jax arrays alive that tidyjax neither tracks nor watches:
+            the sum of the untracked holders' bytes.
+        untracked_arrays: how many such arrays: the sum of the untracked holders' counts.
         device: the device with the most memory in use, where ``memory_stats()`` reports one
             (GPU, TPU); None on CPU.
-        limit, in_use: that device's ``bytes_limit`` and ``bytes_in_use`` (all of JAX), or None.
+        limit: that device's ``bytes_limit``, or None.
+        in_use: that device's ``bytes_in_use`` (all of JAX), or None.
         holders: [`OOMHolder`][tidyjax.OOMHolder] rows, largest first: tidyjax's Tensors
             (``tracked``) and untracked arrays.
         failed: arrays alive whose computation failed (not counted), described.
