@@ -28,7 +28,9 @@ import jax.numpy as jnp
 import tidyjax as tj
 
 IMG = pathlib.Path(__file__).resolve().parent / "img"
-WIDTH = 900  # CSS pixels of the browser window; the docs' text column is about 690
+# CSS pixels of the browser window: the timeline page fills it, about the docs' text column, so
+# its text shows about 1:1 there; the tables take their own width, a window wide enough for them.
+WIDTH = {"timeline": 720, "leaks": 900, "memory": 900}
 SCALE = 2  # device pixels per CSS pixel
 MAX_BYTES = 150_000  # each PNG stays below this (tests/test_docs.py checks)
 
@@ -177,7 +179,7 @@ def driver() -> Any:
         "--no-sandbox",
         "--disable-gpu",
         "--hide-scrollbars",
-        f"--window-size={WIDTH},1400",
+        "--window-size=900,1400",
         f"--force-device-scale-factor={SCALE}",
     ):
         options.add_argument(arg)
@@ -202,10 +204,13 @@ def small_png(png: bytes, path: pathlib.Path) -> None:
     )
 
 
-def shoot(d: Any, page: pathlib.Path, selector: str, theme: str, path: pathlib.Path) -> None:
+def shoot(
+    d: Any, page: pathlib.Path, selector: str, theme: str, width: int, path: pathlib.Path
+) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    d.set_window_size(width, 1400)
     d.execute_cdp_cmd(
         "Emulation.setEmulatedMedia",
         {"features": [{"name": "prefers-color-scheme", "value": theme}]},
@@ -236,7 +241,7 @@ def main() -> None:
                         page.write_text(host_page(html, theme), encoding="utf-8")
                         selector = "#shot"
                     suffix = "" if theme == "light" else "-dark"
-                    shoot(d, page, selector, theme, IMG / f"{name}{suffix}.png")
+                    shoot(d, page, selector, theme, WIDTH[name], IMG / f"{name}{suffix}.png")
     finally:
         d.quit()
 
