@@ -362,7 +362,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allowed.
 
         With no Tensor and no plain array made since entering, this costs one walk of the
-        newest arrays (`ArrayMark`) and no garbage collection.
+        newest arrays and no garbage collection.
         """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
