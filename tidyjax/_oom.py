@@ -38,7 +38,7 @@ from . import _html, _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._context import set_jax_error_hook
 from ._decorating import check_callable, decorate
-from ._errors import OutOfMemoryError, TidyjaxTypeError
+from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
 from ._jaxdoors import base_array
 from ._tensor import disposed_error
@@ -114,8 +114,33 @@ def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> 
 
 
 def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
-    report = build_report(err, _call_text(_transformed_name(what), operands), _call_site(err))
+    name = _transformed_name(what)
+    consumed = _consumed(operands, name)
+    report = build_report(err, _call_text(name, operands), _call_site(err))
+    if consumed:
+        report = dataclasses.replace(report, donated=consumed)
     raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
+
+
+def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
+    """Mark donated as ``name``'s the operand Tensors whose buffers the failed call deleted,
+    and describe them: XLA consumes a donated buffer when the call starts, and JAX deletes it
+    even when the call then runs out of memory (an out-of-memory error never comes from an
+    operand deleted before the call: JAX refuses that one first)."""
+    out = []
+    for t in tensors_in(operands):
+        rec = t._rec
+        arr = t._array
+        if (
+            rec is not None
+            and rec is not _registry.UNTRACKED
+            and rec.dead is None
+            and type(arr) in CONCRETE
+            and arr.is_deleted()
+        ):
+            out.append(f"{describe(arr)} ({fmt_bytes(int(arr.nbytes))})")
+            _registry.kill(rec, donated(name))
+    return tuple(out)
 
 
 class _Frame:
@@ -128,22 +153,22 @@ class _Frame:
 
 
 def _call_site(err: BaseException) -> str | None:
-    """The user's line that ran into the error: the innermost frame outside tidyjax, JAX and
-    installed code, in the error's traceback (the body of ``with oom_report()``, a function a
-    lifted call ran) and then in the calling frames."""
+    """The user's line that called into tidyjax, JAX or the failed block: the innermost calling
+    frame outside tidyjax, JAX and installed code, at the line the error passed through when
+    it is in the error's traceback too (the body of ``with oom_report()``)."""
     from ._sites import site_of_frames
 
-    inner = []
+    lines = {}
     tb = err.__traceback__
     while tb is not None:
-        inner.append(_Frame(tb.tb_frame.f_code, tb.tb_lineno))
+        lines[id(tb.tb_frame)] = tb.tb_lineno
         tb = tb.tb_next
-    outer = []
+    frames = []
     f: Any = sys._getframe(1)
     while f is not None:
-        outer.append(_Frame(f.f_code, f.f_lineno))
+        frames.append(_Frame(f.f_code, lines.get(id(f), f.f_lineno)))
         f = f.f_back
-    site = site_of_frames([*reversed(inner), *outer])
+    site = site_of_frames(frames)
     return None if site is None else str(site)
 
 
@@ -265,6 +290,9 @@ class OOMReport:
             [`watched_arrays`][tidyjax.OOMReport.watched_arrays] are their sums.
         called_at: the user's line that made the request (``"train.py:40 in main"``,
             ``"In[3], line 2 in <module>"``), or None when no frame of the user's ran it.
+        donated: the arguments donated to the failed call (``donate_argnums``) that it
+            consumed anyway, described: JAX deletes a donated buffer when the call starts, so
+            they are gone (their Tensors are disposed, naming the function).
     """
 
     what: str
@@ -282,6 +310,7 @@ class OOMReport:
     problems: tuple[str, ...] = ()
     watched: tuple[OOMWatched, ...] = ()
     called_at: str | None = None
+    donated: tuple[str, ...] = ()
 
     @property
     def tensors(self) -> int:
@@ -338,6 +367,8 @@ class OOMReport:
                 f"Not counted: {count(len(self.failed), 'array')} whose computation failed, "
                 f"holding no memory: {', '.join(self.failed[:TOP])}."
             )
+        if self.donated:
+            lines.append(_donated_text(self.donated))
         if self.files:
             lines.append(f"The open timeline was saved: {', '.join(self.files)}.")
         lines += self.problems
@@ -353,6 +384,13 @@ class OOMReport:
 
     def _repr_html_(self) -> str:
         return _report_html(self)
+
+
+def _donated_text(donated: tuple[str, ...]) -> str:
+    return (
+        f"Donated and consumed although the call failed (JAX deletes a donated buffer when the "
+        f"call starts): {', '.join(donated)}; their Tensors are disposed."
+    )
 
 
 _HTML_SCOPES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
@@ -413,6 +451,8 @@ def _report_html(r: OOMReport) -> str:
             f"Not counted: {count(len(r.failed), 'array')} whose computation failed, holding "
             f"no memory: {', '.join(r.failed[:TOP])}."
         )))  # fmt: skip
+    if r.donated:
+        parts.append(_html.line(esc(_donated_text(r.donated))))
     if r.files:
         parts.append(_html.line(esc(f"The open timeline was saved: {', '.join(r.files)}.")))
     parts += [_html.line(esc(p)) for p in r.problems]

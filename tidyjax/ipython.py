@@ -413,21 +413,98 @@ def _make_magics(shell: Any) -> Any:
     return TidyjaxMagics(shell)
 
 
+# -- out of memory ---------------------------------------------------------------------------
+
+
+def _hidden_folders() -> tuple[str, ...]:
+    """Where the frames a notebook's out-of-memory traceback leaves out live: tidyjax, JAX and
+    jaxlib (``_sites.LIBRARY_FOLDERS``), and IPython's own (the cell runner)."""
+    import os
+
+    import IPython
+
+    from ._sites import LIBRARY_FOLDERS
+
+    return (*LIBRARY_FOLDERS, os.path.dirname(os.path.abspath(IPython.__file__)) + os.sep)
+
+
+def _user_frames(tb: Any) -> Any:
+    """``tb`` with the frames of tidyjax, JAX and IPython left out (None if none is left)."""
+    import types
+
+    hidden = _hidden_folders()
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(hidden):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _show_oom(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> Any:
+    """``shell.set_custom_exc``'s handler for ``OutOfMemoryError``: the report first (HTML in a
+    notebook, its text in a terminal), then a short traceback of the user's frames only, ending
+    in the request; JAX's chained error and the frames of tidyjax and JAX are left out
+    (``%tb``, ``%debug`` and ``sys.last_exc`` still have the whole error)."""
+    report = getattr(value, "report", None)
+    if report is None:  # not built by tidyjax: the usual traceback
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return None
+    import sys
+
+    from IPython.display import display
+
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = value
+    display(report)
+    first = str(value).split("\n", 1)[0]
+    first = first.split(". JAX said:", 1)[0]  # JAX's own message is in the report above
+    short = etype(f"{first}. The report is above; err.report holds it.", report)
+    short.__suppress_context__ = True
+    stb = shell.InteractiveTB.structured_traceback(etype, short, _user_frames(tb))
+    shell._showtraceback(etype, short, stb)
+    return None
+
+
+def _install_oom_display(ip: Any) -> None:
+    from ._errors import OutOfMemoryError
+
+    if getattr(ip, "custom_exceptions", ()):  # the user's own handler: leave it
+        return
+    ip.set_custom_exc((OutOfMemoryError,), _show_oom)
+
+
+def _uninstall_oom_display(ip: Any) -> None:
+    from ._errors import OutOfMemoryError
+
+    if getattr(ip, "custom_exceptions", ()) == (OutOfMemoryError,):
+        ip.set_custom_exc((), None)
+
+
 _loaded: dict[int, Any] = {}
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """Register the ``%%tidy`` and ``%tidyjax`` magics (``%load_ext tidyjax``)."""
+    """Register the ``%%tidy`` and ``%tidyjax`` magics (``%load_ext tidyjax``), and show an
+    ``OutOfMemoryError`` as its report (HTML in a notebook) over a short traceback of the
+    user's frames."""
     if id(ip) in _loaded:
         return
     magics = _make_magics(ip)
     ip.register_magics(magics)
+    _install_oom_display(ip)
     _loaded[id(ip)] = magics
 
 
 def unload_ipython_extension(ip: Any) -> None:
-    """Turn auto mode and the timeline off (``%unload_ext tidyjax``)."""
+    """Turn auto mode and the timeline off, and the out-of-memory display
+    (``%unload_ext tidyjax``)."""
     magics = _loaded.pop(id(ip), None)
     if magics is not None:
         magics.hooks.set_auto(False)
         magics.hooks.set_timeline(False)
+        _uninstall_oom_display(ip)
