@@ -451,9 +451,10 @@ def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
     assert "@import" not in page and "url(" not in page
     areas = re.findall(r'<path class="tj-area[^"]*" data-site="(\d+)" data-label="([^"]*)"', page)
     assert len(areas) == 5 and areas[-1][1] == "other (8 sites)"
-    assert areas[0][1] == "gen_sites.py:12 in &lt;module&gt;"  # the largest first
+    # the 4 largest sites (stacked by how long they held bytes: test_timeline_explore.py)
+    assert {a[1] for a in areas[:-1]} == {f"gen_sites.py:{i} in &lt;module&gt;" for i in range(9, 13)}
     assert re.findall(r'class="tj-band" data-name="([^"]+)"', page) == ["load", "release"]
-    table = re.search(r'<table class="tj-peak-table">.*?</table>', page, re.S).group(0)
+    table = re.search(r'<table class="tj-peak-table"[^>]*>.*?</table>', page, re.S).group(0)
     first = re.search(r"<tbody><tr>(.*?)</tr>", table).group(1)
     assert "12.0 KiB" in first and "gen_sites.py:12" in first and "float32[3072]" in first
     assert "peak 78.0 KiB" in page

@@ -606,6 +606,8 @@ class Timeline:
                 if id(rec) not in self._live and rec.dead is None:
                     self._alloc(rec, now, tuple(sorted(t._id for t in ts)))
             self._forget_failed()  # a buffer that failed before: not counted from the start
+            if _variable._variables:
+                self._name_variables()
 
     def _stop(self) -> None:
         with _lock:

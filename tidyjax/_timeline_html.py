@@ -47,6 +47,7 @@ _X0, _PW, _Y0, _PH = 72, 812, 26, 260
 _LANE, _WIDTH = 20, 900
 _MIN_PEAK = 18  # the peak's column is at least this wide
 _CHAR = 7.4  # the width of a character of band text, about
+_COMPILED = "first call (compile)"  # the name of the first step's band when it compiled
 _OTHER = "#8c959f"  # "other": a grey that reads on light and dark
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
             "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d")  # fmt: skip
@@ -97,8 +98,8 @@ class _Sites:
         self.cur: list[int] = []
         self.most: list[int] = []
         self.info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
-        self.life: list[int] = []  # bytes times events alive, summed over its buffers
-        self.allocated: list[int] = []
+        self.life: list[int] = []  # for how many events it held bytes
+        self.since: list[int] = []  # the event since which it holds bytes
 
     def add(self, site: Any, untracked: bool = False) -> int:
         """The index of ``site``, a Site object not seen before (its value may have been)."""
@@ -111,7 +112,7 @@ class _Sites:
             self.most.append(0)
             self.info.append({})
             self.life.append(0)
-            self.allocated.append(0)
+            self.since.append(0)
         (self.uids if untracked else self.ids)[id(site)] = i
         self._keep_alive.append(site)
         return i
@@ -194,8 +195,7 @@ class _Chart:
         lived, the scopes as bands, the peak (``peak``, ``peak_index``: the state after that
         event); returns the devices."""
         ids, uids, cur, most, info = sites.ids, sites.uids, sites.cur, sites.most, sites.info
-        life, allocated = sites.life, sites.allocated
-        born: dict[int, tuple[int, int, int]] = {}  # buffer -> (event, site, bytes)
+        life, since = sites.life, sites.since
         devices: set[str] = set()
         total = peak = 0
         self.peak_index = -1  # -1: the peak is before any event kept
@@ -215,20 +215,19 @@ class _Chart:
                     key = (ev.dtype, ev.shape, ev.scope)
                     counts = info[s]
                     counts[key] = counts.get(key, 0) + 1
+                    if not cur[s]:
+                        since[s] = i
                     v = cur[s] = cur[s] + ev.bytes
                     if v > most[s]:
                         most[s] = v
                     total += ev.bytes
                     if total > peak:
                         peak, self.peak_index = total, i - nb
-                    born[ev.buffer] = (i, s, ev.bytes)
-                    allocated[s] += ev.bytes
                 else:
-                    cur[s] -= ev.bytes
+                    v = cur[s] = cur[s] - ev.bytes
                     total -= ev.bytes
-                    b = born.pop(ev.buffer, None)
-                    if b is not None:
-                        life[b[1]] += b[2] * (i - b[0])
+                    if v <= 0 < ev.bytes:
+                        life[s] += i - since[s]
             elif kind == "scope_enter":
                 enters[ev.buffer] = (i - nb, ev)
             elif kind == "scope_exit":
@@ -237,8 +236,9 @@ class _Chart:
                     (start, i - nb, opened.name, opened.scope, ev.time - opened.time)
                 )
         end = nb + len(events)
-        for i, s, nbytes in born.values():  # alive at the end
-            life[s] += nbytes * (end - i)
+        for s, v in enumerate(cur):  # holding bytes at the end
+            if v > 0:
+                life[s] += end - since[s]
         self.span = max(end, 1)
         for start, ev in enters.values():  # still open when the recording stopped
             end_time = events[-1].time if events else ev.time
@@ -249,15 +249,15 @@ class _Chart:
     def _rank(self, sites: _Sites, top: int) -> list[int]:
         """The ``top`` sites by their largest live bytes, each with its hover text (``sites``),
         the rest as one "other"; returns each site's stack slot. The slots go bottom up from
-        the longest-lived bytes (a tenth of the run per step), then the largest."""
+        the site that held bytes longest (in tenths of the run), then the largest."""
         site_list, most, info, plain = sites.sites, sites.most, sites.info, sites.untracked
         ranked = sorted(
             range(len(site_list)), key=lambda s: (-most[s], _label(site_list[s], plain[s]))
         )
-        life, allocated, span = sites.life, sites.allocated, self.span
+        life, span = sites.life, self.span
 
-        def lived(s: int) -> int:  # the share of the run its bytes lived, in tenths
-            return int(10 * life[s] / (allocated[s] * span)) if allocated[s] else 0
+        def lived(s: int) -> int:  # the share of the run it held bytes, in tenths
+            return int(10 * life[s] / span)
 
         self.top = sorted(
             ranked[:top],
@@ -591,18 +591,22 @@ def _fits(label: str, width: float) -> bool:
     return len(label) * _CHAR + 6 <= width
 
 
-def _groups(spans: list[tuple[float, float, str, str, float]], x: _XMap) -> list[list[Any]]:
-    """Runs of neighbouring scopes in one lane that are too narrow for their own label."""
+def _groups(
+    spans: list[tuple[float, float, str, str, float]], x: _XMap, lone: set[str]
+) -> list[list[Any]]:
+    """Runs of neighbouring scopes in one lane that are too narrow for their own label; a scope
+    named in ``lone`` (rare ones, the compile) stays apart."""
     groups: list[list[Any]] = []
     for x0, x1, name, path, dt in spans:
         px0, px1 = x(x0), x(x1)
         member = (px0, max(px1, px0 + 1.0), name, path, dt)
         last = groups[-1] if groups else None
-        narrow = not _fits(name, px1 - px0)
+        narrow = not _fits(name, px1 - px0) and name not in lone
         if (
             last is not None
             and narrow
             and not _fits(last[-1][2], last[-1][1] - last[-1][0])
+            and last[-1][2] not in lone
             and px0 - last[-1][1] < 8
         ):
             last.append(member)
@@ -650,7 +654,7 @@ def _lanes(ch: _Chart) -> tuple[list[tuple[float, float, str, str, float, int]],
     first = ch.steps[0][:2] if ch.compiled else None
     spans = sorted(
         ((s * fine / n if s >= 0 else 0.0, max(e, s + 1) * fine / n,
-          "first call (compile)" if first == (max(s, 0), e) and path == ch.step_path else name,
+          _COMPILED if first == (max(s, 0), e) and path == ch.step_path else name,
           path, dt)
          for s, e, name, path, dt in ch.bands_raw),
         key=lambda b: (b[0], -b[1]),
@@ -686,9 +690,11 @@ def _bands(ch: _Chart, x: _XMap) -> tuple[str, int]:
         placed[lane].append((s * scale, e * scale, name, path, dt))
     top = _Y0 + _PH + 26
     out = []
+    names = collections.Counter(span[2] for span in spans)
+    lone = {name for name, k in names.items() if k <= 2} | {_COMPILED}
     for lane, spans_in_lane in enumerate(placed):
         y = top + lane * _LANE
-        for group in _groups(spans_in_lane, x):
+        for group in _groups(spans_in_lane, x, lone):
             out.append(_band(group, y))
     if hidden:
         y = top + lanes * _LANE
@@ -800,8 +806,9 @@ def _peak_table(ch: _Chart, j: int) -> str:
     else:
         caption = "Alive at the peak, largest first"
     head = "bytes on device" if several else "bytes"
+    attr = f' data-device="{j}"' if several else ""
     return (
-        f'<table class="tj-peak-table" data-device="{j}"><caption>{caption}</caption>'
+        f'<table class="tj-peak-table"{attr}><caption>{caption}</caption>'
         f"<thead><tr><th>{head}</th><th>buffers</th><th>shape</th><th>created at</th>"
         f"<th>scope</th><th>device</th></tr></thead><tbody>{body}</tbody></table>"
     )

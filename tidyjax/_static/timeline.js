@@ -51,9 +51,10 @@ function start(data){
       for(var s=0;s<K;s++){prev[s]+=d.cols[f*K+s];v[f*K+s]=prev[s];t+=prev[s]}
       tot[f]=t}
     return {name:d.name,label:d.label,peak:d.peak,peakCol:d.peakCol,v:v,tot:tot}});
-  var B=data.bands,bands=[];
-  for(var i=0;i<B.length;i+=6)bands.push({a:B[i],b:B[i+1],lane:B[i+2],name:S[B[i+3]],
-    path:S[B[i+4]],ms:B[i+5]});
+  var B=data.bands,bands=[],seen={};
+  for(var i=0;i<B.length;i+=6)seen[B[i+3]]=(seen[B[i+3]]||0)+1;
+  for(i=0;i<B.length;i+=6)bands.push({a:B[i],b:B[i+1],lane:B[i+2],name:S[B[i+3]],
+    path:S[B[i+4]],ms:B[i+5],lone:seen[B[i+3]]<=2||S[B[i+3]]==="first call (compile)"});
   var steps=data.steps;
   function stepAt(pos){  // the step number at a fine position (0: before the first)
     var lo=0,hi=steps.length;
@@ -138,23 +139,30 @@ function start(data){
     var W=Math.max(300,Math.round(c.sec.clientWidth||svg.clientWidth||900));
     var X0=66,PW=W-X0-14,Y0=28,PH=Math.round(Math.max(170,Math.min(280,W*0.3))),LANE=20;
     var a=Math.floor(state.a),b=Math.max(a+1,Math.ceil(state.b)),span=b-a;
-    var D=Math.max(1,Math.min(span,Math.floor(PW)));
-    var pick=new Int32Array(D),d,f;
+    // the display columns, as fine boundaries: evenly cut, the peak's fine column one of its
+    // own at least MINW wide (so a short phase that makes the peak shows at first sight)
+    var n0=Math.max(1,Math.min(span,Math.floor(PW))),bounds=[],d,f;
+    for(d=0;d<=n0;d++)bounds.push(a+Math.floor(d*span/n0));
+    var pc=dev.peakCol,dp=-1;
+    if(!data.moment&&pc>=a&&pc<b){
+      bounds.push(pc,pc+1);bounds.sort(function(p,q){return p-q});
+      bounds=bounds.filter(function(x,i){return !i||x!==bounds[i-1]});
+      dp=bounds.indexOf(pc)}
+    var D=bounds.length-1,pick=new Int32Array(D),w=new Float64Array(D);
     for(d=0;d<D;d++){
-      var lo=a+Math.floor(d*span/D),hi=Math.max(lo+1,a+Math.floor((d+1)*span/D)),best=lo;
+      var lo=bounds[d],hi=bounds[d+1],best=lo;
       for(f=lo+1;f<hi;f++)if(dev.tot[f]>dev.tot[best])best=f;
-      pick[d]=best}
-    var dp=-1;
-    if(!data.moment&&dev.peakCol>=a&&dev.peakCol<b)
-      dp=Math.min(D-1,Math.floor((dev.peakCol-a)*D/span));
-    var w=new Float64Array(D).fill(PW/D);
-    if(dp>=0&&D>1&&PW/D<MINW){w.fill((PW-MINW)/(D-1));w[dp]=MINW}
+      pick[d]=best;w[d]=(hi-lo)*PW/span}
+    if(dp>=0&&w[dp]<MINW){
+      for(d=0;d<D;d++)w[d]=(bounds[d+1]-bounds[d])*(PW-MINW)/(span-1);
+      w[dp]=MINW}
     var xs=new Float64Array(D+1);xs[0]=X0;
     for(d=0;d<D;d++)xs[d+1]=xs[d]+w[d];
     function fx(pos){  // a fine position to x
-      var q=(pos-a)*D/span;
-      if(q<=0)return X0;if(q>=D)return X0+PW;
-      var i=Math.floor(q);return xs[i]+(q-i)*w[i]}
+      if(pos<=a)return X0;if(pos>=b)return X0+PW;
+      var lo=0,hi=D;
+      while(hi-lo>1){var m=(lo+hi)>>1;if(bounds[m]<=pos)lo=m;else hi=m}
+      return xs[lo]+(pos-bounds[lo])/(bounds[lo+1]-bounds[lo])*w[lo]}
     var vmax=0;
     for(d=0;d<D;d++)vmax=Math.max(vmax,dev.tot[pick[d]]);
     vmax=vmax||1;
@@ -173,14 +181,16 @@ function start(data){
     // x ticks: steps, or the time
     var ticks=[],i;
     if(data.moment)ticks.push([X0+PW/2,"one moment (a snapshot)"]);
-    else if(steps.length){
+    else{
       var s0=stepAt(a),s1=stepAt(b),inside=[];
       for(i=Math.max(0,s0-1);i<s1;i++)if(steps[i]>=a&&steps[i]<b)inside.push(i+1);
-      var st=stride(inside.length,Math.max(2,Math.floor(PW/90)));
-      inside.forEach(function(n){if(n===1||n%st===0)ticks.push([fx(steps[n-1]),"step "+n])});
-      if(!ticks.length)ticks.push([X0,"step "+Math.max(1,s0)+" "+dt(times[a])])}
-    else for(i=0;i<6;i++){
-      f=Math.min(b-1,a+Math.round(i*(span-1)/5));ticks.push([fx(f+0.5),dt(times[f])])}
+      if(inside.length>=2){
+        var st=stride(inside.length,Math.max(2,Math.floor(PW/90)));
+        inside.forEach(function(n){if(n===1||n%st===0)ticks.push([fx(steps[n-1]),"step "+n])})}
+      else for(i=0;i<6;i++){  // the time, the step named where steps are scopes
+        f=Math.min(b-1,a+Math.round(i*(span-1)/5));
+        var n=steps.length?stepAt(f+0.5):0;
+        ticks.push([fx(f+0.5),dt(times[f])+(n&&!i?" (step "+n+")":"")])}}
     var lastx=-1e9;
     ticks.forEach(function(t){
       if(t[0]-lastx<70)return;lastx=t[0];
@@ -211,7 +221,7 @@ function start(data){
     var bg=el("g",{"class":"tj-bands"},svg),groups=[];
     spans.forEach(function(x){
       var x0=fx(Math.max(x.a,a)),x1=Math.max(fx(Math.min(x.b,b)),x0+1);
-      var narrow=x.name.length*CH+6>x1-x0,last=groups[groups.length-1];
+      var narrow=x.name.length*CH+6>x1-x0&&!x.lone,last=groups[groups.length-1];
       if(last&&last.lane===x.lane&&narrow&&last.narrow&&x0-last.x1<8){
         last.m.push(x);last.x1=Math.max(last.x1,x1);return}
       groups.push({lane:x.lane,x0:x0,x1:x1,m:[x],narrow:narrow})});
@@ -308,8 +318,11 @@ function start(data){
       else if(k==="ArrowRight")setView(state.a+span/4,state.b+span/4);
       else if(k==="Escape")unpin();else return;
       e.preventDefault()})});
-  // the tooltip's own clicks (selecting a stack to copy) keep it
+  // the tooltip's own clicks (selecting a stack to copy) keep it; a click elsewhere lets go
   tip.addEventListener("mouseup",function(e){e.stopPropagation()});
+  document.addEventListener("mousedown",function(e){
+    if(state.pinned&&!tip.contains(e.target)&&!charts.some(function(c){
+      return c.svg.contains(e.target)}))unpin()});
   if(typeof ResizeObserver==="function"){
     var width=root.clientWidth;
     new ResizeObserver(function(){
