@@ -35,7 +35,7 @@ from ._decorating import check_callable
 from ._errors import donated
 from ._jaxdoors import refuse_in_type_tables, register_bind_conversion, trace_of, trace_running
 from ._ops import lift
-from ._tensor import Tensor, refused_by_jax, shell, wrap, wrap_foreign
+from ._tensor import Tensor, disposed_error, refused_by_jax, shell, wrap, wrap_foreign
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 _leaves = jax.tree_util.tree_leaves
@@ -63,7 +63,10 @@ if TYPE_CHECKING:
 
 
 def _flatten(t: Tensor) -> tuple[tuple[Any], None]:
-    return (t._value(),), None
+    rec = t._rec  # the liveness test of Tensor._value, inlined (a call per leaf)
+    if rec is None or rec.dead is not None:
+        raise disposed_error(t)
+    return (t._array,), None
 
 
 def _unflatten(_aux: None, children: Sequence[Any]) -> Any:

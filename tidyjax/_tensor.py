@@ -57,7 +57,6 @@ _ids = itertools.count(1)
 _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
-_fresh = _registry.fresh
 Buffer = _registry.Buffer
 VARIABLE = _registry.VARIABLE
 
@@ -685,8 +684,13 @@ def wrap(arr: Any) -> Any:
         if rec is None or rec.dead is not None:
             if _registry.observers:
                 rec = _registry.new(arr, scope, tensor=t._id)
-            else:  # `_registry.new` without the observers
-                rec = _fresh(arr, scope)
+            else:  # `_registry.new` without the observers, `fresh` inlined
+                rec = Buffer(arr)
+                rec.dead = rec.more = None
+                rec.n = 1
+                rec.nbytes = -1
+                rec.owned = True
+                rec.scope = scope
                 _buffers[id(arr)] = rec
                 if len(_buffers) > _registry._sweep_at:
                     _registry.sweep()
@@ -857,6 +861,7 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     doomed: list[_registry.Buffer] = []
     survivors: list[Tensor] = []
     released: list[_registry.Buffer] = []
+    observing = bool(_registry.observers)
     with _registry._lock:
         for t in tensors:
             rec = t._rec
@@ -871,15 +876,15 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
             if dead is None:
                 if rec.scope is VARIABLE and getattr(t, "_var", None) is not None:
                     _registry.let_go(rec)
-                released.append(rec)
+                if observing:
+                    released.append(rec)
                 if rec.n <= 0:
                     rec.dead = RELEASED
                     doomed.append(rec)
                 else:
                     survivors.append(t)
-    if _registry.observers:
-        for rec in released:
-            _registry._notify("tensor_removed", rec)
+    for rec in released:
+        _registry._notify("tensor_removed", rec)
     freed = _registry.free_all(doomed)
     for t in survivors:
         forget_array(t)

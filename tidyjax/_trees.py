@@ -19,6 +19,7 @@ from ._arrays import CONCRETE, PLAIN, Tracer
 from ._tensor import (
     TENSOR_TYPES,
     Tensor,
+    disposed_error,
     wrap,
     wrap_all,
     wrap_borrowed,
@@ -121,9 +122,26 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
     if tx in PLAIN:
         return x
     if tx is dict:
-        return {k: v._value() if type(v) in TENSOR_TYPES else unwrap(v, raw) for k, v in x.items()}
+        out_dict = {}
+        for k, v in x.items():  # the liveness test inlined: a call per leaf costs more
+            if type(v) in TENSOR_TYPES:
+                rec = v._rec
+                if rec is None or rec.dead is not None:
+                    raise disposed_error(v)
+                out_dict[k] = v._array
+            else:
+                out_dict[k] = unwrap(v, raw)
+        return out_dict
     if tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
-        out = [v._value() if type(v) in TENSOR_TYPES else unwrap(v, raw) for v in x]
+        out = []
+        for v in x:
+            if type(v) in TENSOR_TYPES:
+                rec = v._rec
+                if rec is None or rec.dead is not None:
+                    raise disposed_error(v)
+                out.append(v._array)
+            else:
+                out.append(unwrap(v, raw))
         return out if tx is list else tuple(out) if tx is tuple else tx._make(out)
 
     def leaf(v: Any) -> Any:
