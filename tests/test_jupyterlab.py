@@ -380,7 +380,7 @@ def _views() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 @pytest.fixture
-def view(lab, driver, _views, request) -> dict[str, Any]:
+def view(driver, lab, _views, request) -> dict[str, Any]:
     """The notebook (trusted or not) as JupyterLab shows it in a theme: what the page reads."""
     trust, theme = request.param
     if (trust, theme) not in _views:
@@ -391,16 +391,17 @@ def view(lab, driver, _views, request) -> dict[str, Any]:
             WebDriverWait(driver, 60, poll_frequency=0.25).until(
                 lambda d: d.execute_script(_READY, NAMES, THEMES[theme], trust == "trusted")
             )
-        except TimeoutException:
-            raise AssertionError(
-                f"the {trust} notebook did not render in {theme}:\n"
-                + str(driver.execute_script(_LAB, NAMES))[:3000]
-                + f"\nserver log:\n{lab.log()}"
-            ) from None
-        got = driver.execute_script(_LAB, NAMES)
-        got["errors"] = _severe(driver)
+            got = driver.execute_script(_LAB, NAMES)
+            got["errors"] = _severe(driver)
+        except TimeoutException:  # once per view, not once per test
+            got = {"failed": f"the {trust} notebook did not render in {theme}:\n"
+                             + str(driver.execute_script(_LAB, NAMES))[:3000]
+                             + f"\nserver log:\n{lab.log()}"}  # fmt: skip
         _views[trust, theme] = got
-    return _views[trust, theme]
+    got = _views[trust, theme]
+    if "failed" in got:
+        pytest.fail(got["failed"])
+    return got
 
 
 def _ids(views: list[tuple[str, str]]) -> list[str]:
@@ -454,8 +455,9 @@ def test_a_trusted_notebook_shows_the_live_chart(view):
     assert tl["ready"], tl  # the script ran
     charts = [s for s in tl["svgs"] if "tj-svg" in (s["cls"] or "")]
     assert len(charts) == 1 and charts[0]["width"] > 300 and charts[0]["height"] > 100, tl
-    assert tl["areas"] >= 3 and tl["images"] == [], tl  # an area per site; the image swapped
-    assert tl["loose"] == [] and tl["tips"] == 0, tl
+    assert tl["areas"] >= 3, tl  # an area per site
+    shown = [img for img in tl["images"] if img["width"] or img["height"]]
+    assert shown == [] and tl["tips"] == 0, tl  # the static image gone or hidden, no tooltip
     assert "Alive at the peak" in tl["text"]
 
 
@@ -488,7 +490,7 @@ return out;
 )
 
 
-def test_the_outputs_read_well_on_a_white_page_under_a_dark_os(lab, driver, tmp_path):
+def test_the_outputs_read_well_on_a_white_page_under_a_dark_os(driver, lab, tmp_path):
     sections = "".join(
         f'<section data-name="{html.escape(name)}"><h3>{html.escape(name)}</h3>{markup}</section>'
         for name, markup in lab.outputs.items()
