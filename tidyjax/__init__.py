@@ -23,6 +23,7 @@ from ._lift import jit as jit
 from ._lift import value_and_grad as value_and_grad
 from ._lift import vmap as vmap
 from ._memory import MemoryInfo as MemoryInfo
+from ._memory import TopSite as TopSite
 from ._memory import UntrackedSite as UntrackedSite
 from ._memory import memory as memory
 from ._oom import OOMHolder as OOMHolder
@@ -79,7 +80,7 @@ __all__ = [
     # JAX interop
     "lift", "jit", "grad", "value_and_grad", "vmap", "is_tensor", "arrays", "tensors",
     # memory and reports
-    "memory", "MemoryInfo", "UntrackedSite", "watch", "unwatch", "profile", "ProfileInfo",
+    "memory", "MemoryInfo", "TopSite", "UntrackedSite", "watch", "unwatch", "profile", "ProfileInfo",
     "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot", "SiteStat",
     "SiteDiff", "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report", "OOMReport",
     "OOMHolder",
