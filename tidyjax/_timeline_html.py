@@ -831,7 +831,9 @@ def _palette_css(uid: str, k: int) -> str:
 
 def _data(ch: _Chart, selected: int) -> dict[str, Any]:
     """What the page's script draws from: the fine columns (per device, each slot's change
-    from the column before), their times (microseconds, as changes), the scopes, the steps."""
+    from the column before), their times (microseconds, as changes), the scopes (``bands``:
+    start, end, lane, name, path, milliseconds, how many), the steps (``steps``: position,
+    number)."""
     k = len(ch.sites)
     strings: dict[str, int] = {}
 
@@ -855,12 +857,29 @@ def _data(ch: _Chart, selected: int) -> dict[str, Any]:
             "label": f"{d} · peak {fmt_bytes(ch.device_peak[j])}", "cols": flat,
         })  # fmt: skip
     spans, lanes, hidden = ch.lanes
-    bands: list[Any] = []
+    # Scopes in a row of one name, in one lane, shorter than a fine column together, are one
+    # band (with their count): the script cannot zoom in further than a fine column.
+    runs: list[list[Any]] = []
+    open_run: dict[int, list[Any]] = {}
     for start, end, name, path, dt, lane in spans:
-        bands.extend((round(start, 3), round(end, 3), lane, s(name), s(path), round(dt * 1e3, 3)))
-    steps: list[Any] = []
-    for start, _, _ in ch.steps:
-        steps.append(round(ch.fpos(start), 3))
+        run = open_run.get(lane)
+        if run is not None and run[3] == name and run[4] == path and end - run[0] < 1.0:
+            run[1], run[5], run[6] = end, run[5] + dt, run[6] + 1
+            continue
+        run = open_run[lane] = [start, end, lane, name, path, dt, 1]
+        runs.append(run)
+    bands: list[Any] = []
+    for start, end, lane, name, path, dt, k in runs:
+        bands.extend(
+            (round(start, 2), round(end, 2), lane, s(name), s(path), round(dt * 1e3, 3), k)
+        )
+    steps: list[Any] = []  # [position, step number], the first step in each fine column
+    last = -1
+    for k, (start, _, _) in enumerate(ch.steps, 1):
+        pos = ch.fpos(start)
+        if int(pos) != last:
+            last = int(pos)
+            steps.extend((round(pos, 2), k))
     return {
         "events": ch.n, "fine": ch.fine, "moment": ch.moment, "times": times,
         "sites": ch.sites, "devices": devices, "selected": selected, "bands": bands,

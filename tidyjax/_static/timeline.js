@@ -52,14 +52,17 @@ function start(data){
       tot[f]=t}
     return {name:d.name,label:d.label,peak:d.peak,peakCol:d.peakCol,v:v,tot:tot}});
   var B=data.bands,bands=[],seen={};
-  for(var i=0;i<B.length;i+=6)seen[B[i+3]]=(seen[B[i+3]]||0)+1;
-  for(i=0;i<B.length;i+=6)bands.push({a:B[i],b:B[i+1],lane:B[i+2],name:S[B[i+3]],
-    path:S[B[i+4]],ms:B[i+5],lone:seen[B[i+3]]<=2||S[B[i+3]]==="first call (compile)"});
-  var steps=data.steps;
-  function stepAt(pos){  // the step number at a fine position (0: before the first)
+  for(var i=0;i<B.length;i+=7)seen[B[i+3]]=(seen[B[i+3]]||0)+B[i+6];
+  for(i=0;i<B.length;i+=7)bands.push({a:B[i],b:B[i+1],lane:B[i+2],name:S[B[i+3]],
+    path:S[B[i+4]],ms:B[i+5],k:B[i+6],
+    lone:seen[B[i+3]]<=2||S[B[i+3]]==="first call (compile)"});
+  var steps=[],nums=[];  // the first step starting in each fine column, and its number
+  for(i=0;i<data.steps.length;i+=2){steps.push(data.steps[i]);nums.push(data.steps[i+1])}
+  function stepIndex(pos){  // how many of those start at or before pos
     var lo=0,hi=steps.length;
     while(lo<hi){var m=(lo+hi)>>1;if(steps[m]<=pos)lo=m+1;else hi=m}
     return lo}
+  function stepAt(pos){var i=stepIndex(pos);return i?nums[i-1]:0}
   var state={a:0,b:F,dev:data.selected,iso:-1,pinned:false};
 
   // -- the frame: tools, device buttons, a live SVG over each static image -----------------
@@ -182,11 +185,14 @@ function start(data){
     var ticks=[],i;
     if(data.moment)ticks.push([X0+PW/2,"one moment (a snapshot)"]);
     else{
-      var s0=stepAt(a),s1=stepAt(b),inside=[];
-      for(i=Math.max(0,s0-1);i<s1;i++)if(steps[i]>=a&&steps[i]<b)inside.push(i+1);
+      var s0=stepIndex(a),s1=stepIndex(b),inside=[];
+      for(i=Math.max(0,s0-1);i<s1;i++)if(steps[i]>=a&&steps[i]<b)inside.push(i);
       if(inside.length>=2){
-        var st=stride(inside.length,Math.max(2,Math.floor(PW/90)));
-        inside.forEach(function(n){if(n===1||n%st===0)ticks.push([fx(steps[n-1]),"step "+n])})}
+        var first=nums[inside[0]],count=nums[inside[inside.length-1]]-first+1;
+        var st=stride(count,Math.max(2,Math.floor(PW/90))),prev=first-1;
+        inside.forEach(function(i){var n=nums[i];
+          if(n===1||Math.floor(n/st)>Math.floor(prev/st))ticks.push([fx(steps[i]),"step "+n]);
+          prev=n})}
       else for(i=0;i<6;i++){  // the time, the step named where steps are scopes
         f=Math.min(b-1,a+Math.round(i*(span-1)/5));
         var n=steps.length?stepAt(f+0.5):0;
@@ -226,14 +232,15 @@ function start(data){
         last.m.push(x);last.x1=Math.max(last.x1,x1);return}
       groups.push({lane:x.lane,x0:x0,x1:x1,m:[x],narrow:narrow})});
     groups.forEach(function(gr){
-      var y=bottom+26+gr.lane*LANE,n=gr.m.length,ms=0,counts={};
-      gr.m.forEach(function(x){ms+=x.ms;counts[x.name]=(counts[x.name]||0)+1});
+      var y=bottom+26+gr.lane*LANE,ms=0,counts={},last=gr.m.length-1;
+      var n=0;
+      gr.m.forEach(function(x){ms+=x.ms;n+=x.k;counts[x.name]=(counts[x.name]||0)+x.k});
       var names=Object.keys(counts).sort(function(p,q){return counts[q]-counts[p]});
       var label=n===1?gr.m[0].name:names.slice(0,2).map(function(k){
         return counts[k]>1?k+" ×"+counts[k]:k}).join(", ")+(names.length>2?", …":"");
       var bandg=el("g",{"class":"tj-band","data-name":label,"data-a":gr.m[0].a,
-        "data-b":gr.m[n-1].b},bg);
-      var wide=(gr.x1-gr.x0)/n>=3&&n>1;
+        "data-b":gr.m[last].b},bg);
+      var wide=(gr.x1-gr.x0)/gr.m.length>=3&&gr.m.length>1;
       (wide?gr.m:[null]).forEach(function(x){
         var x0=x?fx(Math.max(x.a,a)):gr.x0,x1=x?Math.max(fx(Math.min(x.b,b)),x0+1):gr.x1;
         el("rect",{x:x0,y:y,width:x1-x0,height:LANE-3,rx:2},bandg)});
@@ -243,7 +250,7 @@ function start(data){
       el("title",{},bandg).textContent=(n===1?"scope "+gr.m[0].path+": "+dur(ms):
         n+" scopes: "+dur(ms)+" in all")+" (click: zoom to it)";
       bandg.addEventListener("click",function(){
-        var lo=gr.m[0].a,hi=gr.m[n-1].b;setView(lo,Math.max(hi,lo+1))})});
+        var lo=gr.m[0].a,hi=gr.m[last].b;setView(lo,Math.max(hi,lo+1))})});
     if(data.hidden)el("text",{"class":"tj-tick",x:X0,y:bottom+26+data.lanes*LANE+13},bg)
       .textContent=data.hidden+" more overlapping scopes not drawn";
     geo={svg:svg,dev:dev,X0:X0,PW:PW,Y0:Y0,PH:PH,xs:xs,pick:pick,D:D,vmax:vmax,a:a,b:b};
