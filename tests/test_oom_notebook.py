@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import warnings
 
 import jax.numpy as jnp
@@ -268,3 +269,33 @@ def test_in_a_notebook_the_report_shows_as_html_over_a_short_traceback():
     assert "return tj.numpy.zeros((n,))" in inner  # the user's function frame is kept too
     printed = "".join(o.get("text", "") for o in nb.cells[3].outputs)
     assert printed.split() == ["2", str(256 * 256 * 4 + 4)]  # the counts are right afterwards
+
+
+def test_in_ipython_the_handler_comes_and_goes_with_the_extension():
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext tidyjax", store_history=False)
+    assert sh.custom_exceptions == (tj.OutOfMemoryError,)
+    try:
+        with capture_output() as cap:
+            result = sh.run_cell("import tidyjax.numpy as tnp\nz = tnp.zeros((10**13,))")
+        assert isinstance(result.error_in_exec, tj.OutOfMemoryError)
+        (shown,) = cap.outputs  # the report, as HTML and text
+        assert "text/html" in shown.data and "could not allocate" in shown.data["text/html"]
+        text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+        assert "z = tnp.zeros((10**13,))" in text and "The report is above" in text
+        assert "/tidyjax/" not in text and "jax/_src" not in text
+        assert sys.last_value is result.error_in_exec  # %tb and %debug see the whole error
+        sh.run_cell("%unload_ext tidyjax", store_history=False)
+        assert sh.custom_exceptions == ()
+        mine = (ZeroDivisionError,)
+        sh.set_custom_exc(mine, lambda *a, **k: None)  # the user's own handler stays
+        sh.run_cell("%load_ext tidyjax", store_history=False)
+        assert sh.custom_exceptions == mine
+    finally:
+        sh.set_custom_exc((), None)
+        sh.run_cell("%unload_ext tidyjax", store_history=False)
+        sh.reset(new_session=False)

@@ -457,15 +457,21 @@ def _show_oom(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset:
 
     from IPython.display import display
 
+    from ._errors import OutOfMemoryError
+
     sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
     if sys.version_info >= (3, 12):
         sys.last_exc = value
     display(report)
-    first = str(value).split("\n", 1)[0]
-    first = first.split(". JAX said:", 1)[0]  # JAX's own message is in the report above
-    short = etype(f"{first}. The report is above; err.report holds it.", report)
-    short.__suppress_context__ = True
-    stb = shell.InteractiveTB.structured_traceback(etype, short, _user_frames(tb))
+    try:
+        first = str(value).split("\n", 1)[0]
+        first = first.split(". JAX said:", 1)[0]  # JAX's own message is in the report above
+        short = OutOfMemoryError(f"{first}. The report is above; err.report holds it.", report)
+        short.__suppress_context__ = True
+        stb = shell.InteractiveTB.structured_traceback(etype, short, _user_frames(tb))
+    except Exception:  # IPython drops a handler that raises: the whole traceback instead
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return None
     shell._showtraceback(etype, short, stb)
     return None
 
