@@ -81,7 +81,7 @@ def test_chrome_trace_writes_the_trace_beside_the_page(dumped, tmp_path, capsys)
     data = json.loads(trace.read_text(encoding="utf-8"))
     slices = [e for e in data["traceEvents"] if e["ph"] == "X"]
     assert [e["name"] for e in slices] == ["step"]
-    assert any(e["ph"] == "C" and e["args"]["bytes"] == 64 for e in data["traceEvents"])
+    assert any(e["ph"] == "C" and e["args"]["bytes in use"] == 64 for e in data["traceEvents"])
     assert f"wrote {trace}" in capsys.readouterr().out
 
 

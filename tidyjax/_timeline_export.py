@@ -5,9 +5,9 @@ The trace-event format's "JSON Object Format" (``{"traceEvents": [...], "display
 
 * one process, ``tidyjax memory``, named by a metadata event (``"ph": "M"``, ``process_name``),
   its threads too (``thread_name``, ``thread_sort_index``);
-* a counter track per device (``"ph": "C"``, ``args: {"bytes": n}``): the bytes alive there,
-  each shared buffer once, as ``memory().bytes_per_device`` counts them; with several devices a
-  track of their sum as well;
+* a counter track per device (``"ph": "C"``, named by the device, ``args: {"bytes in use":
+  n}``): the bytes alive there, each shared buffer once, as ``memory().bytes_per_device``
+  counts them; with several devices a track of their sum as well;
 * each scope a complete slice (``"ph": "X"``, ``ts`` and ``dur`` in microseconds) on a
   ``scopes`` thread; scopes that overlap without nesting (threads, asyncio tasks) go on further
   ``scopes`` threads, so that slices on one thread always nest;
@@ -36,6 +36,8 @@ __all__ = ["PID", "chrome_trace", "write"]
 PID = 1
 _TID_BUFFERS = 1
 _TID_SCOPES = 2  # the first scopes thread; more follow where scopes overlap without nesting
+#: The counter's one series: Perfetto names the track "<event name> <arg>" ("cpu:0 bytes in use").
+_COUNTER = "bytes in use"
 
 
 def _us(t: float, t0: float) -> float:
@@ -68,10 +70,10 @@ def _counters(
     def put(track: str, ts: float, value: int) -> None:
         prev = last.get(track)
         if prev is not None and prev["ts"] == ts:  # one value per moment: the latest
-            prev["args"]["bytes"] = value
+            prev["args"][_COUNTER] = value
             return
-        ev = {"name": f"bytes in use: {track}", "cat": "memory", "ph": "C", "ts": ts,
-              "pid": PID, "tid": 0, "args": {"bytes": value}}  # fmt: skip
+        ev = {"name": track, "cat": "memory", "ph": "C", "ts": ts, "pid": PID, "tid": 0,
+              "args": {_COUNTER: value}}  # fmt: skip
         last[track] = ev
         out.append(ev)
 
