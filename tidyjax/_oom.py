@@ -177,8 +177,8 @@ def _transformed_name(what: str) -> str:
     ``__qualname__`` of the user's function (``Model.step``), found in the running call."""
     from . import _lift
 
-    code = _lift._call.__code__
-    f: Any = sys._getframe(1)
+    code = getattr(getattr(_lift, "_call", None), "__code__", None)  # where JAX is called
+    f: Any = sys._getframe(1) if code is not None else None
     while f is not None and f.f_code is not code:
         f = f.f_back
     if f is None:
