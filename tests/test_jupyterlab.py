@@ -32,6 +32,7 @@ import html
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -353,6 +354,8 @@ if (tl) {
   }
   t.areas = tl.querySelectorAll('svg.tj-svg .tj-area').length;
   t.tips = tl.querySelectorAll('.tj-tip:not([hidden])').length;
+  t.swatches = [...tl.querySelectorAll('.tj-legend .tj-sw')].map(
+    sw => [rgba(getComputedStyle(sw).backgroundColor)[3], sw.getBoundingClientRect().width]);
   for (const img of tl.querySelectorAll('img')) {
     const r = img.getBoundingClientRect();
     t.images.push({ok: img.complete && img.naturalWidth > 0, width: r.width, height: r.height,
@@ -490,6 +493,7 @@ def test_a_trusted_notebook_shows_the_live_chart(view):
     shown = [img for img in tl["images"] if img["width"] or img["height"]]
     assert shown == [] and tl["tips"] == 0, tl  # the static image gone or hidden, no tooltip
     assert "Alive at the peak" in tl["text"]
+    assert len(tl["swatches"]) >= 3 and all(a == 1 and w > 0 for a, w in tl["swatches"]), tl
 
 
 @pytest.mark.parametrize("view", UNTRUSTED, ids=_ids(UNTRUSTED), indirect=True)
@@ -503,7 +507,9 @@ def test_an_untrusted_notebook_shows_the_chart_as_an_image(view):
     assert tl["loose"] == [] and tl["tips"] == 0, tl["loose"]  # no chart text spilled
     text = tl["text"]
     assert "Alive at the peak" in text
-    assert "0 B" not in text.split("Alive at the peak")[0]  # no axis labels ("0 B5.0 MiB…")
+    assert not re.search(r"\d (B|KiB|MiB|GiB)\d|\d (ms|s|min)\+\d", text)  # "0 B5.0 MiB…"
+    # the legend keeps its colours (inline styles the sanitizer allows)
+    assert len(tl["swatches"]) >= 3 and all(a == 1 and w > 0 for a, w in tl["swatches"]), tl
 
 
 # -- a white host page under a dark OS ------------------------------------------------------------
