@@ -54,8 +54,14 @@ def test_open_opens_the_page_url_in_the_browser(dumped, capsys, opened):
     assert capsys.readouterr().out.splitlines() == [f"wrote {page}"]
 
 
-def test_open_without_a_browser_prints_the_url(dumped, capsys, monkeypatch):
-    monkeypatch.setattr(cli.webbrowser, "open", lambda url, *a, **k: False)
+@pytest.mark.parametrize("failure", ["returns False", "raises"])
+def test_open_without_a_browser_prints_the_url(dumped, capsys, monkeypatch, failure):
+    def fail(url: str, *args: object, **kwargs: object) -> bool:
+        if failure == "raises":
+            raise cli.webbrowser.Error("could not locate runnable browser")
+        return False
+
+    monkeypatch.setattr(cli.webbrowser, "open", fail)
     assert cli.main(["view", str(dumped), "--open"]) == 0
     captured = capsys.readouterr()
     page = dumped.with_suffix(".html").resolve()

@@ -135,7 +135,11 @@ def _view(args: argparse.Namespace) -> int:
     url = pathlib.Path(out).resolve().as_uri()
     print(f"wrote {out}")
     if args.open:
-        if webbrowser.open(url):
+        try:
+            opened = webbrowser.open(url)
+        except webbrowser.Error:
+            opened = False
+        if opened:
             return 0
         print("tidyjax view: no web browser could be started; open this URL:", file=sys.stderr)
     print(url)
