@@ -158,6 +158,29 @@ def _placement(arr: Any, nbytes: int) -> tuple[str, tuple[tuple[str, int], ...]]
     return ",".join(n for n, _ in pairs), pairs
 
 
+#: ``TimelineEvent`` from a tuple of all its fields, without the Python-level ``__new__``.
+_event = tuple.__new__
+
+# (sharding, shape, dtype) of an array on one local device -> what its allocation reports:
+# (bytes, device, per device, shape, dtype name); one lookup per allocation instead of five.
+_layouts: dict[Any, tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]] = {}
+
+
+def _layout(
+    rec: Any, arr: Any, key: Any
+) -> tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]:
+    """What an allocation of ``arr`` reports, cached under ``key`` when ``arr`` lies on one
+    local device (its bytes then follow from its shape and dtype alone)."""
+    nbytes = rec.size()
+    device, per_device = _placement(arr, nbytes)
+    layout = (nbytes, device, per_device, _shape(arr), _dtype_name(arr.dtype))
+    if key is not None and len(per_device) == 1 and device in _one_device.values():
+        if len(_layouts) > 65536:
+            _layouts.clear()
+        _layouts[key] = layout
+    return layout
+
+
 def _owner(owner: Any) -> str:
     if owner is KEPT:
         return "<kept>"
@@ -637,6 +660,8 @@ class Timeline:
     def event(self, kind: str, obj: Any, tensor: int = 0) -> None:
         """A change to the registry's books, or a scope entered or exited. ``tensor`` is the id
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
+        if kind == "tensor_removed":  # a holder fewer: nothing to record
+            return
         with _lock:
             if not self._depth:
                 return
@@ -685,16 +710,24 @@ class Timeline:
         arr = rec.array()
         if arr is None or id(rec) in self._live:
             return
-        nbytes = rec.size()
-        device, per_device = _placement(arr, nbytes)
+        try:
+            key = (arr.sharding, arr.shape, arr.dtype)
+            layout = _layouts.get(key)
+        except Exception:  # an array kind without these: described the long way
+            key, layout = None, None
+        if layout is None:
+            layout = _layout(rec, arr, key)
+        nbytes, device, per_device, shape, dtype = layout
+        if rec.nbytes < 0:
+            rec.nbytes = nbytes
         self._next += 1
         site, stack = _site_of(arr)
         if stack and id(stack) not in self._stack_ids:
             self._add_stack(site, stack)
-        ev = TimelineEvent(
-            ALLOC, now, nbytes, device, site, _owner(rec.scope), _shape(arr),
-            _dtype_name(arr.dtype), ids, self._next, "", per_device,
-        )  # fmt: skip
+        ev = _event(TimelineEvent, (
+            ALLOC, now, nbytes, device, site, _owner(rec.scope), shape, dtype, ids, self._next,
+            "", per_device,
+        ))  # fmt: skip
         self._live[id(rec)] = [rec, ev, list(ids)]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
@@ -728,10 +761,10 @@ class Timeline:
         rec, a, ids = entry
         del self._live[id(rec)]
         self._watch.pop(id(rec), None)
-        ev = TimelineEvent(
+        ev = _event(TimelineEvent, (
             FREE, now, a.bytes, a.device, a.site, _owner(rec.scope), a.shape, a.dtype,
             tuple(ids), a.buffer, "", a.per_device,
-        )  # fmt: skip
+        ))  # fmt: skip
         self._append(ev, -a.bytes)
 
     def _watch_arrays(self, rec: Any) -> None:
