@@ -4,9 +4,10 @@ Run:  python benchmarks/timeline.py                 (about a minute on 2 CPU cor
       python benchmarks/timeline.py --events 200000  (quicker)
       python benchmarks/timeline.py --screenshot docs/img/timeline.png   (the README picture)
 
-1. Eager ``a + b``: tidyjax over raw JAX with no timeline open, and with one open, sampled in
-   alternation (noise hits every side) and printed as ratios of medians. With no timeline the
-   per-op path is unchanged: the registry tests one empty list, as before.
+1. Eager ``a + b``: tidyjax over raw JAX with no timeline open, with one open, and after it
+   closed, sampled in alternation (noise hits every side) and printed as ratios of medians: an
+   open timeline's cost per op (goal: at most 2x the op) and a closed one's (goal: none; the
+   registry's observer list is empty again, so the per-op path tests one empty list).
 2. A million events (half allocations, half frees) recorded from real ops; then the page
    rendered (its size), the JSON dumped and loaded, and the page loaded in headless Chromium
    (selenium and chromium-driver, when present) until its script has run.
@@ -31,6 +32,7 @@ from _timing import per_call
 
 import tidyjax as tj
 import tidyjax.numpy as tnp
+from tidyjax import _registry
 
 
 def overhead(number: int, rounds: int) -> None:
@@ -53,20 +55,29 @@ def overhead(number: int, rounds: int) -> None:
 
     for _ in range(3):  # compile, warm the caches
         raw(), tidy(), scopes()
-    samples: dict[str, list[float]] = {k: [] for k in ("raw", "off", "on", "tidy off", "tidy on")}
-    for _ in range(rounds):
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("raw", "off", "on", "closed", "tidy off", "tidy on")
+    }
+    for _ in range(rounds):  # every side in each round: the machine's noise hits them all
         samples["raw"].append(per_call(raw, 1) / number)
         samples["off"].append(per_call(tidy, 1) / number)
         samples["tidy off"].append(per_call(scopes, 1) / (number // 10))
         with tj.timeline(max_events=100_000):
             samples["on"].append(per_call(tidy, 1) / number)
             samples["tidy on"].append(per_call(scopes, 1) / (number // 10))
+        assert not _registry.observers  # closed: no hook left on the op path
+        samples["closed"].append(per_call(tidy, 1) / number)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     print(f"{'':34s} {'µs':>8s} {'/ raw':>7s}")
     print(f"{'raw jax a + b':34s} {med['raw']:8.2f} {1:7.2f}")
     print(f"{'tidyjax a + b, no timeline':34s} {med['off']:8.2f} {med['off'] / med['raw']:7.2f}")
     print(f"{'tidyjax a + b, timeline open':34s} {med['on']:8.2f} {med['on'] / med['raw']:7.2f}")
-    print(f"recording an op costs {med['on'] / med['off']:.2f}x the op without a timeline")
+    print(f"{'tidyjax a + b, timeline closed':34s} {med['closed']:8.2f} "
+          f"{med['closed'] / med['raw']:7.2f}")  # fmt: skip
+    print(f"a timeline open: an op costs {med['on'] / med['off']:.2f}x the op without one "
+          "(goal: at most 2x; median of the interleaved rounds)")
+    print(f"a timeline closed: an op costs {med['closed'] / med['off']:.2f}x the op before "
+          "(goal: 1x, no timeline hook on the op path)")
     print(f"{'with tidy(): pass, no timeline':34s} {med['tidy off']:8.2f}")
     print(f"{'with tidy(): pass, timeline open':34s} {med['tidy on']:8.2f}")
     tj.dispose([a, b])

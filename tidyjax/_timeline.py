@@ -760,7 +760,8 @@ class Timeline:
     def _free(self, entry: list[Any], now: float) -> None:
         rec, a, ids = entry
         del self._live[id(rec)]
-        self._watch.pop(id(rec), None)
+        if self._watch:
+            self._watch.pop(id(rec), None)
         ev = _event(TimelineEvent, (
             FREE, now, a.bytes, a.device, a.site, _owner(rec.scope), a.shape, a.dtype,
             tuple(ids), a.buffer, "", a.per_device,
@@ -851,19 +852,21 @@ class Timeline:
         self._append(a._replace(kind=FREE, time=now), -a.bytes)
 
     def _append(self, ev: TimelineEvent, delta: int) -> None:
-        if ev.time < self._last:  # a handler ran inside another one (a collection)
+        t = ev.time
+        if t < self._last:  # a handler ran inside another one (a collection)
             ev = ev._replace(time=self._last)
-        self._last = ev.time
+            t = self._last
+        self._last = t
         events = self._events
         if len(events) >= self.max_events:
             self._drop()
         events.append(ev)
         self._seq += 1
         if delta:
-            self._bytes += delta
-            if self._bytes > self.peak_bytes:
-                self.peak_bytes = self._bytes
-                self.peak_time = ev.time
+            total = self._bytes = self._bytes + delta
+            if total > self.peak_bytes:
+                self.peak_bytes = total
+                self.peak_time = t
                 self._peak_seq = self._seq - 1
                 self._peak_live = None
 
