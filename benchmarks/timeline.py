@@ -74,10 +74,14 @@ def overhead(number: int, rounds: int) -> None:
     print(f"{'tidyjax a + b, timeline open':34s} {med['on']:8.2f} {med['on'] / med['raw']:7.2f}")
     print(f"{'tidyjax a + b, timeline closed':34s} {med['closed']:8.2f} "
           f"{med['closed'] / med['raw']:7.2f}")  # fmt: skip
-    print(f"a timeline open: an op costs {med['on'] / med['off']:.2f}x the op without one "
-          "(goal: at most 2x; median of the interleaved rounds)")
-    print(f"a timeline closed: an op costs {med['closed'] / med['off']:.2f}x the op before "
-          "(goal: 1x, no timeline hook on the op path)")
+    print(
+        f"a timeline open: an op costs {med['on'] / med['off']:.2f}x the op without one "
+        "(goal: at most 2x; median of the interleaved rounds)"
+    )
+    print(
+        f"a timeline closed: an op costs {med['closed'] / med['off']:.2f}x the op before "
+        "(goal: 1x, no timeline hook on the op path)"
+    )
     print(f"{'with tidy(): pass, no timeline':34s} {med['tidy off']:8.2f}")
     print(f"{'with tidy(): pass, timeline open':34s} {med['tidy on']:8.2f}")
     tj.dispose([a, b])

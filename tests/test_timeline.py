@@ -452,7 +452,9 @@ def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
     areas = re.findall(r'<path class="tj-area[^"]*" data-site="(\d+)" data-label="([^"]*)"', page)
     assert len(areas) == 5 and areas[-1][1] == "other (8 sites)"
     # the 4 largest sites (stacked by how long they held bytes: test_timeline_explore.py)
-    assert {a[1] for a in areas[:-1]} == {f"gen_sites.py:{i} in &lt;module&gt;" for i in range(9, 13)}
+    assert {a[1] for a in areas[:-1]} == {
+        f"gen_sites.py:{i} in &lt;module&gt;" for i in range(9, 13)
+    }
     assert re.findall(r'class="tj-band" data-name="([^"]+)"', page) == ["load", "release"]
     table = re.search(r'<table class="tj-peak-table"[^>]*>.*?</table>', page, re.S).group(0)
     first = re.search(r"<tbody><tr>(.*?)</tr>", table).group(1)

@@ -17,7 +17,10 @@ import tidyjax as tj
 from tidyjax import _timeline as tlm
 from tidyjax import tidy
 
-from .test_timeline_browser import _errors, _open, driver  # noqa: F401 - driver is a fixture
+from . import test_timeline_browser as _browser
+from .test_timeline_browser import _errors, _open
+
+driver = _browser.driver  # its module-scoped fixture: one browser for this module too
 
 selenium = pytest.importorskip("selenium", reason="pip install selenium (the test extra)")
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
@@ -86,8 +89,9 @@ def long_run(tmp_path_factory):
 
 def _area(svg, label: str):
     return next(
-        a for a in svg.find_elements(By.CSS_SELECTOR, ".tj-area") if a.get_attribute("data-label")
-        == label
+        a
+        for a in svg.find_elements(By.CSS_SELECTOR, ".tj-area")
+        if a.get_attribute("data-label") == label
     )
 
 
@@ -161,7 +165,7 @@ def test_a_band_click_zooms_to_its_scope_and_reaggregates(driver, long_run):
     )  # fmt: skip
     band.find_element(By.TAG_NAME, "rect").click()
     svg = driver.find_element(By.CSS_SELECTOR, ".tj-chart:not([hidden]) svg.tj-live")
-    assert re.fullmatch(r"events 80,00\d–80,005 of 80,005", _range(driver))
+    assert re.fullmatch(r"events 80,00\d\u201380,005 of 80,005", _range(driver))
     plot = float(svg.find_element(By.CSS_SELECTOR, ".tj-hit").get_attribute("width"))
     evaluate = next(
         b for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band")
@@ -186,7 +190,7 @@ def test_the_wheel_zooms_and_a_drag_pans(driver, long_run):
     for _ in range(6):  # the chart is drawn anew at each step: the svg element stays
         ActionChains(driver).scroll_from_origin(origin, 0, -400).perform()
     shown = _range(driver)
-    m = re.fullmatch(r"events ([\d,]+)–([\d,]+) of 80,005", shown)
+    m = re.fullmatch(r"events ([\d,]+)\u2013([\d,]+) of 80,005", shown)
     assert m, shown
     lo, hi = (int(x.replace(",", "")) for x in m.groups())
     assert 0 < lo < 40_000 < hi < 80_005 and hi - lo < 10_000  # around the middle, zoomed in
@@ -195,7 +199,7 @@ def test_the_wheel_zooms_and_a_drag_pans(driver, long_run):
     assert steps and all(lo / 8 - 2 <= s <= hi / 8 + 2 for s in steps)  # 8 events a step
     ActionChains(driver).move_to_element_with_offset(svg, int(dx), int(dy)).click_and_hold(
     ).move_by_offset(200, 0).release().perform()  # fmt: skip
-    m2 = re.fullmatch(r"events ([\d,]+)–([\d,]+) of 80,005", _range(driver))
+    m2 = re.fullmatch(r"events ([\d,]+)\u2013([\d,]+) of 80,005", _range(driver))
     assert m2 and int(m2.group(1).replace(",", "")) < lo  # dragged right: earlier events
     assert _errors(driver) == []
 
@@ -316,9 +320,9 @@ def test_a_snapshot_is_one_moment(driver, tmp_path):
     for a in svg.find_elements(By.CSS_SELECTOR, ".tj-area"):
         xs |= {round(float(x)) for x in re.findall(r"[MH]([\d.]+)", a.get_attribute("d"))}
     assert len(xs) == 2  # one column: the plot's two edges, no staircase
-    assert [t.text for t in svg.find_elements(By.CSS_SELECTOR, ".tj-tick") if "moment" in t.text] == [
-        "one moment (a snapshot)"
-    ]
+    assert [
+        t.text for t in svg.find_elements(By.CSS_SELECTOR, ".tj-tick") if "moment" in t.text
+    ] == ["one moment (a snapshot)"]
     assert not svg.find_elements(By.CSS_SELECTOR, ".tj-peak")
     assert driver.find_element(By.CSS_SELECTOR, ".tj-sub").text.startswith(
         "a snapshot: 4 buffers at one moment"
@@ -376,7 +380,7 @@ def test_several_devices_give_per_device_numbers(driver, tmp_path):
     _sharded().save_html(path)
     _open(driver, path, "light")
     sub = driver.find_element(By.CSS_SELECTOR, ".tj-sub").text
-    assert "peak per device 1.0 MiB–1.5 MiB (2.5 MiB over 2 devices together)" in sub
+    assert "peak per device 1.0 MiB\u20131.5 MiB (2.5 MiB over 2 devices together)" in sub
     tables = driver.find_elements(By.CSS_SELECTOR, ".tj-peak-table")
     shown = [t for t in tables if t.is_displayed()]
     assert len(tables) == 2 and len(shown) == 1  # gpu:1, the larger peak, first

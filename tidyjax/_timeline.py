@@ -38,8 +38,8 @@ from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._format import fmt_bytes
 from ._newarrays import ArrayMark
 from ._records import Site, TensorRecord, creation_site, holders
-from ._sites import LIBRARY_FOLDERS
 from ._registry import KEPT, VARIABLE
+from ._sites import LIBRARY_FOLDERS
 from ._snapshot import SiteStat, Snapshot
 from ._timeline_format import (
     ALLOC,

@@ -168,8 +168,10 @@ class _Chart:
             base, events = _named(base, names, cache), _named(events, names, cache)
         self.stacks: dict[Any, list[Any]] = getattr(tl, "_stacks", None) or {}
         self.n = n = len(events)
-        self.moment = bool(n) and events[0].time == events[-1].time and all(
-            ev.kind == "alloc" for ev in events
+        self.moment = (
+            bool(n)
+            and events[0].time == events[-1].time
+            and all(ev.kind == "alloc" for ev in events)
         )
         self.fine = 1 if self.moment else max(1, min(n, FINE_COLUMNS))
         self.columns = max(1, min(self.fine, MAX_COLUMNS))
@@ -727,9 +729,9 @@ def _chart_svg(ch: _Chart, j: int) -> str:
         f'height="{height}" role="img" '
         f'aria-label="live bytes over time on {esc(ch.devices[j])}" '
         f'xmlns="http://www.w3.org/2000/svg">'
-        f'<style>{_asset("timeline-svg.css")}{_palette_css("", len(ch.top))}'
+        f"<style>{_asset('timeline-svg.css')}{_palette_css('', len(ch.top))}"
         f'</style><rect class="tj-bg" width="{_WIDTH}" height="{height}" rx="6"/>'
-        f"{_axes(ch, vmax, x)}<g class=\"tj-areas\">{_areas(ch, j, vmax, x)}</g>"
+        f'{_axes(ch, vmax, x)}<g class="tj-areas">{_areas(ch, j, vmax, x)}</g>'
         f'{marker}<g class="tj-bands">{bands}</g></svg>'
     )
 
@@ -809,7 +811,8 @@ def _peak_table(ch: _Chart, j: int) -> str:
     attr = f' data-device="{j}"' if several else ""
     return (
         f'<table class="tj-peak-table"{attr}><caption>{caption}</caption>'
-        f"<thead><tr><th>{head}</th><th>buffers</th><th>shape</th><th>created at</th>"
+        f'<thead><tr><th class="tj-num">{head}</th><th class="tj-num">buffers</th>'
+        "<th>shape</th><th>created at</th>"
         f"<th>scope</th><th>device</th></tr></thead><tbody>{body}</tbody></table>"
     )
 
@@ -906,7 +909,7 @@ def _subtitle(tl: Any, ch: _Chart) -> str:
     sub = [f"{ch.n:,} events over {elapsed(ch.end_time)[1:]}"]
     if len(ch.devices) > 1:
         lo, hi = min(ch.device_peak), max(ch.device_peak)
-        each = fmt_bytes(hi) if lo == hi else f"{fmt_bytes(lo)}–{fmt_bytes(hi)}"
+        each = fmt_bytes(hi) if lo == hi else f"{fmt_bytes(lo)}\u2013{fmt_bytes(hi)}"
         sub.append(
             f"peak per device {each} ({fmt_bytes(tl.peak_bytes or ch.peak)} over "
             f"{len(ch.devices)} devices together)"
