@@ -274,7 +274,7 @@ def test_on_a_gpu_the_share_of_the_limit_and_jax_peak_show(monkeypatch):
     (row,) = rows
     assert row[0] == "cuda:0" and row[3:5] == ["6.0 GiB (37.5%)", "16.0 GiB"]
     assert row[6] == "7.0 GiB"
-    assert '<div style="width:45px">' in m._repr_html_()  # 6/16 of the 120 px bar
+    assert '<div style="width:45px;' in m._repr_html_()  # 6/16 of the 120 px bar
 
 
 # -- scopes ---------------------------------------------------------------------------------------

@@ -440,15 +440,9 @@ def test_text_contrast_is_at_least_4_5(view):
     assert view["low"] == [], view["low"][:8]
 
 
-# Untrusted, JupyterLab drops the displays' <style>: its own rule right-aligns every cell. Only
-# inline styles survive the sanitizer (``text-align`` among them), so text cells need
-# ``style="text-align:left"`` in the markup (_html.table, the timeline's peak table).
-_UNSTYLED = pytest.mark.xfail(
-    strict=True,
-    reason="untrusted JupyterLab drops <style>; text cells need an inline text-align:left",
-)
-ALIGNED = [pytest.param(v, id=f"{v[0]}-{v[1]}", marks=[_UNSTYLED] if v[0] == "untrusted" else [])
-           for v in VIEWS]  # fmt: skip
+# Untrusted, JupyterLab drops the displays' <style> and its own rule right-aligns every cell:
+# the cells carry their alignment inline (_html.table, the timeline's peak table).
+ALIGNED = [pytest.param(v, id=f"{v[0]}-{v[1]}") for v in VIEWS]
 
 
 @pytest.mark.parametrize("view", ALIGNED, indirect=True)
@@ -457,13 +451,9 @@ def test_text_columns_left_and_numbers_right(view):
     assert view["misaligned"] == [], (view["styles"], view["misaligned"])
 
 
-# Untrusted, the bars lose their style sheet too: no height, no colours.
-_BARLESS = pytest.mark.xfail(
-    strict=True,
-    reason="untrusted JupyterLab drops <style>; bars need inline height and plain colours",
-)
-BARRED = [pytest.param(v, id=f"{v[0]}-{v[1]}", marks=[_BARLESS] if v[0] == "untrusted" else [])
-          for v in VIEWS]  # fmt: skip
+# Untrusted, the bars lose their style sheet too: they carry their height and plain colours
+# inline (_html.bar).
+BARRED = ALIGNED
 
 
 @pytest.mark.parametrize("view", BARRED, indirect=True)

@@ -75,14 +75,20 @@ STYLE = (
     ".tjx .d{color:var(--tjx-fg);color:color-mix(in srgb,var(--tjx-fg) 72%,transparent)}"
     ".tjx .r{font-weight:bold;color:var(--tjx-fg);"
     "color:color-mix(in srgb,var(--tjx-red) 62%,var(--tjx-fg))}"
-    ".tjx .bar{display:inline-block;height:10px;background:var(--tjx-track);"
+    ".tjx .bar{display:inline-block;height:10px;background:var(--tjx-track)!important;"
     "vertical-align:middle}"
-    ".tjx .bar>div{height:10px;background:var(--tjx-fill)}"
+    ".tjx .bar>div{height:10px;background:var(--tjx-fill)!important}"
     ".tjx pre{margin:2px 0;padding:0;background:transparent;color:inherit;"
     "font-size:inherit;line-height:inherit}"
     ".tjx summary{cursor:pointer}"
     "</style>"
 )
+
+
+# A bar's colours without the style sheet: a light grey track and a dark blue fill, 4:1 apart,
+# which read on light and dark backgrounds alike.
+_TRACK_PLAIN = "#d6d6d6"
+_FILL_PLAIN = "#1565c0"
 
 
 def never_raises(fn: Callable[..., str]) -> Callable[..., str]:
@@ -109,7 +115,12 @@ def table(
     header: Sequence[str], rows: Iterable[Sequence[object]], numeric: Collection[int] = ()
 ) -> str:
     """A table of already-escaped cells; the columns in ``numeric`` are right-aligned numbers."""
-    cls = [' class="n"' if i in numeric else "" for i in range(len(header))]
+    # Inline alignment too: an untrusted notebook's sanitizer drops the style sheet and keeps
+    # inline styles, and JupyterLab's own rule would right-align every cell.
+    cls = [
+        ' class="n" style="text-align:right"' if i in numeric else ' style="text-align:left"'
+        for i in range(len(header))
+    ]
     head = "".join(f"<th{c}>{esc(h)}</th>" for c, h in zip(cls, header, strict=True))
     body = "".join(
         "<tr>" + "".join(f"<td{c}>{v}</td>" for c, v in zip(cls, row, strict=False)) + "</tr>"
@@ -121,7 +132,13 @@ def table(
 def bar(fraction: float, width: int = 120) -> str:
     """A horizontal bar ``fraction`` full; callers scale every bar of one column alike."""
     px = max(0, min(width, round(fraction * width)))
-    return f'<div class="bar" style="width:{width}px"><div style="width:{px}px"></div></div>'
+    # Inline height and plain colours: they survive an untrusted notebook's sanitizer (which
+    # drops the style sheet and refuses var()); the sheet's themed colours win where it applies.
+    return (
+        f'<div class="bar" style="display:inline-block;vertical-align:middle;width:{width}px;'
+        f'height:10px;background:{_TRACK_PLAIN}"><div style="width:{px}px;height:10px;'
+        f'background:{_FILL_PLAIN}"></div></div>'
+    )
 
 
 def box(*parts: str) -> str:
