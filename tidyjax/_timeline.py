@@ -14,6 +14,11 @@ stop: those made since the last look and still alive become allocations with the
 records its free when Python drops it (or it is found deleted at a ``mark()`` or stop). That
 costs O(new arrays) per look, and nothing per op.
 
+Each creation site also keeps its short user stack (the first ``STACK_FRAMES`` frames outside
+tidyjax and JAX, read once per code location, at most 3 per site), and the buffers of named
+Variables their names (looked up at each scope exit, start and stop: O(Variables)), so the page
+labels them by name rather than by the line of ``assign``. Both are saved with the timeline.
+
 The file format (``TimelineEvent``, ``dump``/``load``'s JSON) is ``_timeline_format``'s; the
 page (``to_html``) is drawn by ``_timeline_html``.
 """

@@ -1,22 +1,30 @@
-"""The timeline page: one self-contained HTML file, inline SVG and a little plain JavaScript.
+"""The timeline page: one self-contained HTML file, a static SVG image and a live chart.
 
-Everything is aggregated here, in Python, into at most ``MAX_COLUMNS`` columns of events: the
-page holds one path per creation site and device, never one per buffer, so it stays small and
-quick at a million events. A column shows the moment of its largest total, so no peak is lost.
-The x axis is the order of events (compile pauses and idle time take no room); ticks and hover
-give the time. Each chart is first a self-contained SVG image (``<img src="data:image/svg+xml;
-base64,...">``, with its own colours and background), which HTML sanitizers keep: without
-JavaScript (an untrusted notebook, a mail preview) the chart, the bands, the legend and the table
-still show, and no text of the SVG spills out as loose text. Where scripts run, the script swaps
-each image for the live SVG (decoded from the same data) and adds the hover and the device
-selector.
+Everything is aggregated here, in Python, into columns of events: the page holds one path per
+creation site and device, never one per buffer, so it stays small and quick at a million events.
+A column shows the moment of its largest total, so no peak is lost, and the peak's column is
+drawn at least ``_MIN_PEAK`` wide, so a short phase that makes the peak shows at first sight.
+The x axis is the order of events (compile pauses and idle time take no room); its ticks are
+step numbers when the steps are scopes (the scope path entered most often), else the time, and
+a first step that took its compile is marked "first call (compile)". Sites are stacked bottom
+up from the one that held bytes longest; a named Variable's buffers are a site of their own.
+A timeline of one moment (a snapshot) is drawn as one column.
+
+Each chart is first a self-contained SVG image (``<img src="data:image/svg+xml;base64,...">``,
+with its own colours and background), which HTML sanitizers keep: without JavaScript (an
+untrusted notebook, a mail preview) the chart, the bands, the legend and the table still show,
+and no text of the SVG spills out as loose text. Where scripts run, the script inflates the data
+embedded in the page (``FINE_COLUMNS`` columns per device, the scopes, the steps, each site's
+hover text and stack: deflated JSON the browser's own ``DecompressionStream`` opens) and draws the
+live chart at the page's own pixels: zoom and pan re-aggregate those columns, a band click zooms
+to its scope, a legend entry isolates its site, a click keeps the tooltip.
 
 The style sheet and the script are package files (``_static/timeline.css``, ``timeline.js``),
 inlined into each page. Colours are CSS variables with fallbacks, as xarray does: JupyterLab's
 ``--jp-*`` first, then light or dark by ``prefers-color-scheme`` (and VS Code's body classes).
 
-Reads a timeline through ``_window()``, ``dropped``, ``peak_bytes``, ``peak_time``,
-``start_time`` and ``started_at``; imports nothing of ``_timeline``.
+Reads a timeline through ``_window()``, ``_names``, ``_stacks``, ``dropped``, ``peak_bytes``,
+``peak_time``, ``start_time`` and ``started_at``; imports nothing of ``_timeline``.
 """
 
 from __future__ import annotations
