@@ -594,6 +594,11 @@ def _axes(ch: _Chart, vmax: float, x: _XMap) -> str:
             f"{esc(label)}</text>"
         )
     out.append(f'<line class="tj-axis" x1="{_X0}" x2="{_X0 + _PW}" y1="{bottom}" y2="{bottom}"/>')
+    mid = _Y0 + _PH / 2
+    out.append(
+        f'<text class="tj-ytitle" x="14" y="{mid:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {mid:.0f})">live bytes</text>'
+    )
     return "".join(out)
 
 

@@ -203,6 +203,8 @@ function start(data){
       var anchor=t[0]<X0+30?"start":t[0]>X0+PW-30?"end":"middle";
       el("text",{"class":"tj-tick",x:t[0],y:bottom+17,"text-anchor":anchor},svg).textContent=t[1]});
     el("line",{"class":"tj-axis",x1:X0,x2:X0+PW,y1:bottom,y2:bottom},svg);
+    el("text",{"class":"tj-ytitle",x:14,y:Y0+PH/2,"text-anchor":"middle",
+      transform:"rotate(-90 14 "+(Y0+PH/2)+")"},svg).textContent="live bytes";
     // areas, bottom up
     var g=el("g",{"class":"tj-areas"},svg),below=new Float64Array(D),scale=PH/vmax;
     for(var s=0;s<K;s++){
