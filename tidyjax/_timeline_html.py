@@ -176,9 +176,10 @@ class _Chart:
             base, events = _named(base, names, cache), _named(events, names, cache)
         self.stacks: dict[Any, list[Any]] = getattr(tl, "_stacks", None) or {}
         self.n = n = len(events)
+        # a snapshot (Timeline.from_snapshot): allocations only, all at its start and stop
         self.moment = (
             bool(n)
-            and events[0].time == events[-1].time
+            and tl.start_time == tl.stop_time == events[0].time == events[-1].time
             and all(ev.kind == "alloc" for ev in events)
         )
         self.fine = 1 if self.moment else max(1, min(n, FINE_COLUMNS))
