@@ -414,3 +414,15 @@ def test_older_files_without_stacks_or_names_load(tmp_path):
     back = tj.Timeline.from_json(data)
     assert back._stacks == {} and back._names == {}
     assert "<svg" in back.to_html() or "tj-static" in back.to_html()
+
+
+def test_only_a_snapshot_is_one_moment():
+    with tj.timeline() as tl:
+        (t,) = _made_here(1)
+    tj.dispose(t)
+    assert len(tl.events) == 1
+    assert '<p class="tj-sub">a snapshot' not in tl.to_html()
+    (t,) = _made_here(1)
+    snap = tj.Timeline.from_snapshot(tj.snapshot())
+    tj.dispose(t)
+    assert '<p class="tj-sub">a snapshot: 1 buffer at one moment' in snap.to_html()

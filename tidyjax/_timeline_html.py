@@ -918,7 +918,8 @@ def _subtitle(tl: Any, ch: _Chart) -> str:
     if tl.started_at:
         when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
     if ch.moment:
-        sub = [f"a snapshot: {ch.n:,} buffers at one moment", f"{fmt_bytes(ch.peak)} in all"]
+        buffers = f"{ch.n:,} buffer" + ("" if ch.n == 1 else "s")
+        sub = [f"a snapshot: {buffers} at one moment", f"{fmt_bytes(ch.peak)} in all"]
         return f'<p class="tj-sub">{esc(" · ".join(sub))}{esc(when)}.</p>'
     sub = [f"{ch.n:,} events over {elapsed(ch.end_time)[1:]}"]
     if len(ch.devices) > 1:
