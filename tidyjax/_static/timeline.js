@@ -317,7 +317,11 @@ function start(data){
       if(data.moment||!geo)return;
       var r=svg.getBoundingClientRect(),at=(e.clientX-r.left-geo.X0)/geo.PW;
       if(at<0||at>1)return;
-      e.preventDefault();zoom(Math.exp(Math.max(-1,Math.min(1,e.deltaY*0.002))),at)},
+      e.preventDefault();
+      var unit=e.deltaMode===1?16:e.deltaMode===2?400:1,dx=e.deltaX*unit,dy=e.deltaY*unit;
+      if(Math.abs(dx)>Math.abs(dy)){  // a sideways swipe pans
+        var span=state.b-state.a;setView(state.a+dx/geo.PW*span,state.b+dx/geo.PW*span);return}
+      zoom(Math.exp(Math.max(-1,Math.min(1,dy*0.002))),at)},
       {passive:false});
     svg.addEventListener("keydown",function(e){
       var span=state.b-state.a,k=e.key;
