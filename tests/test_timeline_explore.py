@@ -197,6 +197,10 @@ def test_the_wheel_zooms_and_a_drag_pans(driver, long_run):
     ticks = [t.text for t in svg.find_elements(By.CSS_SELECTOR, ".tj-tick") if "step" in t.text]
     steps = [int(t.split()[1]) for t in ticks]
     assert steps and all(lo / 8 - 2 <= s <= hi / 8 + 2 for s in steps)  # 8 events a step
+    ActionChains(driver).scroll_from_origin(origin, 300, 0).perform()  # sideways: pans
+    swiped = re.fullmatch(r"events ([\d,]+)\u2013([\d,]+) of 80,005", _range(driver))
+    assert swiped and int(swiped.group(1).replace(",", "")) > lo  # later events
+    lo = int(swiped.group(1).replace(",", ""))
     ActionChains(driver).move_to_element_with_offset(svg, int(dx), int(dy)).click_and_hold(
     ).move_by_offset(200, 0).release().perform()  # fmt: skip
     m2 = re.fullmatch(r"events ([\d,]+)\u2013([\d,]+) of 80,005", _range(driver))
