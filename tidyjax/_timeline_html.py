@@ -50,11 +50,11 @@ FINE_COLUMNS = 20_000
 MAX_LANES = 6
 TABLE_ROWS = 25
 # The static chart's geometry, in SVG user units (the image scales to the page's width; at
-# 700 px its 13-unit text is 10 px). The script draws the live chart at the page's own pixels.
-_X0, _PW, _Y0, _PH = 72, 812, 26, 260
+# 650 px its 14-unit text is 10 px). The script draws the live chart at the page's own pixels.
+_X0, _PW, _Y0, _PH = 86, 800, 26, 260
 _LANE, _WIDTH = 20, 900
 _MIN_PEAK = 18  # the peak's column is at least this wide
-_CHAR = 7.4  # the width of a character of band text, about
+_CHAR = 7.9  # the width of a character of band text, about
 _COMPILED = "first call (compile)"  # the name of the first step's band when it compiled
 _OTHER = "#8c959f"  # "other": a grey that reads on light and dark
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
@@ -597,8 +597,8 @@ def _axes(ch: _Chart, vmax: float, x: _XMap) -> str:
     out.append(f'<line class="tj-axis" x1="{_X0}" x2="{_X0 + _PW}" y1="{bottom}" y2="{bottom}"/>')
     mid = _Y0 + _PH / 2
     out.append(
-        f'<text class="tj-ytitle" x="14" y="{mid:.0f}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {mid:.0f})">live bytes</text>'
+        f'<text class="tj-ytitle" x="12" y="{mid:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 12 {mid:.0f})">live bytes</text>'
     )
     return "".join(out)
 

@@ -140,7 +140,7 @@ function start(data){
     if(!c)return;
     var svg=c.svg,dev=devs[c.j];
     var W=Math.max(300,Math.round(c.sec.clientWidth||svg.clientWidth||900));
-    var X0=66,PW=W-X0-14,Y0=28,PH=Math.round(Math.max(170,Math.min(280,W*0.3))),LANE=20;
+    var X0=76,PW=W-X0-14,Y0=28,PH=Math.round(Math.max(170,Math.min(280,W*0.3))),LANE=20;
     var a=Math.floor(state.a),b=Math.max(a+1,Math.ceil(state.b)),span=b-a;
     // the display columns, as fine boundaries: evenly cut, the peak's fine column one of its
     // own at least MINW wide (so a short phase that makes the peak shows at first sight)
@@ -203,8 +203,8 @@ function start(data){
       var anchor=t[0]<X0+30?"start":t[0]>X0+PW-30?"end":"middle";
       el("text",{"class":"tj-tick",x:t[0],y:bottom+17,"text-anchor":anchor},svg).textContent=t[1]});
     el("line",{"class":"tj-axis",x1:X0,x2:X0+PW,y1:bottom,y2:bottom},svg);
-    el("text",{"class":"tj-ytitle",x:14,y:Y0+PH/2,"text-anchor":"middle",
-      transform:"rotate(-90 14 "+(Y0+PH/2)+")"},svg).textContent="live bytes";
+    el("text",{"class":"tj-ytitle",x:10,y:Y0+PH/2,"text-anchor":"middle",
+      transform:"rotate(-90 10 "+(Y0+PH/2)+")"},svg).textContent="live bytes";
     // areas, bottom up
     var g=el("g",{"class":"tj-areas"},svg),below=new Float64Array(D),scale=PH/vmax;
     for(var s=0;s<K;s++){
