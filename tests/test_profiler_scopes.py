@@ -24,19 +24,18 @@ def _trace_names(log_dir: Path) -> set[str]:
 
 
 def test_scopes_are_named_ranges_in_a_perfetto_trace(tmp_path: Path) -> None:
-    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
-        with tj.tidy("train"):
-            for _ in range(2):
-                with tj.tidy("step") as step:
-                    assert step._annotation is not None  # open while the scope is
-                    (tj.tensor(jnp.ones(8)) * 2).block_until_ready()
-                assert step._annotation is None  # ended at exit
+    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True), tj.tidy("train"):
+        for _ in range(2):
+            with tj.tidy("step") as step:
+                assert step._annotation is not None  # open while the scope is
+                (tj.tensor(jnp.ones(8)) * 2).block_until_ready()
+            assert step._annotation is None  # ended at exit
 
-            @tj.tidy("eval")
-            def evaluate() -> None:
-                (tj.tensor(jnp.ones(8)) + 1).block_until_ready()
+        @tj.tidy("eval")
+        def evaluate() -> None:
+            (tj.tensor(jnp.ones(8)) + 1).block_until_ready()
 
-            evaluate()
+        evaluate()
     names = _trace_names(tmp_path)
     assert {"tidy train", "tidy train/step", "tidy train/eval"} <= names
 

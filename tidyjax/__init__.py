@@ -80,10 +80,10 @@ __all__ = [
     # JAX interop
     "lift", "jit", "grad", "value_and_grad", "vmap", "is_tensor", "arrays", "tensors",
     # memory and reports
-    "memory", "MemoryInfo", "TopSite", "UntrackedSite", "watch", "unwatch", "profile", "ProfileInfo",
-    "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot", "SiteStat",
-    "SiteDiff", "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report", "OOMReport",
-    "OOMHolder",
+    "memory", "MemoryInfo", "TopSite", "UntrackedSite", "watch", "unwatch", "profile",
+    "ProfileInfo", "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot",
+    "SiteStat", "SiteDiff", "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report",
+    "OOMReport", "OOMHolder",
     # notebooks
     "load_ipython_extension", "unload_ipython_extension",
     # errors

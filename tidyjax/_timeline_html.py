@@ -775,6 +775,12 @@ def _legend(ch: _Chart) -> str:
     return f'<ul class="tj-legend">{"".join(items)}</ul>'
 
 
+# Cells carry their alignment inline too: an untrusted notebook's sanitizer drops the page's
+# style sheet, and JupyterLab's own rule would right-align every cell.
+_LEFT = ' style="text-align:left"'
+_RIGHT = ' style="text-align:right"'
+
+
 def _peak_table(ch: _Chart, j: int) -> str:
     """What was alive at device ``j``'s peak, largest first; on a page of several devices, in
     the bytes each buffer holds on that device (its shard or copy)."""
@@ -797,17 +803,18 @@ def _peak_table(ch: _Chart, j: int) -> str:
         g[1] += 1
     rows = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     body = "".join(
-        f'<tr><td class="tj-num">{esc(fmt_bytes(b))}</td><td class="tj-num">{n}</td>'
-        f'<td>{esc(shape)}</td><td class="tj-site">{esc(site)}</td><td>{esc(scope)}</td>'
-        f"<td>{esc(dev)}</td></tr>"
+        f'<tr><td class="tj-num"{_RIGHT}>{esc(fmt_bytes(b))}</td>'
+        f'<td class="tj-num"{_RIGHT}>{n}</td><td{_LEFT}>{esc(shape)}</td>'
+        f'<td class="tj-site"{_LEFT}>{esc(site)}</td><td{_LEFT}>{esc(scope)}</td>'
+        f"<td{_LEFT}>{esc(dev)}</td></tr>"
         for (site, shape, scope, dev), (b, n) in rows[:TABLE_ROWS]
     )
     rest = rows[TABLE_ROWS:]
     if rest:
         more = sum(b for _, (b, _) in rest)
         body += (
-            f'<tr><td class="tj-num">{esc(fmt_bytes(more))}</td><td class="tj-num">'
-            f'{sum(n for _, (_, n) in rest)}</td><td colspan="4">… {len(rest)} more groups'
+            f'<tr><td class="tj-num"{_RIGHT}>{esc(fmt_bytes(more))}</td><td class="tj-num"{_RIGHT}>'
+            f'{sum(n for _, (_, n) in rest)}</td><td colspan="4"{_LEFT}>… {len(rest)} more groups'
             "</td></tr>"
         )
     if not rows:
@@ -825,9 +832,9 @@ def _peak_table(ch: _Chart, j: int) -> str:
     attr = f' data-device="{j}"' if several else ""
     return (
         f'<table class="tj-peak-table"{attr}><caption>{caption}</caption>'
-        f'<thead><tr><th class="tj-num">{head}</th><th class="tj-num">buffers</th>'
-        "<th>shape</th><th>created at</th>"
-        f"<th>scope</th><th>device</th></tr></thead><tbody>{body}</tbody></table>"
+        f'<thead><tr><th class="tj-num"{_RIGHT}>{head}</th><th class="tj-num"{_RIGHT}>buffers</th>'
+        f"<th{_LEFT}>shape</th><th{_LEFT}>created at</th>"
+        f"<th{_LEFT}>scope</th><th{_LEFT}>device</th></tr></thead><tbody>{body}</tbody></table>"
     )
 
 
