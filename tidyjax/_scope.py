@@ -903,7 +903,8 @@ def dispose(x: Any) -> None:
             )
         escaped.append(rec)
     dispose_many(tensors, DISPOSED)
-    _registry.delete_many(escaped, DISPOSED)
+    if escaped:
+        _registry.delete_many(escaped, DISPOSED)
     for arr in raws:
         if not arr.is_deleted():
             arr.delete()
