@@ -325,6 +325,44 @@ def test_dump_and_load_round_trip(tmp_path):
     assert b.is_disposed
 
 
+def test_annotate_marks_a_moment_that_round_trips_and_the_page_shows(tmp_path):
+    with tj.timeline() as tl:
+        a = tj.tensor(np.ones((8, 8), np.float32))  # 256 B, alive at the mark
+        with tidy("step"):
+            b = tj.tensor(np.ones((16, 16), np.float32))  # 1 KiB, alive at the mark
+            mark = tl.annotate("step started", bytes=1024)
+            c = tj.tensor(np.ones((32, 32), np.float32))  # 4 KiB, made after it
+            plain = jnp.ones((4,), jnp.float32)  # a plain array: seen when the next mark is made
+            after = tl.annotate("done")
+    assert tl.annotations == [mark, after] and after.time >= mark.time
+    assert (mark.label, mark.bytes, after.bytes) == ("step started", 1024, None)
+    assert sorted(r.bytes for r in tl.live_at(mark.time)) == [256, 1024]
+    (seen,) = [e for e in tl.events if e.kind == "alloc" and e.scope == tlm.UNTRACKED]
+    assert seen.bytes == 16 and mark.time < seen.time <= after.time
+    path = tmp_path / "marked.json"
+    tl.dump(path)
+    data = json.loads(path.read_text())
+    assert data["marks"] == [[mark.time, "step started", 1024], [after.time, "done", None]]
+    back = tj.Timeline.load(path)
+    assert back.annotations == tl.annotations
+    page = back.to_html(at="step started")
+    assert 'data-alive="1280"' in page and 'data-mark-bytes="1024"' in page
+    assert "Alive at \u201cstep started (1.0 KiB)\u201d (+" in page
+    assert "Alive at the peak" in back.to_html()  # without at: the peak, as before
+    del data["marks"]  # an older file: no marks
+    assert tj.Timeline.from_json(data).annotations == []
+    with pytest.raises(tj.TidyjaxTypeError, match="not recording"):
+        tl.annotate("late")
+    with tj.timeline() as other, pytest.raises(tj.TidyjaxTypeError, match="str label"):
+        other.annotate(3)  # type: ignore[arg-type]
+    with other, pytest.raises(tj.TidyjaxTypeError, match="an int or None"):
+        other.annotate("x", bytes=1.5)  # type: ignore[arg-type]
+    assert other.annotations == []
+    del plain
+    tj.dispose(a)
+    assert b.is_disposed and c.is_disposed
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

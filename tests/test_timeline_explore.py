@@ -430,3 +430,55 @@ def test_only_a_snapshot_is_one_moment():
     snap = tj.Timeline.from_snapshot(tj.snapshot())
     tj.dispose(t)
     assert '<p class="tj-sub">a snapshot: 1 buffer at one moment' in snap.to_html()
+
+
+def test_a_mark_is_a_labelled_line_and_the_table_can_show_its_moment(driver, tmp_path):
+    tl = training(30)
+    (enter,) = [ev for ev in tl.events if ev.kind == "scope_enter" and ev.scope == "evaluate"]
+    tl._marks.append(tlm.Mark(enter.time, "evaluation", 6 * MiB))
+    path = tmp_path / "marked.html"
+    tl.save_html(path, at="evaluation")
+    page = path.read_text(encoding="utf-8")
+    assert "Alive at \u201cevaluation (6.0 MiB)\u201d (+" in page  # the table at the mark
+    assert "1.0 MiB in 1 buffer" in page and "came later)" in page  # the 6 MiB came after it
+    svg = _open(driver, path, "dark")
+    assert _errors(driver) == []
+    (mark,) = svg.find_elements(By.CSS_SELECTOR, ".tj-mark")
+    assert mark.get_attribute("data-label") == "evaluation"
+    assert mark.find_element(By.TAG_NAME, "text").text == "evaluation (6.0 MiB)"
+    line = mark.find_element(By.TAG_NAME, "line")
+    x = float(line.get_attribute("x1"))
+    band = next(
+        b for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band")
+        if b.get_attribute("data-name") == "evaluate"
+    )  # fmt: skip
+    rect = band.find_element(By.TAG_NAME, "rect")
+    x0 = float(rect.get_attribute("x"))
+    assert x0 <= x <= x0 + 8  # drawn where evaluate starts (just after its enter event)
+    peak_x = float(svg.find_element(By.CSS_SELECTOR, ".tj-peak line").get_attribute("x1"))
+    assert x < peak_x  # before the peak it preceded
+    style = driver.execute_script(
+        "var s=getComputedStyle(arguments[0]);return [s.stroke,s.strokeDasharray]", line
+    )
+    assert style[0] not in ("none", "") and style[1] != "none"  # a visible dashed line
+    assert mark.find_element(By.TAG_NAME, "text").rect["width"] > 0
+    rect.click()  # zoomed to evaluate's 4 events: the mark follows, after the first of them
+    svg = driver.find_element(By.CSS_SELECTOR, ".tj-chart:not([hidden]) svg.tj-live")
+    (mark,) = svg.find_elements(By.CSS_SELECTOR, ".tj-mark")
+    rect = next(
+        b for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band")
+        if b.get_attribute("data-name") == "evaluate"
+    ).find_element(By.TAG_NAME, "rect")  # fmt: skip
+    x0, width = float(rect.get_attribute("x")), float(rect.get_attribute("width"))
+    x = float(mark.find_element(By.TAG_NAME, "line").get_attribute("x1"))
+    assert x0 + 0.15 * width <= x <= x0 + 0.4 * width
+    assert _errors(driver) == []
+
+
+def test_an_unknown_mark_label_is_an_error_naming_the_marks():
+    tl = training(3)
+    tl._marks.append(tlm.Mark(tl.events[-1].time, "eval"))
+    with pytest.raises(
+        tj.TidyjaxValueError, match=r"no annotation 'evil' \(its annotations: 'eval'\)"
+    ):
+        tl.to_html(at="evil")

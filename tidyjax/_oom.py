@@ -690,15 +690,20 @@ def _operand(x: Any) -> str:
 # -- the timeline ------------------------------------------------------------------------------
 
 
-#: The name of the band that marks the failed request on the saved timeline page.
-OOM_BAND = "out of memory"
+#: How the mark of the failed request on the timeline (and its saved page) is labelled.
+OOM_LABEL = "out of memory"
+
+
+def _oom_label(what: str, called_at: str | None) -> str:
+    return f"{OOM_LABEL}: {what or 'a request'}" + (f" at {called_at}" if called_at else "")
 
 
 def _save_timeline(
     what: str = "", requested: int | None = None, called_at: str | None = None
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Save the open timeline's page and JSON, marked with the failed request (its moment, its
-    bytes, what was alive then); (the files, what went wrong)."""
+    """Mark the failed request on the open timeline (`Timeline.annotate`: its moment, its
+    bytes) and save its page, showing what was alive at that mark, and its JSON; (the files,
+    what went wrong)."""
     try:
         from ._timeline import active
 
@@ -707,8 +712,13 @@ def _save_timeline(
         return (), ()
     if timeline is None:
         return (), ()
-    failure = {"time": time.perf_counter(), "what": what, "requested": requested,
-               "called_at": called_at}  # fmt: skip
+    label = _oom_label(what, called_at)
+    try:
+        mark = timeline.annotate(label, requested)
+        moment = mark.time
+    except Exception:  # not a recording Timeline: the page is marked all the same
+        mark, moment = None, time.perf_counter()
+    failure = {"time": moment, "what": what, "requested": requested, "called_at": called_at}
     folder = os.environ.get("TIDYJAX_OOM_DIR") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     base = os.path.join(os.path.abspath(folder), f"tidyjax-oom-{stamp}")
@@ -728,8 +738,9 @@ def _save_page(timeline: Any, failure: dict[str, Any], path: str) -> None:
     if not hasattr(timeline, "_window"):  # not a recorded Timeline: its own page
         timeline.save_html(path)
         return
+    page = oom_page(timeline, failure)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(oom_page(timeline, failure))
+        f.write(page)
 
 
 def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
@@ -738,40 +749,15 @@ def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
         return
     from . import _timeline_format
 
-    data = timeline.to_json()
-    data["oom"] = failure  # Timeline.load ignores it; `python -m tidyjax view` marks it
+    data = timeline.to_json()  # the failed request among its marks
+    data["oom"] = failure  # Timeline.load ignores it; `python -m tidyjax view` shows it
     _timeline_format.write(data, path)
 
 
-class _Marked:
-    """A timeline as the page reads it, with the failed request as a band at its moment (the
-    timeline itself is left as it is)."""
-
-    __slots__ = ("_failure", "_tl")
-
-    def __init__(self, tl: Any, failure: Mapping[str, Any]) -> None:
-        self._tl = tl
-        self._failure = failure
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tl, name)
-
-    def _window(self) -> tuple[list[Any], list[Any]]:
-        from ._timeline_format import SCOPE_ENTER, SCOPE_EXIT, TimelineEvent
-
-        base, events = self._tl._window()
-        f = self._failure
-        moment = max(float(f["time"]), events[-1].time if events else float(f["time"]))
-        number = 1 + max((e.buffer for e in (*base, *events)), default=0)
-        asked = "" if f.get("requested") is None else f" of {fmt_bytes(int(f['requested']))}"
-        path = f"{OOM_BAND}: {f.get('what') or 'a request'}{asked}"
-        enter = TimelineEvent(SCOPE_ENTER, moment, 0, "", None, path, (), "", (), number, OOM_BAND)
-        return base, [*events, enter, enter._replace(kind=SCOPE_EXIT)]
-
-
 def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
-    """The timeline page of ``tl`` marked with a failed request: a band at its moment in the
-    chart, and above the chart its bytes and what was alive then, by creation site and scope.
+    """The timeline page of ``tl`` marked with a failed request: a line at its moment in the
+    chart (the timeline's own mark, or one made from ``failure`` for a file saved before marks
+    were kept), and the table of what was alive then, by creation site and scope.
 
     Args:
         tl: the timeline (recorded or loaded).
@@ -779,48 +765,16 @@ def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
             "called_at": ...}``, as the JSON saved with the error holds it under ``"oom"``.
     """
     from . import _timeline_html
-
-    page = _timeline_html.page(_Marked(tl, failure))
-    try:
-        section = _failure_html(tl, failure)
-    except Exception as e:  # the page without the section rather than no page
-        section = _html.line(esc(f"(The failed request could not be marked: {e!r}.)"))
-    at = page.find("<body>")
-    return section + page if at < 0 else page[: at + 6] + section + page[at + 6 :]
-
-
-def _failure_html(tl: Any, failure: Mapping[str, Any]) -> str:
-    from ._timeline_format import UNTRACKED
-    from ._timeline_html import elapsed
+    from ._timeline_format import Mark
 
     moment = float(failure["time"])
-    live = tl.live_at(moment)
-    rows = [
-        h if h.scope != UNTRACKED else dataclasses.replace(h, tracked=False)
-        for h in _rows(live, tracked=True)
-    ]
-    total = sum(h.bytes for h in rows)
-    since = elapsed(max(0.0, moment - (tl.start_time or moment)))
+    label = _oom_label(str(failure.get("what") or ""), failure.get("called_at"))
     requested = failure.get("requested")
-    asked = "" if requested is None else f" could not allocate <b>{esc(fmt_bytes(requested))}</b>"
-    called = failure.get("called_at")
-    head = _html.line(
-        _html.bad("Out of memory"), esc(f" at {since}: "),
-        f"<code>{esc(failure.get('what') or 'a request')}</code>", asked,
-        _html.dim(f" at {called}") if called else "",
-    )  # fmt: skip
-    alive = f"Alive then: {fmt_bytes(total)} in {count(len(live), 'buffer')}"
-    if tl.peak_bytes > total and tl.peak_time < moment:
-        alive += (
-            f" (the timeline's peak, {fmt_bytes(tl.peak_bytes)} at "
-            f"{elapsed(max(0.0, tl.peak_time - (tl.start_time or tl.peak_time)))}, came earlier)"
-        )
-    body = _html.box(head, _html.line(esc(alive + ":")), _holders_table(rows, 25))
-    req = "" if requested is None else str(int(requested))
-    return (
-        f'<section class="tjx-oom" data-time="{moment!r}" data-requested="{req}" '
-        f'data-alive="{total}" style="margin:0 0 12px">{body}</section>'
+    mark = next(
+        (m for m in getattr(tl, "_marks", ()) if m.time == moment and m.label == label),
+        Mark(moment, label, None if requested is None else int(requested)),
     )
+    return _timeline_html.page(tl, at=mark)
 
 
 # -- waiting for a value -----------------------------------------------------------------------

@@ -52,6 +52,7 @@ from ._timeline_format import (
     SCOPE_ENTER,
     SCOPE_EXIT,
     Codec,
+    Mark,
     TimelineEvent,
     collection_paused,
 )
@@ -241,6 +242,7 @@ class Timeline:
         "_last",
         "_live",
         "_loaded",
+        "_marks",
         "_names",
         "_next",
         "_peak_live",
@@ -283,6 +285,7 @@ class Timeline:
         self._stacks: dict[Site, list[tuple[Site, ...]]] = {}
         self._stack_ids: set[int] = set()
         self._names: dict[int, str] = {}  # buffer number -> the name of the Variable holding it
+        self._marks: list[Mark] = []  # annotate()'s moments, in time order
         self.peak_bytes = 0
         self.peak_time = 0.0
         self._peak_seq = -1  # the event that reached the peak (-1: none yet)
@@ -299,6 +302,13 @@ class Timeline:
         with _lock:
             self._forget_failed()
             return list(self._events)
+
+    @property
+    def annotations(self) -> list[Mark]:
+        """The moments marked with [`annotate`][tidyjax.Timeline.annotate], oldest first: each
+        a named tuple ``(time, label, bytes)``."""
+        with _lock:
+            return list(self._marks)
 
     @property
     def recording(self) -> bool:
@@ -410,15 +420,37 @@ class Timeline:
 
     # -- the page ---------------------------------------------------------------------------
 
-    def to_html(self, *, top: int = 10) -> str:
+    def to_html(self, *, top: int = 10, at: str | None = None) -> str:
         """The self-contained HTML page: live bytes over time by creation site (the ``top``
-        largest, the rest as "other"), scopes as bands, the peak and what was alive then."""
-        return _timeline_html.page(self, top=top)
+        largest, the rest as "other"), scopes as bands, annotations as vertical lines, the peak
+        and what was alive then; with ``at``, the label of an annotation, what was alive at
+        that annotation (the latest of that label) instead.
 
-    def save_html(self, path: str | os.PathLike[str], *, top: int = 10) -> None:
+        Raises:
+            TidyjaxValueError: no annotation has the label ``at``.
+        """
+        return _timeline_html.page(self, top=top, at=self._annotation(at))
+
+    def save_html(
+        self, path: str | os.PathLike[str], *, top: int = 10, at: str | None = None
+    ) -> None:
         """Write [`to_html`][tidyjax.Timeline.to_html] to ``path`` (UTF-8)."""
+        page = self.to_html(top=top, at=at)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_html(top=top))
+            f.write(page)
+
+    def _annotation(self, label: str | None) -> Mark | None:
+        if label is None:
+            return None
+        with _lock:
+            found = [m for m in self._marks if m.label == label]
+        if not found:
+            known = ", ".join(repr(m.label) for m in self._marks[:5]) or "none"
+            raise TidyjaxValueError(
+                f"this Timeline has no annotation {label!r} (its annotations: {known}); "
+                "mark one with tl.annotate(label) while it records."
+            )
+        return found[-1]
 
     def _repr_html_(self) -> str:
         return _fragment(self)
@@ -440,7 +472,7 @@ class Timeline:
             "peak_time": self.peak_time,
         }
         return _timeline_format.encode(
-            header, base, events, self._peak_live, self._stacks, self._names
+            header, base, events, self._peak_live, self._stacks, self._names, self.annotations
         )
 
     def dump(self, path: str | os.PathLike[str]) -> None:
@@ -497,6 +529,7 @@ class Timeline:
         tl.stop_time = data["stop_time"]
         tl._seq = len(tl._events) + tl.dropped
         tl._stacks, tl._names = _timeline_format.decode_extras(data, codec)
+        tl._marks = _timeline_format.decode_marks(data)
         tl._loaded = True
         return tl
 
@@ -578,6 +611,44 @@ class Timeline:
                 with _lock:
                     self._see_arrays()
                     self._mark(SCOPE_EXIT, label, label, number)
+
+    def annotate(self, label: str, bytes: int | None = None) -> Mark:
+        """Mark the current moment with ``label`` (and a number of ``bytes`` that goes with it,
+        such as a request's): the page draws it as a vertical line with its label, and
+        ``to_html(at=label)`` shows what was alive then. Saved by `dump`.
+
+        Example:
+            ```python
+            with tidyjax.timeline() as tl:
+                train()
+                tl.annotate("evaluation")
+                evaluate()
+            tl.save_html("memory.html", at="evaluation")
+            ```
+
+        Returns:
+            The mark: a named tuple ``(time, label, bytes)``.
+
+        Raises:
+            TidyjaxTypeError: ``label`` is not a str, ``bytes`` not an int or None, or the
+                timeline is not recording.
+        """
+        if not isinstance(label, str):
+            raise TidyjaxTypeError(f"annotate() takes a str label, got {type(label).__name__}.")
+        if bytes is not None and (isinstance(bytes, bool) or not isinstance(bytes, int)):
+            raise TidyjaxTypeError(
+                f"annotate()'s bytes must be an int or None, got {type(bytes).__name__}."
+            )
+        with _lock:
+            if not self._depth:
+                raise TidyjaxTypeError(
+                    f"this Timeline is not recording, so it cannot mark {label!r}; call "
+                    "annotate() inside `with tl:`."
+                )
+            self._see_arrays()  # what was made before the mark shows before it
+            mark = Mark(max(time.perf_counter(), self._last), label, bytes)
+            self._marks.append(mark)
+            return mark
 
     def mark(self) -> None:
         """Look now at the plain jax.Arrays: record those made since the last scope event or

@@ -21,6 +21,7 @@ __all__ = [
     "FORMAT",
     "FREE",
     "KINDS",
+    "Mark",
     "SCOPE_ENTER",
     "SCOPE_EXIT",
     "UNTRACKED",
@@ -30,6 +31,7 @@ __all__ = [
     "check",
     "collection_paused",
     "decode_extras",
+    "decode_marks",
     "encode",
     "read",
     "write",
@@ -80,6 +82,21 @@ class TimelineEvent(NamedTuple):
     buffer: int
     name: str = ""
     per_device: tuple[tuple[str, int], ...] = ()
+
+
+class Mark(NamedTuple):
+    """A moment a `Timeline` was marked at (``Timeline.annotate``): drawn as a vertical line
+    with its label; the page's table can show what was alive then.
+
+    Attributes:
+        time: seconds on ``time.perf_counter()``'s clock, as the events' times.
+        label: what happened then (``"out of memory: add(...)"``).
+        bytes: a number of bytes that goes with it (a failed request's), or None.
+    """
+
+    time: float
+    label: str
+    bytes: int | None = None
 
 
 @contextlib.contextmanager
@@ -248,12 +265,15 @@ def encode(
     peak_live: list[TimelineEvent] | None,
     stacks: dict[Site, list[tuple[Site, ...]]] | None = None,
     names: dict[int, str] | None = None,
+    marks: list[Mark] | None = None,
 ) -> dict[str, Any]:
     """The JSON data of a timeline: ``format`` and ``version``, then ``header`` (the timeline's
     own numbers, in order), then its events in columns and the tables they index (see
     `Codec`), each site's short stacks (``stacks``: ``[site index, [[file, line,
     function], ...], ...]``, innermost frame first) and the Variables' names of buffers
-    (``names``: ``[buffer, name]``). Files without the last two load too (older ones)."""
+    (``names``: ``[buffer, name]``), and the marks (``marks``: ``[time, label, bytes or
+    null]``, present only when there are some). Files without the last three load too (older
+    ones)."""
     codec = Codec()
     with collection_paused():
         out: dict[str, Any] = {"format": FORMAT, "version": VERSION, **header}
@@ -265,6 +285,8 @@ def encode(
             for site, sts in (stacks or {}).items()
         ]
         out["names"] = [[b, n] for b, n in sorted((names or {}).items())]
+        if marks:
+            out["marks"] = [[m.time, m.label, m.bytes] for m in marks]
         out.update(codec.tables())
     return out
 
@@ -279,6 +301,15 @@ def decode_extras(
         stacks[site] = [tuple(Site(str(f), int(n), str(fn)) for f, n, fn in st) for st in row[1:]]
     names = {int(b): str(n) for b, n in data.get("names") or ()}
     return stacks, names
+
+
+def decode_marks(data: dict[str, Any]) -> list[Mark]:
+    """The ``marks`` of `encode`'s data, in time order (none when the file has none)."""
+    marks = [
+        Mark(float(t), str(label), None if b is None else int(b))
+        for t, label, b in data.get("marks") or ()
+    ]
+    return sorted(marks, key=lambda m: m.time)
 
 
 def check(data: Any, where: str) -> dict[str, Any]:

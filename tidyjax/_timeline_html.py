@@ -30,6 +30,7 @@ Reads a timeline through ``_window()``, ``_names``, ``_stacks``, ``dropped``, ``
 from __future__ import annotations
 
 import base64
+import bisect
 import collections
 import functools
 import json
@@ -168,7 +169,7 @@ class _Chart:
     fine column of the largest total in its group. A snapshot (``moment``: allocations only, all
     at one time) is one column."""
 
-    def __init__(self, tl: Any, top: int) -> None:
+    def __init__(self, tl: Any, top: int, at: Any = None) -> None:
         base, events = tl._window()
         names = getattr(tl, "_names", None)
         if names:
@@ -200,6 +201,29 @@ class _Chart:
             else [self.peak_live]
         )
         self.end_time = (events[-1].time - self.t0) if n else 0.0
+        self._place_marks(tl, base, events, at)
+
+    def _place_marks(self, tl: Any, base: list[Any], events: list[Any], at: Any) -> None:
+        """Each mark (``tl._marks``, and ``at`` if not one of them) as (event position: how
+        many events came at or before it, mark), in time order; with ``at``, the table shows
+        what was alive at it (``peak_live``, ``device_live``) instead of at the peak."""
+        marks = list(getattr(tl, "_marks", None) or ())
+        if at is not None and at not in marks:
+            marks.append(at)
+        marks.sort(key=lambda m: m.time)
+        times = [ev.time for ev in events]
+        self.marks: list[tuple[int, Any]] = [
+            (bisect.bisect_right(times, m.time), m) for m in marks if not self.moment
+        ]
+        self.at = at
+        # each device's peak moment (its first event reaching it; before the events: t0)
+        self.peak_times = [events[i].time if i >= 0 else self.t0 for i in self.device_peak_index]
+        if at is None or self.moment:
+            return
+        k = bisect.bisect_right(times, at.time)
+        self.at_live = _alive_after(base, events, [k - 1])[0]
+        self.peak_live = self.at_live
+        self.device_live = [self.at_live] * len(self.devices)
 
     def _scan(self, base: list[Any], events: list[Any], sites: _Sites) -> set[str]:
         """Pass 1: each site's largest live bytes, what it allocated and how long its bytes
@@ -746,8 +770,37 @@ def _chart_svg(ch: _Chart, j: int) -> str:
         f"<style>{_asset('timeline-svg.css')}{_palette_css('', len(ch.top))}"
         f'</style><rect class="tj-bg" width="{_WIDTH}" height="{height}" rx="6"/>'
         f'{_axes(ch, vmax, x)}<g class="tj-areas">{_areas(ch, j, vmax, x)}</g>'
-        f'{marker}<g class="tj-bands">{bands}</g></svg>'
+        f'{marker}{_marks_svg(ch, x)}<g class="tj-bands">{bands}</g></svg>'
     )
+
+
+#: The most characters of a mark's label drawn on the static chart (all of it in its title).
+_MARK_CHARS = 40
+
+
+def _mark_text(mark: Any) -> str:
+    """A mark's label with its bytes, as the chart's tooltip and the table say it."""
+    return mark.label + ("" if mark.bytes is None else f" ({fmt_bytes(mark.bytes)})")
+
+
+def _marks_svg(ch: _Chart, x: _XMap) -> str:
+    """The marks as dashed vertical lines over the plot, each labelled at its top (staggered
+    over three rows, so that neighbours do not write over each other)."""
+    out = []
+    for i, (k, mark) in enumerate(ch.marks):
+        px = x(k * ch.columns / max(ch.n, 1))
+        text = _mark_text(mark)
+        short = text if len(text) <= _MARK_CHARS else text[: _MARK_CHARS - 1] + "…"
+        end = px > _X0 + _PW * 0.6
+        tx = px - 4 if end else px + 4
+        y = _Y0 + 16 + 17 * (i % 3)
+        out.append(
+            f'<g class="tj-mark" data-label="{esc(mark.label)}"><line x1="{px:.1f}" '
+            f'x2="{px:.1f}" y1="{_Y0}" y2="{_Y0 + _PH}"/><text x="{tx:.1f}" y="{y}" '
+            f'text-anchor="{"end" if end else "start"}">{esc(short)}</text>'
+            f"<title>{esc(text)} at {esc(elapsed(max(0.0, mark.time - ch.t0)))}</title></g>"
+        )
+    return f'<g class="tj-marks">{"".join(out)}</g>' if out else ""
 
 
 def _chart_img(ch: _Chart, j: int) -> str:
@@ -819,8 +872,11 @@ def _peak_table(ch: _Chart, j: int) -> str:
         )
     if not rows:
         body = '<tr><td colspan="6">nothing was alive</td></tr>'
+    attr = ""
     if ch.moment:
         caption = "Alive in the snapshot, largest first"
+    elif ch.at is not None:
+        caption, attr = _at_caption(ch, j, groups)
     elif several:
         caption = (
             f"Alive at {esc(device)}'s peak ({esc(fmt_bytes(ch.device_peak[j]))}), largest "
@@ -829,13 +885,38 @@ def _peak_table(ch: _Chart, j: int) -> str:
     else:
         caption = "Alive at the peak, largest first"
     head = "bytes on device" if several else "bytes"
-    attr = f' data-device="{j}"' if several else ""
+    attr += f' data-device="{j}"' if several else ""
     return (
         f'<table class="tj-peak-table"{attr}><caption>{caption}</caption>'
         f'<thead><tr><th class="tj-num"{_RIGHT}>{head}</th><th class="tj-num"{_RIGHT}>buffers</th>'
         f"<th{_LEFT}>shape</th><th{_LEFT}>created at</th>"
         f"<th{_LEFT}>scope</th><th{_LEFT}>device</th></tr></thead><tbody>{body}</tbody></table>"
     )
+
+
+def _at_caption(
+    ch: _Chart, j: int, groups: dict[tuple[str, str, str, str], list[int]]
+) -> tuple[str, str]:
+    """The table's caption when it shows what was alive at a mark (``ch.at``), and the
+    table's data attributes (the mark's time and bytes, the bytes alive then)."""
+    mark = ch.at
+    total = sum(g[0] for g in groups.values())
+    buffers = sum(g[1] for g in groups.values())
+    when = elapsed(max(0.0, mark.time - ch.t0))
+    where = f" on {ch.devices[j]}" if len(ch.devices) > 1 else ""
+    caption = (
+        f"Alive at \u201c{_mark_text(mark)}\u201d ({when}){where}: {fmt_bytes(total)} in "
+        f"{buffers:,} buffer{'' if buffers == 1 else 's'}, largest first"
+    )
+    peak, peak_time = ch.device_peak[j], ch.peak_times[j]
+    if peak > total:
+        caption += (
+            f" (the peak, {fmt_bytes(peak)} at {elapsed(max(0.0, peak_time - ch.t0))}, came "
+            f"{'later' if peak_time > mark.time else 'earlier'})"
+        )
+    req = "" if mark.bytes is None else str(mark.bytes)
+    attr = f' data-at="{mark.time!r}" data-mark-bytes="{req}" data-alive="{total}"'
+    return esc(caption), attr
 
 
 @functools.cache
@@ -904,7 +985,11 @@ def _data(ch: _Chart, selected: int) -> dict[str, Any]:
         if int(pos) != last:
             last = int(pos)
             steps.extend((round(pos, 2), k))
+    marks: list[Any] = []  # [fine position, label, bytes or null] per mark
+    for k, mark in ch.marks:
+        marks.extend((round(ch.fpos(k), 2), s(mark.label), mark.bytes))
     return {
+        "marks": marks,
         "events": ch.n, "fine": ch.fine, "moment": ch.moment, "times": times,
         "sites": ch.sites, "devices": devices, "selected": selected, "bands": bands,
         "lanes": lanes, "hidden": hidden, "steps": steps, "stepPath": ch.step_path,
@@ -956,9 +1041,11 @@ def _subtitle(tl: Any, ch: _Chart) -> str:
     return f'<p class="tj-sub">{esc(" · ".join(sub))}{esc(when)}. {esc(axis)}.</p>'
 
 
-def fragment(tl: Any, *, top: int = 10) -> str:
-    """The chart, bands and table as one ``<div>`` with its style and script (for notebooks)."""
-    ch = _Chart(tl, top)
+def fragment(tl: Any, *, top: int = 10, at: Any = None) -> str:
+    """The chart, bands and table as one ``<div>`` with its style and script (for notebooks);
+    ``at``: a mark (``_timeline_format.Mark``, drawn even if not one of the timeline's) at
+    whose moment the table shows what was alive, instead of at the peak."""
+    ch = _Chart(tl, top, at)
     uid = "tjtl-" + os.urandom(5).hex()
     head = f"<h2>tidyjax timeline</h2>{_subtitle(tl, ch)}"
     if not ch.devices:
@@ -987,13 +1074,13 @@ def fragment(tl: Any, *, top: int = 10) -> str:
     )
 
 
-def page(tl: Any, *, top: int = 10) -> str:
-    """The whole page: :func:`fragment` in a document that opens from disk, offline."""
+def page(tl: Any, *, top: int = 10, at: Any = None) -> str:
+    """The whole page: `fragment` in a document that opens from disk, offline."""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="color-scheme" content="light dark">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<title>tidyjax timeline</title>"
         "<style>body{margin:0;padding:16px;background:Canvas;color:CanvasText}</style>"
-        f"</head><body>{fragment(tl, top=top)}</body></html>"
+        f"</head><body>{fragment(tl, top=top, at=at)}</body></html>"
     )

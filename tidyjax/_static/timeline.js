@@ -56,6 +56,8 @@ function start(data){
   for(i=0;i<B.length;i+=7)bands.push({a:B[i],b:B[i+1],lane:B[i+2],name:S[B[i+3]],
     path:S[B[i+4]],ms:B[i+5],k:B[i+6],
     lone:seen[B[i+3]]<=2||S[B[i+3]]==="first call (compile)"});
+  var M=data.marks||[],marks=[];  // annotations: fine position, label (with bytes)
+  for(i=0;i<M.length;i+=3)marks.push({pos:M[i],label:S[M[i+1]],bytes:M[i+2]});
   var steps=[],nums=[];  // the first step starting in each fine column, and its number
   for(i=0;i<data.steps.length;i+=2){steps.push(data.steps[i]);nums.push(data.steps[i+1])}
   function stepIndex(pos){  // how many of those start at or before pos
@@ -225,6 +227,17 @@ function start(data){
       el("line",{x1:px,x2:px,y1:Y0,y2:bottom},pg);
       el("text",{x:end?px-6:px+6,y:Y0-9,"text-anchor":end?"end":"start"},pg).textContent=
         "peak "+fmt(dev.peak)}
+    // the marks: a dashed line each, labelled at the top (three rows, so neighbours clear)
+    var mg=el("g",{"class":"tj-marks"},svg);
+    marks.forEach(function(m,i){
+      if(m.pos<a||m.pos>b)return;
+      var mx=fx(m.pos),right=mx>X0+PW*0.6,full=m.label+(m.bytes==null?"":" ("+fmt(m.bytes)+")"),text=full;
+      if(text.length>40)text=text.slice(0,39)+"\u2026";
+      var gm=el("g",{"class":"tj-mark","data-label":m.label},mg);
+      el("line",{x1:mx,x2:mx,y1:Y0,y2:bottom},gm);
+      el("text",{x:right?mx-4:mx+4,y:Y0+14+16*(i%3),"text-anchor":right?"end":"start"},gm)
+        .textContent=text;
+      el("title",{},gm).textContent=full})
     // the scopes, narrow neighbours merged
     var bg=el("g",{"class":"tj-bands"},svg),groups=[];
     spans.forEach(function(x){
