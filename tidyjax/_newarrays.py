@@ -42,26 +42,48 @@ class _PlatformMark:
     __slots__ = ("newest", "older_ids", "platform")
 
     def __init__(self, platform: str) -> None:
-        arrays = jax.live_arrays(platform)
         self.platform = platform
+        self._set(jax.live_arrays(platform))
+
+    def _set(self, arrays: list[Any]) -> None:
+        """Mark the moment ``arrays`` (a live-array list, newest first) was read."""
         self.newest = [(id(a), weakref.ref(a)) for a in arrays[:NEWEST]]
         # A list, not a set: the fallback is rare, and a set of 10k ids costs twice the list.
         self.older_ids = list(map(id, arrays)) if len(arrays) > NEWEST else None
 
     def new(self) -> list[Any]:
-        arrays = jax.live_arrays(self.platform)  # holds them: no marked array dies meanwhile
-        alive = {i for i, ref in self.newest if (a := ref()) is not None and not a.is_deleted()}
+        # the list holds them: no marked array dies meanwhile
+        return self._scan(jax.live_arrays(self.platform))[0]
+
+    def advance(self) -> list[Any]:
+        arrays = jax.live_arrays(self.platform)
+        out, moved = self._scan(arrays)
+        if moved:  # else the mark stands as it is: the same newest arrays, all alive
+            self._set(arrays)
+        return out
+
+    def _scan(self, arrays: list[Any]) -> tuple[list[Any], bool]:
+        """The arrays of ``arrays`` made after the mark, and whether the mark must move (an
+        array was made since, or one of the newest marked died)."""
+        newest = self.newest
+        if not arrays:  # nothing alive, so nothing new
+            return [], bool(newest)
+        first = arrays[0]
+        if newest and id(first) == newest[0][0] and newest[0][1]() is first:
+            return [], False  # the newest array is still the one marked: nothing made since
+        alive = {i for i, ref in newest if (a := ref()) is not None and not a.is_deleted()}
         if alive:  # the fast path: stop at the newest array that existed at the mark
             out: list[Any] = []
             for a in arrays:
                 if id(a) in alive:
-                    return out
+                    return out, len(alive) < len(newest) or a is not arrays[0]
                 if not a.is_deleted():
                     out.append(a)
         # Every newest array died: ids decide (see the module docstring).
-        dead = {i for i, _ in self.newest} - alive
+        dead = {i for i, _ in newest} - alive
         older = set(self.older_ids or ())
-        return [a for a in arrays if not a.is_deleted() and (id(a) in dead or id(a) not in older)]
+        found = [a for a in arrays if not a.is_deleted() and (id(a) in dead or id(a) not in older)]
+        return found, True
 
 
 class ArrayMark:
@@ -74,13 +96,26 @@ class ArrayMark:
     ```
 
     Making a mark reads ``jax.live_arrays()`` once per platform; `new` costs, in Python,
-    one step per array made since (see the module docstring for the rule).
+    one step per array made since (see the module docstring for the rule). `advance` does what
+    ``new()`` then a fresh mark would, reading the arrays once, and keeps the mark as it is
+    when nothing was made since (a timeline looks at each scope event).
     """
 
     __slots__ = ("_marks",)
 
     def __init__(self) -> None:
         self._marks = [_PlatformMark(p) for p in _platforms()]
+
+    def advance(self) -> list[Any]:
+        """`new`'s arrays, and the mark moved to now: the next call lists those made after
+        this one. Only the arrays made since are walked (and, when one of the newest marked
+        arrays died, the ids of the arrays alive taken again)."""
+        if len(self._marks) == 1:
+            return self._marks[0].advance()
+        out: list[Any] = []
+        for mark in self._marks:
+            out += mark.advance()
+        return out
 
     def new(self) -> list[Any]:
         """The live, not deleted ``jax.Array``s created after the mark, newest first per platform.

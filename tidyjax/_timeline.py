@@ -779,7 +779,10 @@ class Timeline:
                 self._mark(SCOPE_EXIT, obj.path, obj.name or "<tidy>", number)
 
     def _mark(self, kind: str, path: str, name: str, number: int) -> None:
-        ev = TimelineEvent(kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name)
+        ev = _event(
+            TimelineEvent,
+            (kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name, ()),
+        )
         self._append(ev, 0)
 
     def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
@@ -863,13 +866,12 @@ class Timeline:
     def _see_arrays(self) -> None:
         """Record the plain arrays made since the last look and still alive (under ``_lock``).
 
-        A new mark is set before the old one is read, so an array made meanwhile by another
-        thread is found at least once (twice is harmless: it is then known by its id)."""
-        old = self._array_mark
-        if old is None:
+        The mark moves to the list of live arrays it read, so an array made meanwhile by
+        another thread is found at the next look; with nothing made since, the mark stays."""
+        mark = self._array_mark
+        if mark is None:
             return
-        self._array_mark = ArrayMark()
-        arrays = old.new()
+        arrays = mark.advance()
         if not arrays:
             return
         now = time.perf_counter()

@@ -1,0 +1,79 @@
+"""ArrayMark.advance: the arrays made since the last look, the mark moved to now, one read of
+``jax.live_arrays()`` per look and nothing rebuilt when nothing was made (a timeline looks at
+every scope event). The rule itself (``new``) is tested in test_leaks_plain.py."""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+
+from tidyjax import _newarrays
+from tidyjax._newarrays import NEWEST, ArrayMark
+
+
+def _same(found: list[object], expected: list[object]) -> bool:
+    return len(found) == len(expected) and all(x is y for x, y in zip(found, expected, strict=True))
+
+
+def test_advance_lists_what_each_look_has_not_seen():
+    mark = ArrayMark()
+    assert mark.advance() == []
+    a = jnp.ones(2)
+    b = a + 1
+    assert _same(mark.advance(), [b, a])  # newest first
+    assert mark.advance() == []  # seen: the mark moved
+    c = b * 2
+    tmp = b * 3
+    del tmp  # dead before the look: not listed
+    d = jnp.zeros(3)
+    d.delete()  # deleted: not listed
+    assert _same(mark.advance(), [c])
+    assert mark.advance() == [] and mark.new() == []
+    del a, b, c  # the marked newest arrays die: the next made is still found
+    e = jnp.full(4, 2.0)
+    assert _same(mark.advance(), [e])
+
+
+def test_advance_after_every_marked_array_died_falls_back_to_ids():
+    gc.collect()
+    old = [jnp.full(2, i) for i in range(5)]
+    mark = ArrayMark()
+    temps = [jnp.zeros(1) for _ in range(NEWEST + 3)]
+    assert len(mark.advance()) == NEWEST + 3  # the mark's newest are now these temps
+    del temps  # all of them die
+    made = [jnp.ones(3) for _ in range(NEWEST + 5)]  # may reuse their ids
+    new = mark.advance()
+    assert {id(a) for a in new} == {id(a) for a in made}
+    assert not {id(a) for a in new} & {id(a) for a in old}
+    assert mark.advance() == []
+
+
+def test_a_look_with_nothing_new_reads_one_array_and_keeps_the_mark(monkeypatch):
+    keep = [jnp.zeros(1) for _ in range(200)]
+    mark = ArrayMark()
+    (platform,) = mark._marks
+    newest, older = platform.newest, platform.older_ids
+    seen = []
+    real = jax.live_arrays
+
+    class Counting(list):
+        def __iter__(self):
+            for a in list.__iter__(self):
+                seen.append(a)
+                yield a
+
+    monkeypatch.setattr(jax, "live_arrays", lambda p=None: Counting(real(p)))
+    built = []
+    monkeypatch.setattr(
+        _newarrays._PlatformMark, "_set", lambda self, arrays: built.append(len(arrays))
+    )
+    for _ in range(5):
+        assert mark.advance() == []
+    assert seen == [] and built == []  # the first array was the one marked: nothing walked
+    assert platform.newest is newest and platform.older_ids is older
+    fresh = jnp.ones(1)
+    assert _same(mark.advance(), [fresh])
+    assert len(seen) == 2 and len(built) == 1  # the new array and the newest old one; moved
+    del keep
