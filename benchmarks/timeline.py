@@ -8,6 +8,9 @@ Run:  python benchmarks/timeline.py                 (about a minute on 2 CPU cor
    closed, sampled in alternation (noise hits every side) and printed as ratios of medians: an
    open timeline's cost per op (goal: at most 2x the op) and a closed one's (goal: none; the
    registry's observer list is empty again, so the per-op path tests one empty list).
+   The same for an empty ``with tidy(): pass`` (a scope enter and exit: two events, a look at
+   the plain arrays made since, no Variable lookup when no Variable changed), with no
+   Variables and with 200 named Variables alive.
 2. A million events (half allocations, half frees) recorded from real ops; then the page
    rendered (its size), the JSON dumped and loaded, and the page loaded in headless Chromium
    (selenium and chromium-driver, when present) until its script has run.
@@ -55,18 +58,25 @@ def overhead(number: int, rounds: int) -> None:
 
     for _ in range(3):  # compile, warm the caches
         raw(), tidy(), scopes()
-    samples: dict[str, list[float]] = {
-        k: [] for k in ("raw", "off", "on", "closed", "tidy off", "tidy on")
-    }
+    sides = ("raw", "off", "on", "closed", "tidy off", "tidy on", "tidy closed", "vars off",
+             "vars on")  # fmt: skip
+    samples: dict[str, list[float]] = {k: [] for k in sides}
+    n_scopes = number // 10
     for _ in range(rounds):  # every side in each round: the machine's noise hits them all
         samples["raw"].append(per_call(raw, 1) / number)
         samples["off"].append(per_call(tidy, 1) / number)
-        samples["tidy off"].append(per_call(scopes, 1) / (number // 10))
+        samples["tidy off"].append(per_call(scopes, 1) / n_scopes)
         with tj.timeline(max_events=100_000):
             samples["on"].append(per_call(tidy, 1) / number)
-            samples["tidy on"].append(per_call(scopes, 1) / (number // 10))
+            samples["tidy on"].append(per_call(scopes, 1) / n_scopes)
         assert not _registry.observers  # closed: no hook left on the op path
         samples["closed"].append(per_call(tidy, 1) / number)
+        samples["tidy closed"].append(per_call(scopes, 1) / n_scopes)
+        variables = [tj.Variable(jnp.zeros(4), name=f"v{i}") for i in range(200)]
+        samples["vars off"].append(per_call(scopes, 1) / n_scopes)
+        with tj.timeline(max_events=100_000):
+            samples["vars on"].append(per_call(scopes, 1) / n_scopes)
+        tj.dispose(variables)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     print(f"{'':34s} {'µs':>8s} {'/ raw':>7s}")
     print(f"{'raw jax a + b':34s} {med['raw']:8.2f} {1:7.2f}")
@@ -82,8 +92,19 @@ def overhead(number: int, rounds: int) -> None:
         f"a timeline closed: an op costs {med['closed'] / med['off']:.2f}x the op before "
         "(goal: 1x, no timeline hook on the op path)"
     )
-    print(f"{'with tidy(): pass, no timeline':34s} {med['tidy off']:8.2f}")
-    print(f"{'with tidy(): pass, timeline open':34s} {med['tidy on']:8.2f}")
+    print()
+    print(f"{'empty with tidy(): pass':34s} {'µs':>8s} {'/ none':>7s}")
+    rows = (("tidy off", "no timeline"), ("tidy on", "timeline open"),
+            ("tidy closed", "timeline closed"), ("vars off", "200 Variables, no timeline"),
+            ("vars on", "200 Variables, timeline open"))  # fmt: skip
+    for key, label in rows:
+        base = med["vars off"] if key.startswith("vars") else med["tidy off"]
+        print(f"{label:34s} {med[key]:8.2f} {med[key] / base:7.2f}")
+    print(
+        f"a timeline open: an empty scope costs {med['tidy on'] / med['tidy off']:.2f}x the "
+        f"scope without one ({med['vars on'] / med['vars off']:.2f}x with 200 Variables alive); "
+        f"closed: {med['tidy closed'] / med['tidy off']:.2f}x"
+    )
     tj.dispose([a, b])
 
 

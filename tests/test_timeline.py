@@ -580,6 +580,42 @@ def test_python_dash_m_tidyjax_runs(tmp_path):
     assert proc.returncode == 2 and "not a tidyjax timeline or snapshot" in proc.stderr
 
 
+def test_variables_are_looked_up_only_at_scope_exits_after_they_changed(monkeypatch):
+    calls = []
+    real = tlm.Timeline._name_variables
+    monkeypatch.setattr(
+        tlm.Timeline, "_name_variables", lambda self: (calls.append(1), real(self))[1]
+    )
+    w = tj.Variable(np.zeros(4, np.float32), name="w")
+    others = [tj.Variable(np.zeros(2, np.float32)) for _ in range(50)]  # unnamed
+    with tj.timeline() as tl:
+        at_start = len(calls)
+        for _ in range(3):
+            with tidy("step"):
+                with tidy("forward"):  # no Variable changes here: no lookup at its exit
+                    (w * 2.0).dispose()
+                w.assign(w + 1.0)  # a value of this scope; the old one is freed
+            calls.append("step")
+        with tidy("idle"):
+            pass
+        calls.append("idle")
+        held = tj.tensor(np.full(4, 7.0, np.float32))  # made before a lookup...
+        with tidy("between"):
+            w.assign(w + 1.0)  # looked up at this exit, after `held` was made
+        calls.append("between")
+        v = tj.Variable(held, name="v")  # ...a new Variable on it: looked up at the next exit
+        with tidy("after"):
+            pass
+        calls.append("after")
+    marks = calls[at_start:]
+    # one lookup per step (at its exit, none at forward's), none at idle, one after v
+    assert marks == [1, "step", 1, "step", 1, "step", "idle", 1, "between", 1, "after", 1]
+    named = {ev.buffer for ev in tl.events if ev.kind == "alloc" and ev.shape == (4,)}
+    names = {b: n for b, n in tl._names.items() if b in named}
+    assert sorted(names.values()) == ["v"] + ["w"] * 5  # w's value at the start, then 4 assigned
+    tj.dispose([held, v, w, *others])
+
+
 def test_jnp_zeros_via_lifted_namespace_are_recorded():
     import tidyjax.numpy as tnp
 

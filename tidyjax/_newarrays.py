@@ -57,6 +57,10 @@ class _PlatformMark:
 
     def advance(self) -> list[Any]:
         arrays = jax.live_arrays(self.platform)
+        if arrays:  # the newest array still the one marked: nothing made since (most looks)
+            first, newest = arrays[0], self.newest
+            if newest and id(first) == newest[0][0] and newest[0][1]() is first:
+                return []
         out, moved = self._scan(arrays)
         if moved:  # else the mark stands as it is: the same newest arrays, all alive
             self._set(arrays)
@@ -101,17 +105,19 @@ class ArrayMark:
     when nothing was made since (a timeline looks at each scope event).
     """
 
-    __slots__ = ("_marks",)
+    __slots__ = ("_marks", "_one")
 
     def __init__(self) -> None:
         self._marks = [_PlatformMark(p) for p in _platforms()]
+        self._one = self._marks[0] if len(self._marks) == 1 else None
 
     def advance(self) -> list[Any]:
         """`new`'s arrays, and the mark moved to now: the next call lists those made after
         this one. Only the arrays made since are walked (and, when one of the newest marked
         arrays died, the ids of the arrays alive taken again)."""
-        if len(self._marks) == 1:
-            return self._marks[0].advance()
+        one = self._one
+        if one is not None:
+            return one.advance()
         out: list[Any] = []
         for mark in self._marks:
             out += mark.advance()

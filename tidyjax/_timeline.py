@@ -243,6 +243,7 @@ class Timeline:
         "_live",
         "_loaded",
         "_marks",
+        "_named_upto",
         "_names",
         "_next",
         "_peak_live",
@@ -252,6 +253,8 @@ class Timeline:
         "_seq",
         "_stack_ids",
         "_stacks",
+        "_vars_dirty",
+        "_vars_seen",
         "_watch",
         "arrays",
         "dropped",
@@ -274,7 +277,8 @@ class Timeline:
         self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
         self._live: dict[int, list[Any]] = {}  # id(rec) -> [rec, alloc event, Tensor ids]
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
-        self._scopes: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # id(scope) -> (the scope, its number): the scopes open, held until they exit or we stop
+        self._scopes: dict[int, tuple[Any, int]] = {}
         self._next = 0  # the last buffer or scope number given
         self._seq = 0  # events appended, dropped ones included
         self._bytes = 0
@@ -285,6 +289,11 @@ class Timeline:
         self._stacks: dict[Site, list[tuple[Site, ...]]] = {}
         self._stack_ids: set[int] = set()
         self._names: dict[int, str] = {}  # buffer number -> the name of the Variable holding it
+        # When the Variables were last looked at (see _variables_moved): how many there were,
+        # the last number given then, and whether a Variable's buffer was freed since.
+        self._vars_seen = -1
+        self._named_upto = 0
+        self._vars_dirty = False
         self._marks: list[Mark] = []  # annotate()'s moments, in time order
         self.peak_bytes = 0
         self.peak_time = 0.0
@@ -687,7 +696,7 @@ class Timeline:
                 opened.append(scope)
                 scope = scope.parent
             for scope in reversed(opened):
-                if scope not in self._scopes:
+                if id(scope) not in self._scopes:
                     self.event("scope_enter", scope)
         # What is alive now, read outside our lock: the registry's lock is taken there, and a
         # collection inside that lock may report to us.
@@ -719,7 +728,7 @@ class Timeline:
                     self._see_arrays()
                     self._check_deleted()
                     self._array_mark = None
-                for scope, number in list(self._scopes.items()):
+                for scope, number in list(self._scopes.values()):
                     self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
                 self._scopes.clear()
             self._depth -= 1
@@ -753,6 +762,8 @@ class Timeline:
                 if entry is not None:
                     now = time.perf_counter()
                     self._free(entry, now)
+                    if getattr(obj, "nvars", None) is not None:
+                        self._vars_dirty = True  # a Variable's buffer (an assign's old value)
                     if not obj.owned and self._array_mark is not None:
                         for arr in obj.arrays():  # the caller's array lives on, plain again
                             self._add_plain(arr, now)
@@ -764,26 +775,36 @@ class Timeline:
                     if obj.more:
                         self._watch_arrays(obj)
             elif kind == "scope_enter":
-                self._see_arrays()
-                self._next += 1
-                self._scopes[obj] = self._next
-                self._mark(SCOPE_ENTER, obj.path, obj.name or "<tidy>", self._next)
+                if self._array_mark is not None:
+                    self._see_arrays()
+                number = self._next = self._next + 1
+                self._scopes[id(obj)] = (obj, number)
+                self._mark(SCOPE_ENTER, obj.path, obj.name or "<tidy>", number)
             elif kind == "scope_exit":
-                self._see_arrays()
-                if _variable._variables:
+                if self._array_mark is not None:
+                    self._see_arrays()
+                if _variable._variables and self._variables_moved():
                     self._name_variables()
-                number = self._scopes.pop(obj, None)
-                if number is None:
-                    self._next += 1
-                    number = self._next
+                found = self._scopes.pop(id(obj), None)
+                if found is not None and found[0] is obj:
+                    number = found[1]
+                else:
+                    number = self._next = self._next + 1
                 self._mark(SCOPE_EXIT, obj.path, obj.name or "<tidy>", number)
 
     def _mark(self, kind: str, path: str, name: str, number: int) -> None:
-        ev = _event(
-            TimelineEvent,
-            (kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name, ()),
+        """Record a scope event now: `_append` for an event of no bytes, inlined."""
+        t = time.perf_counter()
+        if t < self._last:  # a handler ran inside another one (a collection)
+            t = self._last
+        self._last = t
+        events = self._events
+        if len(events) >= self.max_events:
+            self._drop()
+        events.append(
+            _event(TimelineEvent, (kind, t, 0, "", None, path, (), "", (), number, name, ()))
         )
-        self._append(ev, 0)
+        self._seq += 1
 
     def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
         arr = rec.array()
@@ -821,9 +842,28 @@ class Timeline:
         if len(stacks) < 3 and stack not in stacks:
             stacks.append(stack)
 
+    def _variables_moved(self) -> bool:
+        """Whether a Variable may hold a buffer not named yet (under ``_lock``): a Variable was
+        made or dropped, a Variable's buffer was freed (an ``assign`` frees the old value), or
+        a buffer recorded since the last look is a Variable's now. O(buffers recorded since
+        that look and still alive), not O(Variables): a scope exit pays the lookup of every
+        Variable only after Variables changed."""
+        if self._vars_dirty or len(_variable._variables) != self._vars_seen:
+            return True
+        upto = self._named_upto
+        for entry in reversed(self._live.values()):  # in the order recorded: newest first
+            if entry[1].buffer <= upto:
+                return False
+            if entry[0].scope is VARIABLE:
+                return True
+        return False
+
     def _name_variables(self) -> None:
         """Note the name of each named Variable whose buffer is recorded live (under ``_lock``):
         the page labels a Variable's buffers by its name, not by the line of ``assign``."""
+        self._vars_seen = len(_variable._variables)
+        self._named_upto = self._next
+        self._vars_dirty = False
         live, names = self._live, self._names
         for ref in list(_variable._variables.values()):
             v = ref()
