@@ -52,7 +52,7 @@ def overhead(number: int, rounds: int) -> None:
             a + b
 
     def scopes() -> None:
-        for _ in range(number // 10):
+        for _ in range(number // 4):
             with tj.tidy("s"):
                 pass
 
@@ -61,7 +61,7 @@ def overhead(number: int, rounds: int) -> None:
     sides = ("raw", "off", "on", "closed", "tidy off", "tidy on", "tidy closed", "vars off",
              "vars on")  # fmt: skip
     samples: dict[str, list[float]] = {k: [] for k in sides}
-    n_scopes = number // 10
+    n_scopes = number // 4
     for _ in range(rounds):  # every side in each round: the machine's noise hits them all
         samples["raw"].append(per_call(raw, 1) / number)
         samples["off"].append(per_call(tidy, 1) / number)
@@ -77,6 +77,7 @@ def overhead(number: int, rounds: int) -> None:
         with tj.timeline(max_events=100_000):
             samples["vars on"].append(per_call(scopes, 1) / n_scopes)
         tj.dispose(variables)
+        del variables  # their deleted arrays would slow jax.live_arrays() in the next round
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     print(f"{'':34s} {'µs':>8s} {'/ raw':>7s}")
     print(f"{'raw jax a + b':34s} {med['raw']:8.2f} {1:7.2f}")

@@ -126,13 +126,20 @@ def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
     """A fresh record for ``arr`` held by one Tensor (id ``tensor``), published in the registry
     (and reported to the observers: while they watch, a record also reports its array's
     collection)."""
-    rec = fresh(arr, scope, _collected if observers else None)
+    if observers:  # the record reports its array's collection; the observers hear of it
+        rec = fresh(arr, scope, _collected)
+        rec.owned = owned
+        _buffers[id(arr)] = rec
+        if len(_buffers) > _sweep_at:
+            sweep()
+        for o in list(observers):
+            o.event("buffer_added", rec, tensor)
+        return rec
+    rec = fresh(arr, scope)
     rec.owned = owned
     _buffers[id(arr)] = rec
     if len(_buffers) > _sweep_at:
         sweep()
-    if observers:
-        _notify("buffer_added", rec, tensor)
     return rec
 
 
@@ -527,9 +534,11 @@ observers: list[Any] = []
 
 
 def _collected(rec: Buffer) -> None:
-    """A record made while observed lost its array object to the garbage collector."""
-    if observers and rec.dead is None and rec.array() is None:
-        _notify("buffer_collected", rec)
+    """A record made while observed lost its array object to the garbage collector (the
+    weak reference's callback: its referent is gone; an alias in ``more`` may live on)."""
+    if observers and rec.dead is None and (not rec.more or rec.array() is None):
+        for o in list(observers):
+            o.event("buffer_collected", rec, 0)
 
 
 def _notify(kind: str, rec: Buffer, tensor: int = 0) -> None:
