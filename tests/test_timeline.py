@@ -616,6 +616,21 @@ def test_variables_are_looked_up_only_at_scope_exits_after_they_changed(monkeypa
     tj.dispose([held, v, w, *others])
 
 
+def test_a_value_assigned_outside_scopes_is_named_at_the_next_scope_exit():
+    w = tj.Variable(np.zeros(4, np.float32), name="w")
+    with tj.timeline() as tl:
+        for _ in range(4):
+            with tidy("step"):  # looked up at its exit: the last assign freed w's old value
+                new = tj.keep(w + 1.0)
+            with tidy("log"):
+                pass
+            w.assign(new)  # a buffer made before the last lookup
+            new.dispose()
+    values = [ev.buffer for ev in tl.events if ev.kind == "alloc" and ev.shape == (4,)]
+    assert len(values) == 5 and all(tl._names.get(b) == "w" for b in values)
+    tj.dispose(w)
+
+
 def test_jnp_zeros_via_lifted_namespace_are_recorded():
     import tidyjax.numpy as tnp
 

@@ -761,9 +761,10 @@ class Timeline:
                 entry = self._live.get(id(obj))
                 if entry is not None:
                     now = time.perf_counter()
-                    self._free(entry, now)
-                    if getattr(obj, "nvars", None) is not None:
+                    a = entry[1]
+                    if a.scope == "<variable>" or (self._names and a.buffer in self._names):
                         self._vars_dirty = True  # a Variable's buffer (an assign's old value)
+                    self._free(entry, now)
                     if not obj.owned and self._array_mark is not None:
                         for arr in obj.arrays():  # the caller's array lives on, plain again
                             self._add_plain(arr, now)
@@ -844,8 +845,9 @@ class Timeline:
 
     def _variables_moved(self) -> bool:
         """Whether a Variable may hold a buffer not named yet (under ``_lock``): a Variable was
-        made or dropped, a Variable's buffer was freed (an ``assign`` frees the old value), or
-        a buffer recorded since the last look is a Variable's now. O(buffers recorded since
+        made or dropped, a Variable's buffer was freed (one allocated for a Variable, or named
+        at a lookup: an ``assign`` frees the old value), or a buffer recorded since the last
+        lookup is a Variable's now. O(buffers recorded since
         that look and still alive), not O(Variables): a scope exit pays the lookup of every
         Variable only after Variables changed."""
         if self._vars_dirty or len(_variable._variables) != self._vars_seen:
