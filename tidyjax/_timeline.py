@@ -12,12 +12,15 @@ hears of them) are seen through an ``_newarrays.ArrayMark`` at each scope event,
 stop: those made since the last look and still alive become allocations with the scope
 ``"<untracked>"``, timed at that look; each is followed by a weak reference whose callback
 records its free when Python drops it (or it is found deleted at a ``mark()`` or stop). That
-costs O(new arrays) per look, and nothing per op.
+costs O(new arrays) per look in Python (the mark moves only when something was made), plus
+``jax.live_arrays()`` itself, and nothing per op.
 
 Each creation site also keeps its short user stack (the first ``STACK_FRAMES`` frames outside
 tidyjax and JAX, read once per code location, at most 3 per site), and the buffers of named
-Variables their names (looked up at each scope exit, start and stop: O(Variables)), so the page
-labels them by name rather than by the line of ``assign``. Both are saved with the timeline.
+Variables their names (looked up at start and stop, and at a scope exit after Variables changed:
+O(Variables) then, O(buffers recorded since the last lookup) otherwise), so the page labels them
+by name rather than by the line of ``assign``. Both are saved with the timeline, and so are the
+moments marked with ``annotate`` (drawn as labelled lines; the page's table can show one).
 
 The file format (``TimelineEvent``, ``dump``/``load``'s JSON) is ``_timeline_format``'s; the
 page (``to_html``) is drawn by ``_timeline_html``.
@@ -808,7 +811,9 @@ class Timeline:
         self._seq += 1
 
     def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
-        arr = rec.array()
+        arr = rec()
+        if arr is None:
+            arr = rec.array()  # its first object is gone: an alias, if any
         if arr is None or id(rec) in self._live:
             return
         try:
@@ -825,9 +830,11 @@ class Timeline:
         site, stack = _site_of(arr)
         if stack and id(stack) not in self._stack_ids:
             self._add_stack(site, stack)
+        owner = rec.scope
+        owner = _owner(owner) if owner is None or owner is KEPT or owner is VARIABLE else owner.path
         ev = _event(TimelineEvent, (
-            ALLOC, now, nbytes, device, site, _owner(rec.scope), shape, dtype, ids, self._next,
-            "", per_device,
+            ALLOC, now, nbytes, device, site, owner, shape, dtype, ids, self._next, "",
+            per_device,
         ))  # fmt: skip
         self._live[id(rec)] = [rec, ev, list(ids)]
         if rec.__callback__ is None or rec.more:
@@ -883,11 +890,14 @@ class Timeline:
         del self._live[id(rec)]
         if self._watch:
             self._watch.pop(id(rec), None)
+        owner = rec.scope
+        owner = _owner(owner) if owner is None or owner is KEPT or owner is VARIABLE else owner.path
+        # a's fields by position: kind, time, bytes, device, site, scope, shape, dtype, tensors,
+        # buffer, name, per_device (a NamedTuple's names cost a lookup each)
         ev = _event(TimelineEvent, (
-            FREE, now, a.bytes, a.device, a.site, _owner(rec.scope), a.shape, a.dtype,
-            tuple(ids), a.buffer, "", a.per_device,
+            FREE, now, a[2], a[3], a[4], owner, a[6], a[7], tuple(ids), a[9], "", a[11],
         ))  # fmt: skip
-        self._append(ev, -a.bytes)
+        self._append(ev, -a[2])
 
     def _watch_arrays(self, rec: Any) -> None:
         """Follow the collection of ``rec``'s arrays that the registry does not report: all of
