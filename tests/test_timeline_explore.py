@@ -482,3 +482,17 @@ def test_an_unknown_mark_label_is_an_error_naming_the_marks():
         tj.TidyjaxValueError, match=r"no annotation 'evil' \(its annotations: 'eval'\)"
     ):
         tl.to_html(at="evil")
+
+
+def test_the_table_at_a_mark_gives_each_devices_bytes_then():
+    tl = _sharded()
+    tl._marks.append(tlm.Mark(0.0005, "between"))  # after the sharded buffer, before the rest
+    page = tl.to_html(at="between")
+    tables = re.findall(r'<table class="tj-peak-table"([^>]*)><caption>(.*?)</caption>', page)
+    assert [re.search(r'data-alive="(\d+)"', attrs).group(1) for attrs, _ in tables] == [
+        str(MiB),
+        str(MiB),
+    ]
+    assert "on gpu:1: 1.0 MiB in 1 buffer" in tables[1][1]
+    assert "(the peak, 1.5 MiB at +1.0 ms, came later)" in tables[1][1]
+    assert "came" not in tables[0][1]  # gpu:0 held its peak then
