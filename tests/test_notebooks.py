@@ -51,7 +51,7 @@ def test_quickstart_notebook():
         "it was freed when scope 'block' exited",
         "tidy: freed 1 buffer (4 B); kept 2",
         "h, g alive: True True | _ disposed: True",
-        "new 12 B in 1 tensor,",
+        "net change +12 B, +1 tensor",
         "created inside check_leaks() is still alive",
         "0 tensors, 0 buffers, 0 B",
     ]:
