@@ -146,6 +146,21 @@ def test_a_timeline_written_as_a_chrome_trace_has_the_documented_fields(tmp_path
     assert peak["ts"] == pytest.approx((tl.peak_time - t0) * 1e6, abs=0.01)
 
 
+def test_annotations_are_global_instants_with_their_label_and_bytes():
+    with tj.timeline() as tl:
+        x = tj.tensor(np.ones(64, np.float32))
+        mark = tl.annotate("evaluation starts", bytes=4096)
+        tl.annotate("no bytes")
+        x.dispose()
+    events = _timeline_export.chrome_trace(tl)["traceEvents"]
+    marks = [e for e in events if e.get("cat") == "annotation"]
+    assert [(e["name"], e["ph"], e["s"], e["args"]) for e in marks] == [
+        ("evaluation starts", "i", "g", {"bytes": 4096}),
+        ("no bytes", "i", "g", {}),
+    ]
+    assert marks[0]["ts"] == pytest.approx((mark.time - tl.start_time) * 1e6, abs=0.01)
+
+
 def test_gzip_str_paths_and_missing_folders(tmp_path):
     tl = record()
     target = tmp_path / "new" / "deeper" / "trace.json.gz"

@@ -12,7 +12,8 @@ The trace-event format's "JSON Object Format" (``{"traceEvents": [...], "display
   ``scopes`` thread; scopes that overlap without nesting (threads, asyncio tasks) go on further
   ``scopes`` threads, so that slices on one thread always nest;
 * optionally an instant event (``"ph": "i"``) per allocation and free on a ``buffers`` thread,
-  with its bytes, site, scope, shape and dtype; and a global instant at the peak.
+  with its bytes, site, scope, shape and dtype; a global instant at the peak and one per
+  annotation (`Timeline.annotate`).
 
 Times are microseconds since the timeline started. The timeline is read through its kept
 events (``_window()``), so this module imports no timeline code.
@@ -197,6 +198,14 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
             "name": f"peak {fmt_bytes(tl.peak_bytes)}", "cat": "peak", "ph": "i", "s": "g",
             "ts": _us(tl.peak_time, t0), "pid": PID, "tid": 0,
             "args": {"bytes": tl.peak_bytes},
+        })  # fmt: skip
+    for mark in getattr(tl, "annotations", ()):  # Timeline.annotate: a global instant
+        if events and mark.time < start:
+            continue
+        trace.append({
+            "name": mark.label, "cat": "annotation", "ph": "i", "s": "g",
+            "ts": _us(mark.time, t0), "pid": PID, "tid": 0,
+            "args": {} if mark.bytes is None else {"bytes": mark.bytes},
         })  # fmt: skip
     return {
         "traceEvents": trace,
