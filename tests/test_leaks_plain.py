@@ -120,6 +120,7 @@ def test_array_mark_when_the_newest_arrays_at_the_mark_died():
     # Earlier tests' garbage is collected first: an older array dying after the mark could
     # lend its id to a new one, the fallback's documented blind spot.
     gc.collect()
+    earlier = jax.live_arrays()  # held: none of them can die during the test and lend its id
     old = [jnp.full(2, i) for i in range(5)]
     temps = [jnp.zeros(1) for _ in range(NEWEST + 3)]  # the newest at the mark, all to die
     mark = ArrayMark()
@@ -128,6 +129,7 @@ def test_array_mark_when_the_newest_arrays_at_the_mark_died():
     new = mark.new()
     assert {id(a) for a in new} == {id(a) for a in made}
     assert not {id(a) for a in new} & {id(a) for a in old}
+    del earlier
 
 
 def test_array_mark_costs_nothing_per_old_array(monkeypatch):
