@@ -2,7 +2,8 @@
 
 Run:  python benchmarks/timeline.py                 (about a minute on 2 CPU cores)
       python benchmarks/timeline.py --events 200000  (quicker)
-      python benchmarks/timeline.py --screenshot docs/img/timeline.png   (the README picture)
+      python benchmarks/timeline.py --screenshot out.png   (a standalone picture; the docs' and
+                                                             README's come from docs/screenshots.py)
 
 1. Eager ``a + b``: tidyjax over raw JAX with no timeline open, with one open, and after it
    closed, sampled in alternation (noise hits every side) and printed as ratios of medians: an
