@@ -126,20 +126,15 @@ def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
     """A fresh record for ``arr`` held by one Tensor (id ``tensor``), published in the registry
     (and reported to the observers: while they watch, a record also reports its array's
     collection)."""
-    if observers:  # the record reports its array's collection; the observers hear of it
-        rec = fresh(arr, scope, _collected)
-        rec.owned = owned
-        _buffers[id(arr)] = rec
-        if len(_buffers) > _sweep_at:
-            sweep()
-        for o in list(observers):
-            o.event("buffer_added", rec, tensor)
-        return rec
-    rec = fresh(arr, scope)
+    watching = bool(observers)  # then the record reports its array's collection too
+    rec = fresh(arr, scope, _collected if watching else None)
     rec.owned = owned
     _buffers[id(arr)] = rec
     if len(_buffers) > _sweep_at:
         sweep()
+    if watching:
+        for o in list(observers):
+            o.event("buffer_added", rec, tensor)
     return rec
 
 
@@ -243,30 +238,10 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
 
 
 def free_all(recs: list[Buffer]) -> list[Any]:
-    """``free`` each dead record; returns the deleted arrays. The usual record (one array
-    object, in no group, nothing observing) is freed inline: a call per record would cost
-    more than the work."""
+    """`free` each dead record; returns the deleted arrays."""
     out = []
-    if suspects or _groups or observers:
-        for rec in recs:
-            arr = free(rec)
-            if arr is not None:
-                out.append(arr)
-        return out
-    buffers = _buffers
     for rec in recs:
-        if rec.more:
-            arr = _free_aliased(rec)
-        else:
-            arr = rec()
-            if arr is None:
-                continue
-            key = id(arr)
-            if buffers.get(key) is rec:
-                del buffers[key]
-            if not rec.owned:
-                continue
-            arr.delete()
+        arr = free(rec)
         if arr is not None:
             out.append(arr)
     return out

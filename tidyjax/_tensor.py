@@ -57,7 +57,7 @@ _ids = itertools.count(1)
 _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
-Buffer = _registry.Buffer
+_fresh = _registry.fresh
 VARIABLE = _registry.VARIABLE
 
 
@@ -684,13 +684,8 @@ def wrap(arr: Any) -> Any:
         if rec is None or rec.dead is not None:
             if _registry.observers:
                 rec = _registry.new(arr, scope, tensor=t._id)
-            else:  # `_registry.new` without the observers, `fresh` inlined
-                rec = Buffer(arr)
-                rec.dead = rec.more = None
-                rec.n = 1
-                rec.nbytes = -1
-                rec.owned = True
-                rec.scope = scope
+            else:  # `_registry.new` without the observers
+                rec = _fresh(arr, scope)
                 _buffers[id(arr)] = rec
                 if len(_buffers) > _registry._sweep_at:
                     _registry.sweep()
@@ -768,12 +763,7 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         t = _new(Tensor)
         t._array = arr
         t._id = next(_ids)
-        rec = Buffer(arr)  # `_registry.fresh` inlined
-        rec.dead = rec.more = None
-        rec.n = 1
-        rec.nbytes = -1
-        rec.owned = True
-        rec.scope = scope
+        rec = _fresh(arr, scope)
         _buffers[id(arr)] = rec
         t._rec = rec
         if append is not None:
@@ -861,7 +851,6 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     doomed: list[_registry.Buffer] = []
     survivors: list[Tensor] = []
     released: list[_registry.Buffer] = []
-    observing = bool(_registry.observers)
     with _registry._lock:
         for t in tensors:
             rec = t._rec
@@ -876,15 +865,15 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
             if dead is None:
                 if rec.scope is VARIABLE and getattr(t, "_var", None) is not None:
                     _registry.let_go(rec)
-                if observing:
-                    released.append(rec)
+                released.append(rec)
                 if rec.n <= 0:
                     rec.dead = RELEASED
                     doomed.append(rec)
                 else:
                     survivors.append(t)
-    for rec in released:
-        _registry._notify("tensor_removed", rec)
+    if _registry.observers:
+        for rec in released:
+            _registry._notify("tensor_removed", rec)
     freed = _registry.free_all(doomed)
     for t in survivors:
         forget_array(t)
