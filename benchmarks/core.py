@@ -113,15 +113,14 @@ def _mlp(n: int = 256, hidden: int = 32) -> tuple[dict[str, np.ndarray], np.ndar
     return params, x, y
 
 
-def adam_step(number: int, rounds: int) -> None:
-    params, x, y = _mlp()
-    opt = optax.adam(1e-2)
+def optax_row(
+    name: str, loss: Callable[..., jax.Array], params: Any, x: np.ndarray, y: np.ndarray,
+    opt: Any, number: int, rounds: int,
+) -> None:  # fmt: skip
+    """One row: a jitted ``value_and_grad`` + optax step of ``loss`` on ``params``, raw JAX
+    against tidyjax in a ``tidy`` that keeps the new state and disposes the last step's."""
 
-    def loss(p: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
-        h = jnp.tanh(x @ p["w1"] + p["b1"])
-        return jnp.mean((h @ p["w2"] + p["b2"] - y) ** 2)
-
-    def update(p: dict, s: object, x: jax.Array, y: jax.Array) -> tuple[dict, object, jax.Array]:
+    def update(p: Any, s: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
         value, grads = jax.value_and_grad(loss)(p, x, y)
         updates, s = opt.update(grads, s, p)
         return optax.apply_updates(p, updates), s, value
@@ -132,8 +131,8 @@ def adam_step(number: int, rounds: int) -> None:
     raw_state["s"] = opt.init(raw_state["p"])
 
     def raw() -> None:
-        raw_state["p"], raw_state["s"], loss = raw_step(raw_state["p"], raw_state["s"], xr, yr)
-        loss.block_until_ready()
+        raw_state["p"], raw_state["s"], value = raw_step(raw_state["p"], raw_state["s"], xr, yr)
+        value.block_until_ready()
 
     tj_step = tj.jit(update)
     xt, yt = tj.tensor(x), tj.tensor(y)
@@ -142,15 +141,25 @@ def adam_step(number: int, rounds: int) -> None:
 
     def tracked() -> None:
         with tj.tidy() as scope:
-            p, s, loss = tj_step(tj_state["p"], tj_state["s"], xt, yt)
+            p, s, value = tj_step(tj_state["p"], tj_state["s"], xt, yt)
             scope.keep(p, s)
-            loss.block_until_ready()
+            value.block_until_ready()
         tj.dispose((tj_state["p"], tj_state["s"]))
         tj_state["p"], tj_state["s"] = p, s
 
-    row("adam MLP training step (optax, 14 state leaves), jitted", raw, tracked, number,
-        rounds)  # fmt: skip
+    row(name, raw, tracked, number, rounds)
     tj.dispose([tj_state, xt, yt])
+
+
+def adam_step(number: int, rounds: int) -> None:
+    params, x, y = _mlp()
+
+    def loss(p: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] + p["b2"] - y) ** 2)
+
+    optax_row("adam MLP training step (optax, 14 state leaves), jitted", loss, params, x, y,
+              optax.adam(1e-2), number, rounds)  # fmt: skip
 
 
 def _gc_clock() -> tuple[list[float], Callable[[str, dict[str, int]], None]]:
@@ -261,7 +270,6 @@ def realistic_step(number: int, rounds: int) -> None:
     ]  # fmt: skip
     x = rng.normal(size=(1024, 64)).astype(np.float32)
     y = rng.integers(0, 10, size=1024)
-    opt = optax.adam(1e-3)
 
     def loss(p: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
         h = x
@@ -270,35 +278,8 @@ def realistic_step(number: int, rounds: int) -> None:
         logits = h @ p[-1]["w"] + p[-1]["b"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    def update(p: Any, s: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
-        value, grads = jax.value_and_grad(loss)(p, x, y)
-        updates, s = opt.update(grads, s, p)
-        return optax.apply_updates(p, updates), s, value
-
-    raw_step = jax.jit(update)
-    xr, yr = jnp.asarray(x), jnp.asarray(y)
-    raw_state = {"p": jax.tree.map(jnp.asarray, params)}
-    raw_state["s"] = opt.init(raw_state["p"])
-
-    def raw() -> None:
-        raw_state["p"], raw_state["s"], value = raw_step(raw_state["p"], raw_state["s"], xr, yr)
-        value.block_until_ready()
-
-    tj_step = tj.jit(update)
-    xt, yt = tj.tensor(x), tj.tensor(y)
-    tj_state = {"p": jax.tree.map(tj.tensor, params)}
-    tj_state["s"] = tj.lift(opt.init)(tj_state["p"])
-
-    def tracked() -> None:
-        with tj.tidy() as scope:
-            p, s, value = tj_step(tj_state["p"], tj_state["s"], xt, yt)
-            scope.keep(p, s)
-            value.block_until_ready()
-        tj.dispose((tj_state["p"], tj_state["s"]))
-        tj_state["p"], tj_state["s"] = p, s
-
-    row("realistic step: 6-layer MLP, adam, batch 1024, jitted", raw, tracked, number, rounds)
-    tj.dispose([tj_state, xt, yt])
+    optax_row("realistic step: 6-layer MLP, adam, batch 1024, jitted", loss, params, x, y,
+              optax.adam(1e-3), number, rounds)  # fmt: skip
 
 
 def scope_exit(rounds: int) -> None:
