@@ -41,6 +41,7 @@ from tidyjax._records import Site, TensorRecordList
 from tidyjax._snapshot import SiteDiffList
 
 from .conftest import chromium
+from .headless import COLOUR_JS
 
 # -- the states ----------------------------------------------------------------------------------
 
@@ -554,35 +555,10 @@ def _page(displays: dict[str, tuple[str, str]], variables: dict[str, str] | None
 
 # Measures the page as rendered: colours are read back through a canvas, so any CSS colour
 # syntax (color-mix included) resolves to the pixels a reader sees.
-_MEASURE = """(() => {
-  const ctx = document.createElement('canvas').getContext('2d', {willReadFrequently: true});
-  const rgba = (css) => {
-    ctx.clearRect(0, 0, 1, 1);
-    ctx.fillStyle = '#000';
-    ctx.fillStyle = css;
-    ctx.fillRect(0, 0, 1, 1);
-    const d = ctx.getImageData(0, 0, 1, 1).data;
-    return [d[0], d[1], d[2], d[3] / 255];
-  };
-  const over = (top, base) => [0, 1, 2].map(i => top[i] * top[3] + base[i] * (1 - top[3]));
-  const linear = (v) => (v /= 255) <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
-  const lum = (c) => 0.2126 * linear(c[0]) + 0.7152 * linear(c[1]) + 0.0722 * linear(c[2]);
-  const contrast = (a, b) => {
-    const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p);
-    return (x + 0.05) / (y + 0.05);
-  };
-  const behind = (el) => {  // the colour under el: every ancestor's background, composed
-    const chain = [];
-    for (let e = el; e; e = e.parentElement) chain.unshift(e);
-    let base = [255, 255, 255];
-    for (const e of chain) {
-      const c = rgba(getComputedStyle(e).backgroundColor);
-      if (c[3] > 0) base = over(c, base);
-    }
-    return base;
-  };
-  const ownText = (el) => [...el.childNodes].filter(n => n.nodeType === 3)
-    .map(n => n.textContent).join('').trim();
+_MEASURE = (
+    "(() => {\n"
+    + COLOUR_JS
+    + """
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   const out = {texts: 0, numbers: 0, bars: 0,
                lowContrast: [], wrapped: [], misaligned: [], badBars: []};
@@ -623,6 +599,7 @@ _MEASURE = """(() => {
   }
   return out;
 })()"""
+)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from tidyjax import _timeline as tlm
 from tidyjax import tidy
 
 from .conftest import tensors_at_sites
+from .headless import COLOUR_JS
 from .test_displays_browser import _MEASURE, JUPYTERLAB_DARK, JUPYTERLAB_LIGHT, _local_states
 from .test_displays_browser import browser as browser  # the fixture: one Chromium per module
 
@@ -338,27 +339,10 @@ def test_an_untrusted_notebook_keeps_the_light_displays_readable(browser, displa
 
 # -- (b) dark OS on a white host, and hosts that mark their theme ----------------------------------
 
-_CONTRAST = """(() => {
-  const ctx = document.createElement('canvas').getContext('2d', {willReadFrequently: true});
-  const rgba = (css) => {
-    ctx.clearRect(0, 0, 1, 1); ctx.fillStyle = '#000'; ctx.fillStyle = css;
-    ctx.fillRect(0, 0, 1, 1);
-    const d = ctx.getImageData(0, 0, 1, 1).data;
-    return [d[0], d[1], d[2], d[3] / 255];
-  };
-  const over = (top, base) => [0, 1, 2].map(i => top[i] * top[3] + base[i] * (1 - top[3]));
-  const linear = (v) => (v /= 255) <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
-  const lum = (c) => 0.2126 * linear(c[0]) + 0.7152 * linear(c[1]) + 0.0722 * linear(c[2]);
-  const behind = (el) => {
-    const chain = [];
-    for (let e = el; e; e = e.parentElement) chain.unshift(e);
-    let base = [255, 255, 255];
-    for (const e of chain) {
-      const c = rgba(getComputedStyle(e).backgroundColor);
-      if (c[3] > 0) base = over(c, base);
-    }
-    return base;
-  };
+_CONTRAST = (
+    "(() => {\n"
+    + COLOUR_JS
+    + """
   const low = [];
   let texts = 0;
   for (const el of document.querySelectorAll('.tjtl, .tjtl *')) {
@@ -371,6 +355,7 @@ _CONTRAST = """(() => {
   }
   return {texts, low};
 })()"""
+)
 
 # host -> (the OS's scheme, <html> attributes, <body> attributes, the JupyterLab variables)
 HOSTS: dict[str, tuple[str, str, str, dict[str, str] | None]] = {

@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from .test_timeline_browser import _chromium
+from .headless import COLOUR_JS, headless_chromium
 
 selenium = pytest.importorskip("selenium", reason="pip install selenium (the test extra)")
 nbformat = pytest.importorskip("nbformat", reason="pip install nbformat (the test extra)")
@@ -54,10 +54,7 @@ pytest.importorskip("ipykernel", reason="pip install ipykernel (the test extra)"
 pytest.importorskip("jupyterlab", reason="pip install 'jupyterlab>=4' (the test extra)")
 
 from nbformat.sign import NotebookNotary  # noqa: E402
-from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import TimeoutException  # noqa: E402
-from selenium.webdriver.chrome.options import Options  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 TOKEN = "tidyjax-test-token"
@@ -217,21 +214,7 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
-    import shutil
-
-    browser, chromedriver = _chromium(), shutil.which("chromedriver")
-    if browser is None or chromedriver is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install chromium and chromium-driver (see .ci/run).")
-        pytest.skip(
-            "needs headless Chromium and its driver: apt-get install chromium chromium-driver"
-        )
-    options = Options()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(chromedriver), options=options)
+    d = headless_chromium(1280, 1000)
     try:
         yield d
     finally:
@@ -258,33 +241,9 @@ def _severe(driver: Any) -> list[str]:
 
 # -- what is read from the page -------------------------------------------------------------------
 
-_HELPERS = """
-const ctx = document.createElement('canvas').getContext('2d', {willReadFrequently: true});
-const rgba = (css) => {  // any CSS colour, through a canvas
-  ctx.clearRect(0, 0, 1, 1); ctx.fillStyle = '#000'; ctx.fillStyle = css;
-  ctx.fillRect(0, 0, 1, 1);
-  const d = ctx.getImageData(0, 0, 1, 1).data;
-  return [d[0], d[1], d[2], d[3] / 255];
-};
-const over = (top, base) => [0, 1, 2].map(i => top[i] * top[3] + base[i] * (1 - top[3]));
-const linear = (v) => (v /= 255) <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
-const lum = (c) => 0.2126 * linear(c[0]) + 0.7152 * linear(c[1]) + 0.0722 * linear(c[2]);
-const contrast = (a, b) => {
-  const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p);
-  return (x + 0.05) / (y + 0.05);
-};
-const behind = (el) => {  // the colour under el: its ancestors' backgrounds, composed on white
-  const chain = [];
-  for (let e = el; e; e = e.parentElement) chain.unshift(e);
-  let base = [255, 255, 255];
-  for (const e of chain) {
-    const c = rgba(getComputedStyle(e).backgroundColor);
-    if (c[3] > 0) base = over(c, base);
-  }
-  return base;
-};
-const ownText = (el) => [...el.childNodes].filter(n => n.nodeType === 3)
-  .map(n => n.textContent).join('').trim();
+_HELPERS = (
+    COLOUR_JS
+    + """
 // every display root: .tjx (small displays) and .tjtl (the timeline)
 const measure = (name, root, out) => {
   root.querySelectorAll('details').forEach(d => { d.open = true; });
@@ -326,6 +285,7 @@ const bars = (name, root, out) => {
   }
 };
 """
+)
 
 # In JupyterLab: per code cell, the display in its output area, by the names given.
 _LAB = (

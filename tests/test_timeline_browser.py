@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import gc
 import io
-import os
 import random
 import re
-import shutil
 
 import pytest
 
@@ -20,11 +18,9 @@ from tidyjax import _timeline as tlm
 from tidyjax import tidy
 
 from .conftest import tensors_at_sites
+from .headless import headless_chromium
 
 selenium = pytest.importorskip("selenium", reason="pip install selenium (the test extra)")
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.options import Options  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
@@ -32,28 +28,9 @@ SCHEMES = ["light", "dark"]
 TOP = 4
 
 
-def _chromium() -> str | None:
-    for path in ("/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium-browser"):
-        if os.path.exists(path):  # Debian's binary, not its launcher script
-            return path
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.fixture(scope="module")
 def driver():
-    browser, chromedriver = _chromium(), shutil.which("chromedriver")
-    if browser is None or chromedriver is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install chromium and chromium-driver (see .ci/run).")
-        pytest.skip(
-            "needs headless Chromium and its driver: apt-get install -y chromium chromium-driver"
-        )
-    options = Options()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(chromedriver), options=options)
+    d = headless_chromium()
     yield d
     d.quit()
 
