@@ -3,6 +3,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -80,3 +81,21 @@ def tensors_at_sites(n: int, filename: str) -> list[tj.Tensor]:
         exec(compile(code, filename, "exec"), ns)
         out.append(ns["t"])
     return out
+
+
+def walked_live_arrays(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Patch ``jax.live_arrays`` so that every array a caller walks through in its result is
+    appended to the returned list (what a look at the live arrays costs in Python)."""
+    import jax
+
+    seen: list[Any] = []
+    real = jax.live_arrays
+
+    class Counting(list):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            for a in list.__iter__(self):
+                seen.append(a)
+                yield a
+
+    monkeypatch.setattr(jax, "live_arrays", lambda p=None: Counting(real(p)))
+    return seen

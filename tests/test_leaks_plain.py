@@ -19,6 +19,8 @@ import tidyjax as tj
 from tidyjax._newarrays import NEWEST, ArrayMark
 from tidyjax._sites import INSTALLED_FOLDERS
 
+from .conftest import walked_live_arrays
+
 # Sites name files relative to the working directory when they lie under it.
 HERE = os.path.relpath(__file__)
 HERE = __file__ if HERE.startswith(os.pardir) else HERE
@@ -135,16 +137,7 @@ def test_array_mark_when_the_newest_arrays_at_the_mark_died():
 def test_array_mark_costs_nothing_per_old_array(monkeypatch):
     keep = [jnp.zeros(1) for _ in range(200)]
     mark = ArrayMark()
-    seen = []
-    real = jax.live_arrays
-
-    class Counting(list):
-        def __iter__(self):
-            for a in list.__iter__(self):
-                seen.append(a)
-                yield a
-
-    monkeypatch.setattr(jax, "live_arrays", lambda p=None: Counting(real(p)))
+    seen = walked_live_arrays(monkeypatch)
     fresh = jnp.ones(1)
     new = mark.new()
     assert len(new) == 1 and new[0] is fresh

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import gc
 
-import jax
 import jax.numpy as jnp
 
 from tidyjax import _newarrays
 from tidyjax._newarrays import NEWEST, ArrayMark
+
+from .conftest import walked_live_arrays
 
 
 def _same(found: list[object], expected: list[object]) -> bool:
@@ -62,16 +63,7 @@ def test_a_look_with_nothing_new_reads_one_array_and_keeps_the_mark(monkeypatch)
     mark = ArrayMark()
     (platform,) = mark._marks
     newest, older = platform.newest, platform.older_ids
-    seen = []
-    real = jax.live_arrays
-
-    class Counting(list):
-        def __iter__(self):
-            for a in list.__iter__(self):
-                seen.append(a)
-                yield a
-
-    monkeypatch.setattr(jax, "live_arrays", lambda p=None: Counting(real(p)))
+    seen = walked_live_arrays(monkeypatch)
     built = []
     monkeypatch.setattr(
         _newarrays._PlatformMark, "_set", lambda self, arrays: built.append(len(arrays))
