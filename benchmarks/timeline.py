@@ -11,7 +11,8 @@ Run:  python benchmarks/timeline.py                 (about a minute on 2 CPU cor
    registry's observer list is empty again, so the per-op path tests one empty list).
    The same for an empty ``with tidy(): pass`` (a scope enter and exit: two events, a look at
    the plain arrays made since, no Variable lookup when no Variable changed), with no
-   Variables and with 200 named Variables alive.
+   Variables and with 200 named Variables alive, and with 1,000 or 10,000 plain arrays alive
+   (each scope event reads ``jax.live_arrays()``).
 2. A million events (half allocations, half frees) recorded from real ops; then the page
    rendered (its size), the JSON dumped and loaded, and the page loaded in headless Chromium
    (selenium and chromium-driver, when present) until its script has run.
@@ -108,6 +109,24 @@ def overhead(number: int, rounds: int) -> None:
         f"closed: {med['tidy closed'] / med['tidy off']:.2f}x"
     )
     tj.dispose([a, b])
+    live_arrays_cost(number // 4, rounds)
+
+
+def live_arrays_cost(number: int, rounds: int) -> None:
+    """An empty scope with a timeline open while many plain jax.Arrays live: each scope event
+    reads ``jax.live_arrays()``, whose cost grows with the arrays alive."""
+    for n in (1_000, 10_000):
+        alive = [jnp.zeros(1) + i for i in range(n)]
+        jax.block_until_ready(alive)
+        with tj.timeline(max_events=100_000):
+            cost = statistics.median(per_call(_empty_scope, number) for _ in range(rounds))
+        print(f"{f'timeline open, {n:,} arrays alive':34s} {cost * 1e6:8.2f}")
+        del alive
+
+
+def _empty_scope() -> None:
+    with tj.tidy("s"):
+        pass
 
 
 def _sites(k: int) -> list[object]:
