@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from . import _format
 from ._errors import TidyjaxTypeError
 
 __all__ = ["check_callable", "decorate"]
@@ -48,7 +49,7 @@ def check_callable(fn: Any, what: str, *, decorator: bool = False, hint: str = "
         kind = "async generator" if inspect.isasyncgenfunction(fn) else "generator"
         got = f"{kind} function {getattr(fn, '__qualname__', fn)!r}"
     else:
-        got = f"{type(fn).__name__} {fn!r:.60}"
+        got = f"{type(fn).__name__} {_format.clip(fn)}"
     verb = (
         "decorates a plain or async function" if decorator else "takes a function or other callable"
     )

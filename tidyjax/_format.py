@@ -39,3 +39,17 @@ def describe(arr: Any) -> str:
         return f"{arr.dtype}{list(arr.shape)}".replace(" ", "")
     except Exception:
         return type(arr).__name__
+
+
+def clip(x: object, limit: int = 60) -> str:
+    """``repr(x)`` for a message, at most about ``limit`` characters: cut after a whole word (a
+    Tensor's repr, ``<Tensor float32[3] id=4: disposed, it was disposed explicitly>``, is never
+    cut), with ``…`` where something was left out."""
+    text = repr(x)
+    if len(text) <= limit or (text.startswith(("<Tensor", "<Variable"))):
+        return text
+    cut = text[:limit]
+    space = max(cut.rfind(" "), cut.rfind(","))
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,") + "…"

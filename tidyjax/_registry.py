@@ -177,6 +177,8 @@ def unhold(rec: Buffer) -> None:
     """A Tensor on ``rec`` was disposed by a scope that does not own the buffer: one holder
     fewer, and nothing is deleted (the buffer's owner frees it). A caller's own array
     (``owned`` False, no owner) leaves the books with its last holder."""
+    if suspects:
+        resolve()
     with _lock:
         rec.n -= 1
         last = rec.n <= 0 and not rec.owned and rec.scope is None and rec.dead is None
@@ -213,6 +215,8 @@ def find_alias(arr: Any) -> Buffer | None:
 def release(rec: Buffer) -> bool:
     """A Tensor on ``rec`` was disposed. Deletes the buffer if it was the last live holder and
     tidyjax owns it; returns whether it did."""
+    if suspects:
+        resolve()
     with _lock:
         rec.n -= 1
         last = rec.n <= 0 and rec.dead is None
@@ -228,6 +232,8 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
 
     Returns the deleted arrays (a deleted array holds no memory and still knows its nbytes).
     """
+    if suspects:
+        resolve()  # before any record is dead: a dead record is never grouped
     done = []
     with _lock:
         for rec in recs:
@@ -304,6 +310,8 @@ def _drop(rec: Buffer) -> None:
 
 def kill(rec: Buffer, why: Reason) -> None:
     """Mark every Tensor on ``rec`` unusable: its buffer was consumed (donated) by JAX."""
+    if suspects:
+        resolve()
     with _lock:
         if rec.dead is not None:
             return
@@ -425,6 +433,46 @@ def resolve() -> None:
         for k, rec in found:
             if rec is not other and k == key:
                 _join_group(rec, other)
+
+
+def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list[Buffer]:
+    """The live records over the buffers of ``arrays``, raw array objects no record knows (a raw
+    ``jax.device_put`` of a Tensor's array to where it already is, a tree map of it); each one
+    found joins its record as one more array object over the buffer. ``among``: the records to
+    compare with (an exiting scope's own), else every record.
+
+    Only committed arrays can be such objects; each is waited for (an alias is ready exactly
+    when its twin is) and compared by address with the records of its shape and dtype. Runs
+    for a scope's result, ``keep`` and ``dispose``, never per op."""
+    wanted: dict[tuple[Any, Any], list[Any]] = {}
+    for arr in arrays:
+        if type(arr) in CONCRETE and arr.committed and not arr.is_deleted():
+            wanted.setdefault((arr.shape, arr.dtype), []).append(arr)
+    if not wanted:
+        return []
+    pool = among if among is not None else {id(r): r for r in _buffers.values()}.values()
+    keys: dict[int, Any] = {}  # id(array) -> its addresses, read once
+    found: list[Buffer] = []
+    for rec in list(pool):
+        if rec.dead is not None:
+            continue
+        twin = rec.array()
+        if twin is None:
+            continue
+        candidates = wanted.get((twin.shape, twin.dtype))
+        if not candidates:
+            continue
+        for arr in candidates:
+            if arr is twin:
+                continue
+            if id(arr) not in keys:
+                keys[id(arr)] = _address(arr, wait=True)
+            key = keys[id(arr)]
+            if key is not None and key == _address(twin, wait=False):
+                if lookup(arr) is None:
+                    add_alias(rec, arr)
+                found.append(rec)
+    return found
 
 
 def _address(arr: Any, wait: bool) -> Any:

@@ -254,7 +254,7 @@ class Scope(Tracker):
         return frame is not None and frame.f_back is None and self._state == _OPEN
 
     def _free(self, result: Any) -> None:
-        recs, tensors = records_in(result) if result is not None else ((), ())
+        recs, tensors = records_in(result, self._owned) if result is not None else ((), ())
         handed_tensors = self._handed_tensors
         for t in tensors:
             handed_tensors[id(t)] = t
@@ -559,17 +559,24 @@ def _exit(scope: Scope, failing: bool) -> None:
 
 
 def _check_found(x: Any, recs: list[Any], tensors: list[Any], what: str) -> None:
-    """``keep`` of a value holding no Tensor or array is a mistake: say so."""
-    if not recs and not tensors and not is_container(x):
+    """``keep`` of a value holding no Tensor or array is a mistake: say so. A disposed Tensor
+    is kept as TensorFlow.js keeps it: nothing happens."""
+    if recs or tensors or is_container(x):
+        return
+    found: list[Any] = []
+    _gather(x, found, None)
+    if not found:
         raise TidyjaxTypeError(
             f"{what} takes Tensors, jax.Arrays or pytrees holding them; got "
-            f"{type(x).__name__} {x!r:.60}, which holds none, so there is nothing to keep."
+            f"{type(x).__name__} {_format.clip(x)}, which holds none, so there is nothing to keep."
         )
 
 
 def _check_function(fn: Any, what: str, generators: bool = False) -> None:
     if not callable(fn):
-        raise TidyjaxTypeError(f"{what} needs a function, got {type(fn).__name__} {fn!r:.60}.")
+        raise TidyjaxTypeError(
+            f"{what} needs a function, got {type(fn).__name__} {_format.clip(fn)}."
+        )
     gen = inspect.isgeneratorfunction(fn)
     if (gen and not generators) or inspect.isasyncgenfunction(fn):
         fix = (
@@ -669,7 +676,7 @@ def _hand_out(scope: Scope, value: Any) -> None:
     if value is None:
         return
     target = current()
-    recs, tensors = records_in(value)
+    recs, tensors = records_in(value, scope._owned)
     for rec in recs:
         if rec.scope is scope:
             rec.scope = target
@@ -750,7 +757,7 @@ class _Tidy:
             return _decorate(arg, None)
         raise TidyjaxTypeError(
             f"tidy() takes a scope name (str) or a function to decorate, got "
-            f"{type(arg).__name__} {arg!r:.60}. Use `with tidy('name'):` or `@tidy`."
+            f"{type(arg).__name__} {_format.clip(arg)}. Use `with tidy('name'):` or `@tidy`."
         )
 
     @overload
@@ -779,7 +786,7 @@ class _Tidy:
         if not callable(fn):
             raise TidyjaxTypeError(
                 "tidy.run() takes (fn, *args) or (name, fn, *args); "
-                f"got {type(fn).__name__} {fn!r:.60} where the function should be."
+                f"got {type(fn).__name__} {_format.clip(fn)} where the function should be."
             )
         _check_function(fn, "tidy.run()")
         if inspect.iscoroutinefunction(fn):
@@ -868,8 +875,12 @@ def keep(x: T) -> T:
 
 
 def dispose(x: Any) -> None:
-    """Dispose every Tensor and Variable in the pytree ``x``, and delete every raw
-    ``jax.Array`` in it that no live Tensor holds; other leaves are ignored.
+    """Dispose every Tensor and Variable in the pytree ``x``; other leaves are ignored.
+
+    A raw ``jax.Array`` in ``x`` over a buffer tidyjax made (one that escaped from a Tensor, a
+    raw ``device_put`` of one) is deleted when no live Tensor holds its buffer. A plain array
+    tidyjax never made is never deleted: it is the caller's (``arr.delete()`` frees it, or
+    [`adopt`][tidyjax.adopt] it first). Containers are walked as a scope walks its result.
 
     Example:
         ```python
@@ -884,30 +895,32 @@ def dispose(x: Any) -> None:
     raws: list[Any] = []
     _gather(x, tensors, raws)
     escaped: list[_registry.Buffer] = []  # recorded buffers no Tensor holds (returned raw)
+    unknown = []
     for arr in raws:
         if arr.is_deleted():
             continue
         rec = _registry.lookup(arr)
-        # An array whose computation failed shares no buffer: it is just deleted below.
-        # (find_alias waits for it too, and would raise JAX's error.)
-        if rec is None and not failed(arr, wait=True):
-            rec = _registry.find_alias(arr)
-        if rec is None or rec.dead is not None:
+        if rec is None:
+            # An array whose computation failed shares no buffer (and waiting would raise).
+            if not failed(arr, wait=True):
+                unknown.append(arr)
             continue
+        if rec.dead is None:
+            escaped.append(rec)
+    if unknown:
+        escaped += _registry.aliases_of(unknown)
+    for rec in escaped:
         if rec.n > 0 or rec.scope is VARIABLE:
             holders = "a Variable" if rec.scope is VARIABLE else f"{rec.n} live Tensor(s)"
+            arr = rec.array()
             raise TidyjaxValueError(
                 f"dispose() got a raw jax.Array {describe(arr)} whose buffer {holders} "
                 "hold; dispose those (the buffer is freed with its last holder), or "
                 "tidyjax.adopt() the array first."
             )
-        escaped.append(rec)
     dispose_many(tensors, DISPOSED)
     if escaped:
-        _registry.delete_many(escaped, DISPOSED)
-    for arr in raws:
-        if not arr.is_deleted():
-            arr.delete()
+        _registry.delete_many(list({id(r): r for r in escaped}.values()), DISPOSED)
 
 
 def _untracked_note(mark: ArrayMark | None) -> str:

@@ -848,6 +848,8 @@ def dispose_tensor(t: Tensor, why: Reason) -> bool:
 def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     """Mark each Tensor disposed, under one lock; delete each buffer whose last live holder it
     was (and that tidyjax owns). Returns the deleted arrays."""
+    if _registry.suspects:
+        _registry.resolve()  # before any record is dead: a dead record is never grouped
     doomed: list[_registry.Buffer] = []
     survivors: list[Tensor] = []
     released: list[_registry.Buffer] = []
@@ -1054,7 +1056,7 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
     if data is None or isinstance(data, (str, bytes)) or callable(data):
         raise TidyjaxTypeError(
             f"tensor() takes array-like data (a number, nested lists, a NumPy or jax array, a "
-            f"Tensor), got {type(data).__name__} {data!r:.60}."
+            f"Tensor), got {type(data).__name__} {_format.clip(data)}."
         )
     try:
         arr = jnp.array(data, dtype=dtype, copy=True)
@@ -1066,15 +1068,17 @@ def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
         where = _none_in(data)
         if where is not None:
             raise TidyjaxTypeError(
-                f"tensor() got None at {where} ({data!r:.60}): None is not a number. Use "
+                f"tensor() got None at {where} ({_format.clip(data)}): None is not a number. Use "
                 "float('nan') for a missing value, or keep a boolean mask beside the data."
             ) from e
         if isinstance(data, (list, tuple)):
             raise TidyjaxValueError(
-                f"tensor() got a ragged nested sequence ({data!r:.60}): every row must have "
-                "the same length. Pad the rows, or make one Tensor per row."
+                f"tensor() got a ragged nested sequence ({_format.clip(data)}): every row must "
+                "have the same length. Pad the rows, or make one Tensor per row."
             ) from e
-        raise TidyjaxValueError(f"tensor() cannot make an array from {data!r:.60}: {e}") from e
+        raise TidyjaxValueError(
+            f"tensor() cannot make an array from {_format.clip(data)}: {e}"
+        ) from e
     except RuntimeError as e:  # out of memory: name the holders; else untouched
         on_jax_error(e, "tensor", (data,))
         raise
@@ -1114,12 +1118,14 @@ def _device_error(device: Any, error: ValueError | None) -> Exception:
         example = f"jax.devices({platform!r})[{index if index.isdigit() else 0}]"
     text = (
         f"tensor() takes device= as a jax.Device or a jax.sharding.Sharding, e.g. {example}; "
-        f"got {type(device).__name__} {device!r:.60}."
+        f"got {type(device).__name__} {_format.clip(device)}."
     )
     if error is None:
         return TidyjaxTypeError(text)
     if isinstance(device, (jax.Device, jax.sharding.Sharding)):  # the right kind, refused
-        return TidyjaxValueError(f"tensor() cannot place the data on {device!r:.80}: {error}")
+        return TidyjaxValueError(
+            f"tensor() cannot place the data on {_format.clip(device, 80)}: {error}"
+        )
     return TidyjaxTypeError(f"{text} JAX said: {error}")
 
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from . import _format
 from ._arrays import CONCRETE
 from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._jaxdoors import base_array
@@ -87,7 +88,7 @@ def watch(obj: T, name: str) -> T:
         raise TidyjaxTypeError(
             "watch() takes an object that holds arrays (a pytree such as a dict or list of "
             "arrays, an Equinox module or an optax state; a Flax NNX module or optimizer; a "
-            f"jax.Array or Tensor), got {type(obj).__name__} {obj!r:.60}, {why}."
+            f"jax.Array or Tensor), got {type(obj).__name__} {_format.clip(obj)}, {why}."
         )
     try:
         ref: Callable[[], Any] = weakref.ref(obj)
