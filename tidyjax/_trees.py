@@ -8,7 +8,8 @@ Plain containers (tuple, list, dict, namedtuples) are walked here: that is cheap
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -206,8 +207,10 @@ def is_container(x: Any) -> bool:
     tx = type(x)
     if x is None or tx is list or tx is tuple or tx is dict:
         return True
-    if tx in TENSOR_TYPES or tx in CONCRETE or tx in PLAIN:
+    if tx in TENSOR_TYPES or tx in CONCRETE or (tx in PLAIN and tx is not np.ndarray):
         return False
+    if _items(x) is not None:
+        return True
     return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
 
 
@@ -252,13 +255,15 @@ def _gather(
         if raws is not None:
             raws.append(x)
     elif tx in PLAIN:
-        return
+        if tx is np.ndarray and x.dtype == object:  # a NumPy array of Python objects
+            for v in x.flat:
+                _gather(v, tensors, raws, seen)
     elif tx is dict or tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
         for v in x.values() if tx is dict else x:
             tv = type(v)
             if tv in TENSOR_TYPES:  # inline: most leaves of a parameter tree
                 tensors.append(v)
-            elif tv not in PLAIN:
+            elif tv not in PLAIN or tv is np.ndarray:
                 _gather(v, tensors, raws, seen)
             elif raws is not None and tv in CONCRETE:
                 raws.append(v)
@@ -271,15 +276,40 @@ def _gather(
             elif type(v) in CONCRETE:
                 if raws is not None:
                     raws.append(v)
-            elif v is not None and not isinstance(v, _OPAQUE):
+            elif v is None:
+                continue
+            else:
                 if seen is None:
                     seen = set()
-                _gather_attributes(v, tensors, raws, seen)
+                items = _items(v)
+                if items is not None:
+                    if id(v) not in seen and len(seen) <= _MAX_OBJECTS:
+                        seen.add(id(v))
+                        for item in items:
+                            _gather(item, tensors, raws, seen)
+                elif not isinstance(v, _OPAQUE):
+                    _gather_attributes(v, tensors, raws, seen)
 
 
-def records_in(x: Any) -> tuple[list[_registry.Buffer], list[Tensor]]:
-    """The live buffer records reached from ``x`` (its Tensors, and raw jax.Arrays tidyjax
-    records), and the live Tensors among its leaves."""
+def _items(v: Any) -> Any:
+    """The items of a container JAX does not flatten (a ``dict`` or ``list`` subclass, a
+    ``deque``, any ``Mapping`` or ``Sequence``, a NumPy object array), or None for anything else.
+    TensorFlow.js walks what a scope returns; so do `records_in` and `dispose`."""
+    if isinstance(v, Mapping):
+        return list(v.values())
+    if isinstance(v, (str, bytes, bytearray, memoryview, range)):
+        return None
+    if isinstance(v, (Sequence, deque)):
+        return list(v)
+    if isinstance(v, np.ndarray):
+        return list(v.flat) if v.dtype == object else None
+    return None
+
+
+def records_in(x: Any, among: Any = None) -> tuple[list[_registry.Buffer], list[Tensor]]:
+    """The live buffer records reached from ``x`` (its Tensors, and its raw jax.Arrays: those
+    tidyjax records, and other array objects over a recorded buffer, looked for ``among`` the
+    given records or else all), and the live Tensors among its leaves."""
     tensors: list[Tensor] = []
     raws: list[Any] = []
     _gather(x, tensors, raws)
@@ -290,10 +320,15 @@ def records_in(x: Any) -> tuple[list[_registry.Buffer], list[Tensor]]:
         if (rec := t._rec) is not None and rec.dead is None and rec is not untracked
     ]
     live = tensors if len(recs) == len(tensors) else [t for t in tensors if _alive(t)]
+    unknown = []
     for arr in raws:
         rec = _registry.lookup(arr)
-        if rec is not None and rec.dead is None:
+        if rec is None:
+            unknown.append(arr)
+        elif rec.dead is None:
             recs.append(rec)
+    if unknown:  # a raw device_put of a recorded buffer to where it is: the same buffer
+        recs += _registry.aliases_of(unknown, among)
     return recs, live
 
 
