@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import pickle
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -400,3 +402,47 @@ def test_tidy_run_of_a_generator_says_how_to_fix_it():
         tidy.run(lambda: (x for x in range(3)))
     assert "coroutine" not in str(err.value)
     assert counts() == (0, 0, 0)
+
+
+# -- TensorFlow.js parity on disposed values, and what a scope refuses ---------------------------
+
+
+def test_keep_of_a_disposed_tensor_does_nothing_as_in_tfjs() -> None:
+    t = tj.tensor([1.0])
+    t.dispose()
+    assert tj.keep(t) is t
+    with tj.tidy() as s:
+        assert s.keep(t) is t
+    assert t.is_disposed and tj.memory().num_tensors == 0
+
+
+def test_messages_never_cut_a_tensor_repr_mid_word() -> None:
+    t = tj.tensor([1.0])
+    t.dispose()
+    with pytest.raises(tj.TidyjaxTypeError) as info:
+        tj.tidy.run(t)  # type: ignore[call-overload]
+    assert repr(t) in str(info.value)  # whole: "…disposed explicitly (dispose())>"
+    with pytest.raises(tj.TidyjaxTypeError) as info:
+        tj.tensor("x" * 200)
+    assert "…" in str(info.value) and "xxxxx" in str(info.value)
+
+
+class _HoldsScope:
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps])
+def test_a_scope_cannot_be_copied_or_pickled(copier: Any) -> None:
+    with tj.tidy("train") as s:
+        target = s if copier is copy.copy else _HoldsScope(s)
+        with pytest.raises(tj.TidyjaxTypeError, match="scope 'train' cannot be copied"):
+            copier(target)
+
+
+def test_tidy_on_an_async_generator_names_it_so() -> None:
+    async def stream() -> Any:
+        yield 1
+
+    with pytest.raises(tj.TidyjaxTypeError, match="cannot wrap async generator function"):
+        tj.tidy(stream)

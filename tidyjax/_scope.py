@@ -208,27 +208,16 @@ class Scope(Tracker):
                 "one that entered it."
             )
         forced = [t for t in above if isinstance(t, Scope) and not t._transparent()]
-        for inner in forced:  # innermost first
-            inner._forced = True
-            inner._end_annotation()
-            inner._state = _CLOSED
-            inner._token = None
-            inner._frame = None
-            inner._free(None)
-        if s is None:
-            pass  # a generator's scope its caller left: the stack here no longer holds it
-        elif above and not forced:
-            above[-1].parent = self.parent  # only suspended generators' scopes are inside
-        elif self._frame is not None:  # its token may predate a relink (see above)
-            CURRENT.set(_effective(self.parent))
-        else:
-            try:
-                CURRENT.reset(self._token)
-            except ValueError:  # entered in another context (a generator resumed elsewhere)
-                CURRENT.set(self.parent)
-        self._state = _CLOSED
-        self._token = None
-        self._frame = None  # a generator's frame holds its locals: let them go
+        try:  # whatever arrives meanwhile (a KeyboardInterrupt), no scope is left open
+            for inner in forced:  # innermost first
+                inner._forced = True
+                inner._end_annotation()
+                inner._state = _CLOSED
+                inner._token = None
+                inner._frame = None
+                inner._free(None)
+        finally:
+            self._unlink(s is None, above[-1] if above and not forced else None)
         if self._annotation is not None:
             self._end_annotation()
         self._free(result)
@@ -243,6 +232,24 @@ class Scope(Tracker):
                 "of entry (close an ExitStack, leave a with-block)."
             )
 
+    def _unlink(self, off_stack: bool, suspended_inside: Tracker | None) -> None:
+        """Take this scope off the context's stack and mark it closed. ``suspended_inside``: the
+        scope just inside this one, when only suspended generators' scopes are inside."""
+        if off_stack:
+            pass  # a generator's scope its caller left: the stack here no longer holds it
+        elif suspended_inside is not None:
+            suspended_inside.parent = self.parent
+        elif self._frame is not None:  # its token may predate a relink (see above)
+            CURRENT.set(_effective(self.parent))
+        else:
+            try:
+                CURRENT.reset(self._token)
+            except ValueError:  # entered in another context (a generator resumed elsewhere)
+                CURRENT.set(self.parent)
+        self._state = _CLOSED
+        self._token = None
+        self._frame = None  # a generator's frame holds its locals: let them go
+
     def _end_annotation(self) -> None:
         annotation, self._annotation = self._annotation, None
         if annotation is not None:
@@ -254,7 +261,18 @@ class Scope(Tracker):
         return frame is not None and frame.f_back is None and self._state == _OPEN
 
     def _free(self, result: Any) -> None:
-        recs, tensors = records_in(result, self._owned) if result is not None else ((), ())
+        try:
+            recs, tensors = records_in(result, self._owned) if result is not None else ((), ())
+        except BaseException as e:
+            self._hand_everything_out()
+            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                raise
+            raise TidyjaxTypeError(
+                f"scope {self.path!r} could not walk the {type(result).__name__} it returns to "
+                f"find its Tensors ({type(e).__name__}: {e}). Nothing was freed: what it made "
+                "belongs to the enclosing scope now. Return Tensors in lists, tuples, dicts, "
+                "other mappings and sequences, or registered pytrees."
+            ) from e
         handed_tensors = self._handed_tensors
         for t in tensors:
             handed_tensors[id(t)] = t
@@ -302,6 +320,23 @@ class Scope(Tracker):
                 _untracked_note(self._debug_mark),
             )  # fmt: skip
         self._debug_mark = None
+
+    def _hand_everything_out(self) -> None:
+        """Give every buffer this scope owns, and its Tensor objects, to the enclosing scope
+        (or to no scope): the exit could not tell what leaves it, so it frees nothing."""
+        parent = _effective(self.parent)
+        owned, self._owned = self._owned, []
+        for rec in owned:
+            if rec.dead is None and rec.scope is self:
+                rec.scope = parent
+                if parent is not None:
+                    parent._owned.append(rec)
+        if parent is not None:
+            parent._aliases.extend(self._aliases)
+        self._aliases = []
+        self._handed_tensors = {}
+        self._handed = set()
+        self._freed = []
 
     def _settle_objects(
         self, handed_tensors: dict[int, Any], survivors: list[Any], parent: Any, why: Any
@@ -427,6 +462,19 @@ class Scope(Tracker):
 
     def __enter__(self) -> Scope:
         return self._open(entered_by_with=True)
+
+    def __reduce__(self) -> Any:
+        raise TidyjaxTypeError(
+            f"scope {self.path!r} cannot be copied or pickled: it stands for buffers this process "
+            "owns while it runs. Copy or save the Tensors it made (or keep), not the scope; "
+            "leave the scope out of what you copy (e.g. a __getstate__ that drops it)."
+        )
+
+    def __copy__(self) -> Any:
+        return self.__reduce__()
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.__reduce__()
 
     def __exit__(self, *exc: object) -> None:
         _exit(self, exc[0] is not None)
@@ -586,7 +634,8 @@ def _check_function(fn: Any, what: str, generators: bool = False) -> None:
             "`item = s.keep(...)`, then yield it after the block."
         )
         raise TidyjaxTypeError(
-            f"{what} cannot wrap generator function {getattr(fn, '__qualname__', fn)!r}: its body "
+            f"{what} cannot wrap {'generator' if gen else 'async generator'} function "
+            f"{getattr(fn, '__qualname__', fn)!r}: its body "
             f"runs after the scope has ended. {fix}"
         )
 

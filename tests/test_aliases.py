@@ -1,0 +1,140 @@
+"""Several array objects over one buffer: a buffer reachable from anything returned or kept
+survives, whichever array object reaches it (ARCHITECTURE.md, "Who owns a buffer").
+
+A raw ``jax.device_put`` to where a buffer already is gives a *new* ``jax.Array`` object over the
+same buffer; deleting either deletes both. Each case below makes such an alias of a scope's own
+Tensor inside the scope, hands the alias out (returned, ``scope.keep``, ``tidyjax.keep``, a
+Variable), and checks that the buffer survives the exit while the scope's own Tensor object is
+disposed (TensorFlow.js's rule: a scope disposes the Tensor objects it made that do not leave).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import tidyjax as tj
+
+DEV = jax.devices()[0]
+VALUES = [1.0, 2.0, 3.0]
+
+
+def _alive(x: Any) -> bool:
+    arr = x.array if isinstance(x, tj.Tensor) else x
+    return not arr.is_deleted()
+
+
+def test_scope_keep_of_a_device_put_alias_keeps_the_buffer() -> None:
+    with tj.tidy() as s:
+        t = tj.tensor(VALUES)
+        a = s.keep(jax.device_put(t, DEV))
+    assert isinstance(a, tj.Tensor) and _alive(a)
+    assert t.is_disposed  # the scope's own object: disposed, its buffer lives on in `a`
+    np.testing.assert_array_equal(a.numpy(), VALUES)
+    assert tj.memory().num_bytes == 12
+    a.dispose()
+    assert tj.memory().num_bytes == 0
+
+
+def test_global_keep_of_a_device_put_alias_keeps_the_buffer() -> None:
+    with tj.tidy():
+        t = tj.tensor(VALUES)
+        a = tj.keep(jax.device_put(t, DEV))
+    assert _alive(a) and t.is_disposed
+    np.testing.assert_array_equal(a.numpy(), VALUES)
+    tj.dispose(a)
+    assert a.is_disposed and tj.memory().num_tensors == 0
+
+
+def test_returning_a_device_put_alias_keeps_the_buffer() -> None:
+    made: list[tj.Tensor] = []
+
+    def f() -> Any:
+        t = tj.tensor(VALUES)
+        made.append(t)  # still referenced when the scope exits
+        return jax.device_put(t, DEV)
+
+    a = tj.tidy.run(f)
+    assert _alive(a) and made[0].is_disposed
+    np.testing.assert_array_equal(a.numpy(), VALUES)
+    a.dispose()
+    assert tj.memory().num_bytes == 0
+
+
+def test_a_variable_from_a_device_put_alias_keeps_the_buffer() -> None:
+    with tj.tidy():
+        t = tj.tensor(VALUES)
+        v = tj.Variable(jax.device_put(t, DEV))
+    assert not v.is_disposed
+    np.testing.assert_array_equal(v.numpy(), VALUES)
+    v.dispose()
+    assert tj.memory().num_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: tj.tensors(jax.device_put(t.array, DEV)),
+        lambda t: jax.tree.map(lambda x: jax.device_put(x, DEV), {"w": t})["w"],
+        lambda t: jax.device_put(t, t.array.sharding),
+    ],
+    ids=["tensors(device_put(t.array))", "tree.map(device_put)", "device_put(t, t.sharding)"],
+)
+def test_other_forms_of_the_alias_keep_the_buffer(make: Any) -> None:
+    with tj.tidy() as s:
+        t = tj.tensor(VALUES)
+        a = s.keep(make(t))
+    assert _alive(a) and t.is_disposed
+    np.testing.assert_array_equal(np.asarray(a.array), VALUES)
+    tj.dispose(a)
+
+
+def test_raw_alias_of_params_kept_by_a_scope_survives() -> None:
+    # The raw form: the scope's result holds plain arrays over the params' buffers.
+    with tj.tidy() as s:
+        params = {"w": tj.tensor([1.0, 2.0]), "b": tj.tensor([3.0])}
+        out = s.keep(jax.device_put(tj.arrays(params), DEV))
+    assert all(_alive(v) for v in out.values())
+    np.testing.assert_array_equal(np.asarray(out["w"]), [1.0, 2.0])
+    # The buffers are tidyjax's (the scope made them), counted once each, never twice.
+    assert tj.memory().num_bytes == 12
+    tj.dispose(out)
+    assert all(v.is_deleted() for v in out.values())
+    assert tj.memory().num_bytes == 0
+
+
+def test_raw_alias_returned_from_a_scope_survives() -> None:
+    held: list[tj.Tensor] = []
+
+    def f() -> Any:
+        t = tj.tensor(VALUES)
+        held.append(t)
+        return jax.device_put(t.array, DEV)  # a plain array over t's buffer
+
+    a = tj.tidy.run(f)
+    assert _alive(a) and held[0].is_disposed
+    np.testing.assert_array_equal(np.asarray(a), VALUES)
+    tj.dispose(a)
+    assert a.is_deleted()
+
+
+def test_an_alias_not_handed_out_goes_with_its_scope() -> None:
+    # The rule's other half: the scope frees what it made when nothing returned reaches it.
+    with tj.tidy():
+        t = tj.tensor(VALUES)
+        a = jax.device_put(t, DEV)
+    assert t.is_disposed and a.is_disposed
+    assert tj.memory().num_bytes == 0
+
+
+def test_disposing_one_alias_keeps_the_other() -> None:
+    t = tj.tensor(VALUES)
+    a = jax.device_put(t, DEV)
+    t.dispose()
+    assert _alive(a)
+    np.testing.assert_array_equal(a.numpy(), VALUES)
+    a.dispose()
+    assert tj.memory().num_bytes == 0
