@@ -54,6 +54,40 @@ class Tracker:
         # the exit's summary names untracked ones that outlive it
         self._debug_mark: ArrayMark | None = None
 
+    # The named doors other modules use to change what a scope owns (the per-op path in
+    # ``_tensor`` appends to ``_owned``/``_aliases`` inline instead: a call costs more there).
+
+    @property
+    def exited(self) -> bool:
+        """Whether this scope has exited (a `Scope` says; a bare tracker never exits)."""
+        return False
+
+    def own(self, rec: Buffer) -> None:
+        """This scope owns ``rec`` from now on and frees it at its exit unless it leaves."""
+        rec.scope = self
+        self._owned.append(rec)
+
+    def note_alias(self, t: Any) -> None:
+        """The Tensor ``t`` was made (or handed) here on a buffer this scope may not own: its
+        exit disposes the object unless it is returned or kept (TensorFlow.js)."""
+        self._aliases.append(weakref.ref(t))
+
+    def reclaim(self, rec: Buffer) -> Tracker | None:
+        """``rec`` comes back to this scope (a Variable let go of it), or to the nearest open
+        scope around it once this one has exited; returns the new owner (None: no scope)."""
+        home: Tracker | None = self
+        while home is not None and home.exited:
+            home = home.parent
+        rec.scope = home
+        if home is not None:
+            home._owned.append(rec)
+        return home
+
+    def note_peak(self, nbytes: int) -> None:
+        """A profile saw ``nbytes`` of tidyjax buffers alive while this scope was open."""
+        if nbytes > self._peak:
+            self._peak = nbytes
+
     def _compact(self) -> None:
         """Forget records whose arrays Python already collected; amortized O(1) per op."""
         owned = self._owned

@@ -523,11 +523,10 @@ def let_go(rec: Buffer) -> None:
     if n > 0 or rec.scope is not VARIABLE:
         return
     home = getattr(rec, "home", None)
-    while home is not None and home is not KEPT and getattr(home, "_state", 1) == 2:
-        home = home.parent  # that scope has exited
-    rec.scope = home
-    if home is not None and home is not KEPT:
-        home._owned.append(rec)
+    if home is None or home is KEPT:
+        rec.scope = home
+    else:
+        home.reclaim(rec)  # its scope, or the nearest open one around it (a `Tracker`)
 
 
 def same_buffer_key(arr: Any) -> Any:

@@ -35,7 +35,10 @@ from ._sites import creation_site
 from ._tensor import Tensor, _ids, dispose_many, forget_array
 from ._trees import _gather, is_container, records_in
 
-__all__ = ["Scope", "dispose", "keep", "tidy"]
+__all__ = [
+    "Scope", "close_scope", "close_through", "dispose", "keep", "open_scope", "owned_records",
+    "tidy",
+]  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
@@ -125,6 +128,11 @@ class Scope(Tracker):
 
     def _repr_html_(self) -> str:
         return _scope_html(self)
+
+    @property
+    def exited(self) -> bool:
+        """Whether the scope has exited."""
+        return self._state == _CLOSED
 
     @property
     def num_collected(self) -> int:
@@ -492,6 +500,34 @@ class Scope(Tracker):
         if self._state != _NEW:
             raise ScopeError(f"scope {self.path!r} is already in use; decorate with tidy(name).")
         return _decorate(fn, self.name)
+
+
+# -- scopes opened and closed by code rather than a with-block (the notebook extension, the
+# pytest plugin): the named doors, so that nothing outside this module calls a scope's steps.
+
+
+def open_scope(name: str | None = None) -> Scope:
+    """A new scope, entered now: the innermost scope of the running context until closed."""
+    return Scope(name)._open()
+
+
+def close_scope(scope: Scope, result: Any = None) -> None:
+    """Exit ``scope`` as a with-block would, handing out what ``result`` reaches."""
+    scope._close(result)
+
+
+def close_through(scope: Scope) -> None:
+    """Exit every scope of the running context down to ``scope`` (included), innermost first,
+    without raising for the order: a caller cleaning up after code that left scopes open."""
+    while isinstance(s := CURRENT.get(), Scope):
+        s._close(None)
+        if s is scope:
+            return
+
+
+def owned_records(scope: Scope) -> list[_registry.Buffer]:
+    """The live records ``scope`` owns now (made in it, or handed to it)."""
+    return [r for r in scope._owned if r.scope is scope and r.dead is None]
 
 
 def _variables_on(rec: _registry.Buffer) -> int:

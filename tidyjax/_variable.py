@@ -174,7 +174,7 @@ def _hold(arr: Any, value: Any, tensor: int) -> _registry.Buffer:
         rec.home = owner  # the buffer is its again once no Variable holds it
     rec.nvars = getattr(rec, "nvars", 0) + 1
     if isinstance(owner, Tracker) and isinstance(value, Tensor) and not isinstance(value, Variable):
-        owner._aliases.append(weakref.ref(value))
+        owner.note_alias(value)
     rec.scope = _registry.VARIABLE
     return rec
 

@@ -42,7 +42,7 @@ from ._format import fmt_bytes as _fmt_bytes
 from ._history import Decision, Seen, delete_unshared, freed_reason
 from ._memory import memory
 from ._records import holders
-from ._scope import Scope
+from ._scope import Scope, close_scope, close_through, open_scope, owned_records
 from ._snapshot import snapshot
 from ._tensor import Tensor, dispose_tensor
 
@@ -75,8 +75,7 @@ class _CellScope:
         self.managed = managed if managed is not None else {}
         self.seen = Seen(shell)  # before the scope: what the history showed already
         self.number = _running_number(shell)  # the cell's In[n], when it is known already
-        self.scope = Scope(name or "cell")
-        self.scope._open()
+        self.scope = open_scope(name or "cell")
         self.old_freed = 0  # buffers of earlier Tensors freed at the end (the scope counts its own)
         self.old_bytes_freed = 0
         self.arrays_freed = 0
@@ -122,7 +121,7 @@ class _CellScope:
         mine_freed = {id(t._rec): (t._rec, labels.get(k)) for k, t in created.items() if k in free}
         del created
         try:
-            scope._close(None)
+            close_scope(scope)
         finally:
             exited = scope_exited(scope.path)
             for rec, label in mine_freed.values():
@@ -174,8 +173,7 @@ def _running_number(shell: Any) -> int | None:
 
 def _created_in(scope: Scope) -> list[Tensor]:
     """The live Tensors on buffers ``scope`` owns."""
-    recs = [r for r in scope._owned if r.scope is scope and r.dead is None]
-    return [t for _, ts in holders(recs) for t in ts]
+    return [t for _, ts in holders(owned_records(scope)) for t in ts]
 
 
 class _Hooks:
@@ -281,16 +279,7 @@ def _close_cell(cell: _CellScope, results: list[Any]) -> None:
     try:
         cell.close(results)
     except Exception:  # the cell left a scope open: free in order, never crash IPython
-        _close_all(cell.scope)
-
-
-def _close_all(scope: Scope) -> None:
-    from ._context import CURRENT
-
-    while isinstance(current := CURRENT.get(), Scope):
-        current._close(None)
-        if current is scope:
-            return
+        close_through(cell.scope)
 
 
 # -- the magics --------------------------------------------------------------------------------

@@ -157,11 +157,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 @pytest.fixture
 def tidy_scope() -> Generator[Any, None, None]:
     """The test runs inside a fresh ``tidy("test")`` scope; its Tensors are freed at teardown."""
-    from ._scope import tidy
+    from ._scope import close_scope, open_scope
 
-    scope = tidy("test")
-    scope._open()  # a scope around the test body, though entered in this generator
+    scope = open_scope("test")  # around the test body, though entered in this generator
     try:
         yield scope
     finally:
-        scope._close(None)
+        close_scope(scope)
