@@ -352,7 +352,8 @@ class Scope(Tracker):
         """The Tensor objects of an exiting scope whose buffers live on."""
         # Tensor objects made here on buffers that live on: disposed (TensorFlow.js), nothing
         # deleted, unless returned or kept; those returned become the parent's.
-        held = [t._rec for t in handed_tensors.values()]  # None: disposed meanwhile
+        # Returned or kept holders (None: disposed meanwhile); a Variable is counted in nvars.
+        held = [t._rec for t in handed_tensors.values() if getattr(t, "_var", None) is None]
         if parent is not None:
             first = self._first_id
             parent._aliases.extend(

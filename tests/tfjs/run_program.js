@@ -6,10 +6,15 @@
 // Input (stdin, or the file named by the first argument): a JSON list of programs; a program is
 // a list of statements, each an object with an "op" field (see `step` below). Output (stdout):
 // {"version": "4.22.0", "results": [...]}, with for each program {"trace": [[numTensors,
-// numDataBuffers, liveNames], ...], "error": null | {"index": i, "message": "..."}}. The counts are relative to the program's start;
-// liveNames are the sorted names of the program's tensors TF.js still considers alive (not
-// disposed; for a variable, also still registered: tf.disposeVariables() unregisters a variable
-// without marking the object disposed).
+// numDataBuffers, liveNames, rejected], ...], "error": null | {"index": i, "message": "..."}}.
+// The counts are relative to the program's start; liveNames are the sorted names of the
+// program's tensors TF.js still considers alive (not disposed; for a variable, also still
+// registered: tf.disposeVariables() unregisters a variable without marking the object disposed);
+// rejected is true for a "try_clone" that TF.js refused ("Tensor is disposed"), false otherwise.
+// Any other error stops the program.
+//
+// A scope's result ("exit") and the argument of "dispose_tree" (tf.dispose) are a name, or
+// nested arrays and objects of names, built into the same arrays and objects of tensors.
 //
 //   node tests/tfjs/run_program.js programs.json
 //   echo '[[{"op": "create", "out": "t0", "values": [1, 2]}]]' | node tests/tfjs/run_program.js
@@ -60,12 +65,23 @@ function define(env, name, value) {
   env.set(name, value);
 }
 
-function result(env, names) {
-  if (names === null || names === undefined) return undefined;
-  if (typeof names === "string") return get(env, names);
-  return names.map((n) => get(env, n));
+// The tensor of a name, alive or not: tf.keep, tf.dispose and a scope's result take any tensor.
+function defined(env, name) {
+  if (!env.has(name)) throw new Error(`name ${name} is not defined`);
+  return env.get(name);
 }
 
+// A tree of names: the same arrays and objects, of tensors.
+function tree(env, names) {
+  if (names === null || names === undefined) return undefined;
+  if (typeof names === "string") return defined(env, names);
+  if (Array.isArray(names)) return names.map((n) => tree(env, n));
+  const out = {};
+  for (const [k, n] of Object.entries(names)) out[k] = tree(env, n);
+  return out;
+}
+
+// Runs one statement; true if TF.js rejected it (only "try_clone" may be).
 function step(env, engine, st) {
   switch (st.op) {
     case "create":
@@ -80,13 +96,29 @@ function step(env, engine, st) {
     case "clone":
       define(env, st.out, get(env, st.x).clone());
       break;
+    case "try_clone": {
+      // Tensor.clone() of a disposed tensor throws (throwIfDisposed) before touching anything.
+      const x = defined(env, st.x);
+      let y;
+      try {
+        y = x.clone();
+      } catch (e) {
+        if (x.isDisposed && String(e && e.message) === "Tensor is disposed.") return true;
+        throw e;
+      }
+      define(env, st.out, y);
+      break;
+    }
     case "dispose":
       // Disposing twice is allowed (a no-op), so a disposed name may be disposed again.
-      if (!env.has(st.x)) throw new Error(`name ${st.x} is not defined`);
-      env.get(st.x).dispose();
+      defined(env, st.x).dispose();
+      break;
+    case "dispose_tree":
+      tf.dispose(tree(env, st.xs));
       break;
     case "keep":
-      tf.keep(get(env, st.x));
+      // Engine.keep sets the flag whatever the tensor's state: a disposed one may be kept.
+      tf.keep(defined(env, st.x));
       break;
     case "enter":
       // What tf.tidy(name, fn) does before fn runs (engine.js: tidy -> scopedRun -> startScope).
@@ -95,7 +127,7 @@ function step(env, engine, st) {
     case "exit":
       // ... and after: endScope(result) disposes what the scope tracked, except the result and
       // kept tensors, and hands the result to the enclosing scope.
-      engine.endScope(result(env, st.result));
+      engine.endScope(tree(env, st.result));
       break;
     case "variable":
       define(env, st.out, tf.variable(get(env, st.x)));
@@ -109,6 +141,7 @@ function step(env, engine, st) {
     default:
       throw new Error(`unknown statement ${JSON.stringify(st)}`);
   }
+  return false;
 }
 
 function run(program) {
@@ -119,15 +152,16 @@ function run(program) {
   const trace = [];
   let error = null;
   for (let i = 0; i < program.length; i++) {
+    let rejected;
     try {
-      step(env, engine, program[i]);
+      rejected = step(env, engine, program[i]);
     } catch (e) {
       error = { index: i, message: String(e && e.message ? e.message : e) };
       break;
     }
     const [t, b] = counts();
     const live = [...env.keys()].filter((n) => isAlive(env, n)).sort();
-    trace.push([t - t0, b - b0, live]);
+    trace.push([t - t0, b - b0, live, rejected]);
   }
   // Reset: close what the program left open, then free everything it made.
   while (engine.state.scopeStack.length > depth) engine.endScope();
