@@ -269,46 +269,16 @@ class Scope(Tracker):
         return frame is not None and frame.f_back is None and self._state == _OPEN
 
     def _free(self, result: Any) -> None:
-        try:
-            recs, tensors = records_in(result, self._owned) if result is not None else ((), ())
-        except BaseException as e:
-            self._hand_everything_out()
-            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they are
-                raise
-            raise TidyjaxTypeError(
-                f"scope {self.path!r} could not walk the {type(result).__name__} it returns to "
-                f"find its Tensors ({type(e).__name__}: {e}). Nothing was freed: what it made "
-                "belongs to the enclosing scope now. Return Tensors in lists, tuples, dicts, "
-                "other mappings and sequences, or registered pytrees."
-            ) from e
+        """The exit's books: what ``result`` and ``keep`` reach moves to the parent, the rest
+        of what this scope owns is deleted, and its Tensor objects are settled."""
+        recs, tensors = self._walk_result(result)
         handed_tensors = self._handed_tensors
         for t in tensors:
             handed_tensors[id(t)] = t
         escaping = self._handed | {id(r) for r in recs} if recs else self._handed
         parent = _effective(self.parent)
-        doomed: list[_registry.Buffer] = []
-        survivors: list[_registry.Buffer] = []  # made or handed here, and outliving the exit
-        handed = 0
         owned, self._owned = self._owned, []
-        for rec in owned:
-            if rec.dead is not None:
-                continue
-            if rec.scope is not self:
-                if rec.scope is KEPT or rec.scope is VARIABLE:
-                    survivors.append(rec)  # its Tensor objects made here may still go
-                continue  # handed on, or another scope's
-            if id(rec) in escaping:
-                rec.scope = parent
-                if parent is not None:
-                    parent._owned.append(rec)
-                    if isinstance(parent, Scope):
-                        parent._moved_in += 1
-                handed += 1
-                survivors.append(rec)
-            elif rec() is not None or rec.more:
-                doomed.append(rec)
-            else:  # Python collected it, and JAX freed it
-                self._collected += 1
+        doomed, survivors, handed = self._sort_owned(owned, escaping, parent)
         settle = handed_tensors or self._aliases or survivors
         why: Any = scope_exited(self.path) if doomed or settle else None
         self._freed = _registry.delete_many(doomed, why) if doomed else []
@@ -328,6 +298,53 @@ class Scope(Tracker):
                 _untracked_note(self._debug_mark),
             )  # fmt: skip
         self._debug_mark = None
+
+    def _walk_result(self, result: Any) -> tuple[Any, Any]:
+        """The records and Tensors ``result`` reaches; a walk that raises frees nothing."""
+        if result is None:
+            return (), ()
+        try:
+            return records_in(result, self._owned)
+        except BaseException as e:
+            self._hand_everything_out()
+            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                raise
+            raise TidyjaxTypeError(
+                f"scope {self.path!r} could not walk the {type(result).__name__} it returns to "
+                f"find its Tensors ({type(e).__name__}: {e}). Nothing was freed: what it made "
+                "belongs to the enclosing scope now. Return Tensors in lists, tuples, dicts, "
+                "other mappings and sequences, or registered pytrees."
+            ) from e
+
+    def _sort_owned(
+        self, owned: list[Any], escaping: set[int], parent: Any
+    ) -> tuple[list[Any], list[Any], int]:
+        """Sort the records this scope owned: the doomed ones (to delete), the survivors made or
+        handed here (moved to ``parent``, or kept or a Variable's), and how many were handed
+        out. Records Python already collected are counted in ``num_collected``."""
+        doomed: list[_registry.Buffer] = []
+        survivors: list[_registry.Buffer] = []  # made or handed here, and outliving the exit
+        handed = 0
+        for rec in owned:
+            if rec.dead is not None:
+                continue
+            if rec.scope is not self:
+                if rec.scope is KEPT or rec.scope is VARIABLE:
+                    survivors.append(rec)  # its Tensor objects made here may still go
+                continue  # handed on, or another scope's
+            if id(rec) in escaping:
+                rec.scope = parent
+                if parent is not None:
+                    parent._owned.append(rec)
+                    if isinstance(parent, Scope):
+                        parent._moved_in += 1
+                handed += 1
+                survivors.append(rec)
+            elif rec() is not None or rec.more:
+                doomed.append(rec)
+            else:  # Python collected it, and JAX freed it
+                self._collected += 1
+        return doomed, survivors, handed
 
     def _hand_everything_out(self) -> None:
         """Give every buffer this scope owns, and its Tensor objects, to the enclosing scope
@@ -349,29 +366,40 @@ class Scope(Tracker):
     def _settle_objects(
         self, handed_tensors: dict[int, Any], survivors: list[Any], parent: Any, why: Any
     ) -> None:
-        """The Tensor objects of an exiting scope whose buffers live on."""
-        # Tensor objects made here on buffers that live on: disposed (TensorFlow.js), nothing
-        # deleted, unless returned or kept; those returned become the parent's.
+        """The Tensor objects of an exiting scope whose buffers live on (TensorFlow.js's rule):
+        those made or handed here are disposed (objects only, nothing deleted) unless returned
+        or kept; those returned become the parent's."""
         # Returned or kept holders (None: disposed meanwhile); a Variable is counted in nvars.
         held = [t._rec for t in handed_tensors.values() if getattr(t, "_var", None) is None]
         if parent is not None:
-            first = self._first_id
-            parent._aliases.extend(
-                weakref.ref(t)  # the parent's objects now
-                for t in handed_tensors.values()
-                if t._id >= first
-                and t._rec is not None
-                and not getattr(t, "_kept", False)
-                and getattr(t, "_var", None) is None
-            )
+            self._hand_objects_to(parent, handed_tensors)
+        held += self._dispose_aliases(handed_tensors, why)
+        strays = _strays(survivors, held)
+        if strays:
+            self._dispose_strays(strays, handed_tensors, why)
+
+    def _hand_objects_to(self, parent: Any, handed_tensors: dict[int, Any]) -> None:
+        """The returned Tensor objects made here are the parent's objects now."""
+        first = self._first_id
+        parent._aliases.extend(
+            weakref.ref(t)
+            for t in handed_tensors.values()
+            if t._id >= first
+            and t._rec is not None
+            and not getattr(t, "_kept", False)
+            and getattr(t, "_var", None) is None
+        )
+
+    def _dispose_aliases(self, handed_tensors: dict[int, Any], why: Any) -> list[Any]:
+        """Dispose the listed Tensor objects (made on buffers others own, or handed in) that
+        are neither returned nor kept; returns the records of the kept ones (holders)."""
+        held = []
         counted: set[int] = set()  # kept Tensors (and Variables) on the list, seen once
         for ref in self._aliases:
-            alias = ref()
-            if alias is None or alias._rec is None:
+            t = ref()
+            if t is None or t._rec is None or id(t) in handed_tensors or id(t) in counted:
                 continue
-            if id(alias) in handed_tensors or id(alias) in counted:
-                continue
-            t, rec = alias, alias._rec
+            rec = t._rec
             if getattr(t, "_kept", False) or getattr(t, "_var", None) is not None:
                 counted.add(id(t))
                 if getattr(t, "_var", None) is None:  # a Variable is counted in nvars
@@ -382,19 +410,7 @@ class Scope(Tracker):
             if rec.dead is None:
                 _registry.unhold(rec)
                 forget_array(t)
-        # A surviving buffer with more live holders than those accounted for (returned, kept,
-        # Variables) has Tensors made here that nothing returned. The usual case, one holder
-        # that is returned, is settled by a set lookup.
-        accounted = {id(r) for r in held if r is not None}
-        strays = [r for r in survivors if r.dead is None and (r.n > 1 or id(r) not in accounted)]
-        if strays:
-            known: dict[int, int] = {}  # id(record) -> its live holders accounted for
-            for r in held:
-                if r is not None:
-                    known[id(r)] = known.get(id(r), 0) + 1
-            strays = [r for r in strays if r.n > known.get(id(r), 0) + _variables_on(r)]
-        if strays:
-            self._dispose_strays(list({id(r): r for r in strays}.values()), handed_tensors, why)
+        return held
 
     def _dispose_strays(self, strays: list[Any], handed: dict[int, Any], why: Any) -> None:
         """Dispose (object only) the Tensors made here that hold a buffer which outlives the
@@ -529,6 +545,22 @@ def close_through(scope: Scope) -> None:
 def owned_records(scope: Scope) -> list[_registry.Buffer]:
     """The live records ``scope`` owns now (made in it, or handed to it)."""
     return [r for r in scope._owned if r.scope is scope and r.dead is None]
+
+
+def _strays(survivors: list[Any], held: list[Any]) -> list[Any]:
+    """The surviving records with more live holders than those accounted for (returned, kept,
+    Variables): Tensors made in the scope that nothing returned still hold them. The usual
+    case, one holder that is returned, is settled by a set lookup."""
+    accounted = {id(r) for r in held if r is not None}
+    strays = [r for r in survivors if r.dead is None and (r.n > 1 or id(r) not in accounted)]
+    if not strays:
+        return []
+    known: dict[int, int] = {}  # id(record) -> its live holders accounted for
+    for r in held:
+        if r is not None:
+            known[id(r)] = known.get(id(r), 0) + 1
+    strays = [r for r in strays if r.n > known.get(id(r), 0) + _variables_on(r)]
+    return list({id(r): r for r in strays}.values())
 
 
 def _variables_on(rec: _registry.Buffer) -> int:

@@ -247,7 +247,8 @@ def _gather(
     x: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int] | None = None
 ) -> None:
     """Append the Tensors in ``x`` to ``tensors`` and, with ``raws``, its raw jax.Arrays.
-    Objects that are not pytrees are searched through their attributes."""
+    Containers JAX does not flatten are walked, other objects searched through their
+    attributes (`_gather_leaves`)."""
     tx = type(x)
     if tx in TENSOR_TYPES:
         tensors.append(x)
@@ -256,8 +257,7 @@ def _gather(
             raws.append(x)
     elif tx in PLAIN:
         if tx is np.ndarray and x.dtype == object:  # a NumPy array of Python objects
-            for v in x.flat:
-                _gather(v, tensors, raws, seen)
+            _gather_items(x, x.flat, tensors, raws, seen)
     elif tx is dict or tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
         for v in x.values() if tx is dict else x:
             tv = type(v)
@@ -270,25 +270,43 @@ def _gather(
     elif isinstance(x, Tensor):
         tensors.append(x)
     else:
-        for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor):
-            if isinstance(v, Tensor):
-                tensors.append(v)
-            elif type(v) in CONCRETE:
-                if raws is not None:
-                    raws.append(v)
-            elif v is None:
-                continue
-            else:
-                if seen is None:
-                    seen = set()
-                items = _items(v)
-                if items is not None:
-                    if id(v) not in seen and len(seen) <= _MAX_OBJECTS:
-                        seen.add(id(v))
-                        for item in items:
-                            _gather(item, tensors, raws, seen)
-                elif not isinstance(v, _OPAQUE):
-                    _gather_attributes(v, tensors, raws, seen)
+        _gather_leaves(x, tensors, raws, seen)
+
+
+def _gather_leaves(
+    x: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int] | None
+) -> None:
+    """`_gather` for a registered pytree node or an unknown object: JAX's leaves, each walked
+    as a container (`_items`) or searched through its attributes."""
+    for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor):
+        if isinstance(v, Tensor):
+            tensors.append(v)
+        elif type(v) in CONCRETE:
+            if raws is not None:
+                raws.append(v)
+        elif v is not None:
+            if seen is None:
+                seen = set()
+            items = _items(v)
+            if items is not None:
+                _gather_items(v, items, tensors, raws, seen)
+            elif not isinstance(v, _OPAQUE):
+                _gather_attributes(v, tensors, raws, seen)
+
+
+def _gather_items(
+    container: Any, items: Any, tensors: list[Tensor], raws: list[Any] | None,
+    seen: set[int] | None,
+) -> None:  # fmt: skip
+    """`_gather` each item of ``container`` once (a container reached twice, or cyclic, is
+    walked once; at most ``_MAX_OBJECTS`` containers and objects per walk)."""
+    if seen is None:
+        seen = set()
+    if id(container) in seen or len(seen) > _MAX_OBJECTS:
+        return
+    seen.add(id(container))
+    for item in items:
+        _gather(item, tensors, raws, seen)
 
 
 def _items(v: Any) -> Any:
