@@ -98,19 +98,12 @@ class _CellScope:
         close the scope. ``results``: the cells' ExecutionResults, which are history too."""
         results = list(results)
         scope = self.scope
-        shell = self.shell
         who = self.who(results)
-        own_ids, own_keys = self.seen.own(shell)
-        out = shell.user_ns.get("Out")
-        out = out if isinstance(out, dict) else {}
-        part = None
-        if self.mode == "tidy":
-            mine = {n for n, i in self.managed.items() if n in out and id(out[n]) == i}
-            part = (own_ids, own_keys | mine)
-        del own_ids, out
+        own_ids, own_keys = self.seen.own(self.shell)
         # The cell's Tensors are held only by ``created`` while the decision counts references.
         created: dict[int, Tensor] = {id(t): t for t in _created_in(scope)}
-        decision = Decision(shell, created, results, self.inert, part)
+        decision = Decision(self.shell, created, results, self.inert, self._part(own_ids, own_keys))
+        del own_ids
         free = decision.free
         labels = decision.labels(free)
         scope.keep(*[t for k, t in created.items() if k not in free])
@@ -123,27 +116,50 @@ class _CellScope:
         try:
             close_scope(scope)
         finally:
-            exited = scope_exited(scope.path)
-            for rec, label in mine_freed.values():
-                if rec is not None and rec.dead == exited:
-                    rec.dead = freed_reason(who, label)
-            for t in old:  # disposing the last holder of a buffer frees it
-                rec = t._rec
-                if rec is not None and rec.dead is None:
-                    size = rec.size()
-                    dispose_tensor(t, freed_reason(who, labels.get(id(t))))
-                    if rec.dead is not None:
-                        self.old_freed += 1
-                        self.old_bytes_freed += size
+            self._name_why(mine_freed.values(), scope, who)
+            self._free_old(old, labels, who)
             deleted, nbytes = delete_unshared(arrays)
             self.arrays_freed, self.array_bytes_freed = len(deleted), nbytes
             decision.drop_history_of(deleted, who)
-            out = shell.user_ns.get("Out")
-            if isinstance(out, dict):  # what this cell showed: %%tidy's to free from now on
-                self.managed.update((n, id(out[n])) for n in own_keys if n in out)
-                for n in [n for n in self.managed if n not in out]:
-                    del self.managed[n]
+            self._remember_shown(own_keys)
         return scope
+
+    def _part(self, own_ids: Any, own_keys: set[Any]) -> Any:
+        """``%%tidy``'s part of the history: what this cell showed, and what earlier
+        ``%%tidy`` cells showed that ``Out`` still holds; None in auto mode (all of it)."""
+        if self.mode != "tidy":
+            return None
+        out = self.shell.user_ns.get("Out")
+        out = out if isinstance(out, dict) else {}
+        mine = {n for n, i in self.managed.items() if n in out and id(out[n]) == i}
+        return (own_ids, own_keys | mine)
+
+    @staticmethod
+    def _name_why(freed: Iterable[tuple[Any, Any]], scope: Scope, who: str) -> None:
+        """The cell's Tensors its scope freed say so when used: by whom, held where."""
+        exited = scope_exited(scope.path)
+        for rec, label in freed:
+            if rec is not None and rec.dead == exited:
+                rec.dead = freed_reason(who, label)
+
+    def _free_old(self, old: list[Tensor], labels: dict[int, Any], who: str) -> None:
+        """Dispose the earlier Tensors only the history holds (the last holder frees)."""
+        for t in old:
+            rec = t._rec
+            if rec is not None and rec.dead is None:
+                size = rec.size()
+                dispose_tensor(t, freed_reason(who, labels.get(id(t))))
+                if rec.dead is not None:
+                    self.old_freed += 1
+                    self.old_bytes_freed += size
+
+    def _remember_shown(self, own_keys: set[Any]) -> None:
+        """What this cell showed is %%tidy's to free from now on; forget what Out dropped."""
+        out = self.shell.user_ns.get("Out")
+        if isinstance(out, dict):
+            self.managed.update((n, id(out[n])) for n in own_keys if n in out)
+            for n in [n for n in self.managed if n not in out]:
+                del self.managed[n]
 
     def summary(self) -> str:
         scope = self.scope
