@@ -61,7 +61,7 @@ from .ipython import load_ipython_extension as load_ipython_extension
 from .ipython import unload_ipython_extension as unload_ipython_extension
 
 _install_tensor_methods()
-_oom.install(Tensor)  # out-of-memory reports: the core's error hook, the waiting methods
+_oom.install()  # out-of-memory reports: the core's error hook
 _interop.install()
 
 from . import lax as lax  # noqa: E402 - the lifted namespaces need the Tensor methods above

@@ -121,17 +121,21 @@ TRACING: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
 
 # -- JAX's runtime errors ----------------------------------------------------------------------
 
-JaxErrorHook = Callable[[BaseException, str, tuple[Any, ...]], None]
+JaxErrorHook = Callable[..., None]  # (err, what, operands, method=False) -> None
 
 
-def _pass_through(err: BaseException, what: str, operands: tuple[Any, ...]) -> None:
+def _pass_through(
+    err: BaseException, what: str, operands: tuple[Any, ...], method: bool = False
+) -> None:
     """No handler installed: every error passes through untouched."""
 
 
 _jax_error_hook: JaxErrorHook = _pass_through
 
 
-def on_jax_error(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
+def on_jax_error(
+    err: BaseException, what: str, operands: tuple[Any, ...] = (), method: bool = False
+) -> None:
     """Raise tidyjax's error for JAX's runtime error ``err``, raised by ``what`` (an op, a lifted
     function, ``tensor()``) on ``operands``; return for any other, and the caller re-raises it
     untouched:
@@ -144,10 +148,12 @@ def on_jax_error(err: BaseException, what: str, operands: tuple[Any, ...] = ()) 
         raise
     ```
 
-    The handler is installed at package import (``_oom.install``: out of memory, a buffer
-    deleted behind tidyjax's back); only the error path pays.
+    ``method``: ``what`` is the name of a Tensor method that waits for (or moves) the buffer of
+    ``operands[0]``, the Tensor (``numpy``, ``item``, ``to``...). The handler is installed at
+    package import (``_oom.install``: out of memory, a buffer deleted behind tidyjax's back);
+    only the error path pays.
     """
-    _jax_error_hook(err, what, operands)
+    _jax_error_hook(err, what, operands, method)
 
 
 def set_jax_error_hook(hook: JaxErrorHook) -> None:

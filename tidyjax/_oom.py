@@ -21,7 +21,6 @@ import collections
 import contextvars
 import dataclasses
 import datetime
-import functools
 import gc
 import inspect
 import os
@@ -45,7 +44,7 @@ from ._tensor import disposed_error
 from ._trees import tensors_in
 
 __all__ = [
-    "OOMHolder", "OOMReport", "OOMWatched", "failed", "guard_waits", "install", "oom_report",
+    "OOMHolder", "OOMReport", "OOMWatched", "failed", "install", "oom_report",
     "raise_for", "raise_if_oom",
 ]  # fmt: skip
 
@@ -88,21 +87,24 @@ def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) 
         _raise(err, what, operands)
 
 
-def install(tensor_class: type) -> None:
-    """Make `raise_for` the core's handler of JAX's runtime errors
-    (``_context.on_jax_error``) and guard ``tensor_class``'s waiting methods (`guard_waits`).
-    Called once, at package import, after the Tensor methods are installed."""
+def install() -> None:
+    """Make `raise_for` the core's handler of JAX's runtime errors (``_context.on_jax_error``).
+    Called once, at package import."""
     set_jax_error_hook(raise_for)
-    guard_waits(tensor_class)
 
 
-def raise_for(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
+def raise_for(
+    err: BaseException, what: str, operands: tuple[Any, ...] = (), method: bool = False
+) -> None:
     """Raise tidyjax's error for JAX's runtime error ``err`` in an op; return for any other
     (the caller re-raises it untouched).
 
-    Out of memory: `OutOfMemoryError`. An operand Tensor whose buffer was deleted
-    behind tidyjax's back (``t.array.delete()``): `DisposedError` saying so.
+    Out of memory: `OutOfMemoryError` (for a Tensor method that waited, ``method``, the report
+    names the method, the Tensor and where it was computed). An operand Tensor whose buffer
+    was deleted behind tidyjax's back (``t.array.delete()``): `DisposedError` saying so.
     """
+    if method and is_oom(err):
+        _raise(err, _waited_text(operands[0], what), ())
     raise_if_oom(err, what, operands)
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
@@ -779,42 +781,10 @@ def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
 
 # -- waiting for a value -----------------------------------------------------------------------
 
+
 #: Tensor methods that wait for the value: where an allocation that failed asynchronously (as
 #: it can on a GPU, or in a large CPU computation) surfaces. Each first waits on the buffer:
 #: JAX raises for a failed buffer there, where reading its values would abort the process.
-WAITS = (
-    "block_until_ready", "numpy", "item", "tolist", "__array__", "__bool__", "__float__",
-    "__int__", "__index__", "__complex__", "__format__",
-)  # fmt: skip
-
-
-def guard_waits(cls: type) -> None:
-    """Make ``cls``'s waiting methods (and ``to``) raise `OutOfMemoryError` for JAX's
-    out-of-memory error. Off the per-op path: each of them waits for, or moves, a buffer."""
-    for name in (*WAITS, "to"):
-        method = cls.__dict__.get(name)
-        if method is not None and not hasattr(method, "_oom_guarded"):
-            setattr(cls, name, _guarded(method, name, wait=name in WAITS))
-
-
-def _guarded(method: Callable[..., Any], name: str, wait: bool) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            rec = self._rec
-            if wait and rec is not None and rec.dead is None and type(self._array) in CONCRETE:
-                self._array.block_until_ready()
-            return method(self, *args, **kwargs)
-        except RuntimeError as e:
-            if is_oom(e):
-                _raise(e, _waited_text(self, name), ())
-            raise_for(e, name, (self,))
-            raise
-
-    guarded._oom_guarded = True  # type: ignore[attr-defined]
-    return guarded
-
-
 def _waited_text(t: Any, name: str) -> str:
     from ._records import creation_site
 

@@ -7,6 +7,7 @@ class by ``_ops.install_tensor_methods()``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -650,6 +651,37 @@ class Tensor:
 
 
 Tensor.__module__ = "tidyjax"
+
+
+def _waiting(method: Any, wait: bool) -> Any:
+    """``method`` first waiting for the buffer (``wait``), with JAX's runtime errors handed to
+    ``on_jax_error`` as this method's: JAX calls a failed buffer ready, and reading its values
+    would abort the process; waiting first raises its error instead."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def waiting(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if wait:
+                rec = self._rec
+                if rec is not None and rec.dead is None and type(self._array) in CONCRETE:
+                    self._array.block_until_ready()
+            return method(self, *args, **kwargs)
+        except RuntimeError as e:
+            on_jax_error(e, name, (self,), method=True)
+            raise
+
+    return waiting
+
+
+#: Tensor's methods that wait for the buffer (they read its values), and ``to``, which moves it.
+WAITS = (
+    "block_until_ready", "numpy", "item", "tolist", "__array__", "__bool__", "__float__",
+    "__int__", "__index__", "__complex__", "__format__",
+)  # fmt: skip
+for _name in (*WAITS, "to"):
+    setattr(Tensor, _name, _waiting(Tensor.__dict__[_name], wait=_name in WAITS))
+del _name
 
 #: The Tensor type, for exact-type checks on hot paths (a Variable is a Tensor with a flag).
 TENSOR_TYPES: frozenset[type] = frozenset({Tensor})
