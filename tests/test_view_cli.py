@@ -3,10 +3,13 @@ and one-line errors with exit status 2 (in process through ``main(argv)``, and i
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
+import random
 import subprocess
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -143,3 +146,355 @@ def test_in_a_subprocess_the_url_and_the_errors(dumped, tmp_path):
         assert proc.returncode == 2
         assert "Traceback" not in proc.stderr
         assert len(proc.stderr.splitlines()) == 1 and str(bad) in proc.stderr
+
+
+# -- every bad file is one line and exit status 2 ----------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+DELETE = object()  # a mutation that removes the field
+
+
+class Each(NamedTuple):
+    """A mutation that sets every value of a column."""
+
+    value: object
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> dict[str, dict]:
+    """A valid timeline (events dropped, so base and peak events; a scope; a named Variable; a
+    mark; an out-of-memory request) and a valid snapshot, as JSON data."""
+    v = tj.Variable(np.zeros(4, np.float32), name="w")
+    kept = tj.keep(tj.tensor(np.ones(3, np.float32)))
+    with tj.timeline(max_events=6) as tl:
+        with tj.tidy("step"):
+            for i in range(4):
+                tj.tensor(np.ones(16, np.float32)) + float(i)
+        mark = tl.annotate("out of memory: add(...)", 64)
+        v.assign(v + 1.0)
+    timeline = tl.to_json()
+    timeline["oom"] = {"time": mark.time, "what": "add(...)", "requested": 64, "called_at": None}
+    snap = tj.snapshot().to_json()
+    folder = tmp_path_factory.mktemp("good")
+    for name, data in (("timeline", timeline), ("snapshot", snap)):
+        assert "format" in data  # both draw: checked in test_the_valid_files_draw
+        (folder / f"{name}.json").write_text(json.dumps(data))
+    kept.dispose()
+    v.dispose()
+    return {"timeline": timeline, "snapshot": snap}
+
+
+def _mutated(data: dict, path: tuple, value: object) -> dict:
+    out = copy.deepcopy(data)
+    parent = out
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is DELETE:
+        del parent[path[-1]]
+    elif isinstance(value, Each):
+        parent[path[-1]] = [value.value] * len(parent[path[-1]])
+    else:
+        parent[path[-1]] = value
+    return out
+
+
+def _refused(path: pathlib.Path, capsys) -> str:
+    """``view`` of ``path``: exit status 2 and one line on stderr naming the file (returned),
+    nothing written, nothing on stdout."""
+    trace = path.with_suffix(".trace.json")
+    status = cli.main(["view", str(path), "--chrome-trace", str(trace)])
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert status == 2, captured
+    assert len(err) == 1 and err[0].startswith(f"tidyjax view: {path}"), captured.err
+    assert captured.out == ""
+    assert not path.with_suffix(".html").exists() and not trace.exists()
+    return err[0]
+
+
+def test_the_valid_files_draw(good, tmp_path, capsys):
+    for name, data in good.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        assert cli.main(["view", str(path)]) == 0, capsys.readouterr().err
+        assert path.with_suffix(".html").read_text(encoding="utf-8").startswith("<!DOCTYPE")
+    assert "out of memory: add(...)" in (tmp_path / "timeline.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "not a JSON file"),
+        ("[" * 100_000, "nested too deeply"),
+        ('{"format": "tidyjax.timeline", "version": 1, "events": ' + "[" * 100_000, "nested"),
+        ("{" * 100_000, "not a JSON file"),  # no key: a syntax error before any depth
+        ('{"a":' * 100_000, "nested too deeply"),
+        (bytes(range(256)) * 8, "not a JSON file"),
+        (b"\xff\xfe{}", "not a JSON file"),
+        ("9" * 5000, "not a JSON file"),  # more digits than Python converts
+        ("1e999", "not a tidyjax timeline or snapshot"),
+        ("[]", "not a tidyjax timeline or snapshot"),
+        ("null", "not a tidyjax timeline or snapshot"),
+        ('"tidyjax.timeline"', "not a tidyjax timeline or snapshot"),
+        ("{}", "not a tidyjax timeline or snapshot"),
+        ('{"format": ["tidyjax.timeline"]}', "not a tidyjax timeline or snapshot"),
+        ('{"format": "' + "x" * 100_000 + '"}', "not a tidyjax timeline or snapshot"),
+    ],
+)
+def test_what_is_no_tidyjax_file_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "in.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    line = _refused(path, capsys)
+    assert message in line
+    assert len(line) < 400  # a long value is clipped
+
+
+@pytest.mark.parametrize("kind", ["timeline", "snapshot"])
+def test_a_file_without_a_version_is_not_told_to_upgrade(good, tmp_path, capsys, kind):
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(_mutated(good[kind], ("version",), DELETE)))
+    line = _refused(path, capsys)
+    assert 'no "version"' in line and f"not a tidyjax {kind} file" in line
+    assert "Upgrade" not in line
+    for version in ("1", 0, -1, 1.5, True, None, [1]):
+        path.write_text(json.dumps(_mutated(good[kind], ("version",), version)))
+        line = _refused(path, capsys)
+        assert "not a format version" in line and "Upgrade" not in line, line
+    path.write_text(json.dumps(_mutated(good[kind], ("version",), 2)))
+    assert "Upgrade tidyjax" in _refused(path, capsys)  # a newer tidyjax's file
+
+
+def test_a_file_cut_short_anywhere_is_one_line(good, tmp_path, capsys):
+    for kind, data in good.items():
+        text = json.dumps(data)
+        for end in (1, 10, len(text) // 3, len(text) // 2, len(text) - 1):
+            path = tmp_path / f"{kind}-{end}.json"
+            path.write_text(text[:end])
+            assert "not a JSON file" in _refused(path, capsys)
+
+
+_TIMES = ["s", None, True, [], -1, -1.0, NAN, INF, -INF, 1e300, 10**400]
+_INDEXES = ["s", None, True, [], -1, 1.5, 10**6, 10**400]
+_COUNTS = ["s", None, True, [], -1, 1.5, 2**63, 10**400]
+
+TIMELINE_MUTATIONS = [
+    *((("started_at",), v) for v in ["s", True, [], -1.0, NAN, INF, 1e300, 10**400]),
+    *((("start_time",), v) for v in ["s", True, [], -1.0, NAN, INF, 1e300]),
+    *((("stop_time",), v) for v in ["s", True, [], -1.0, NAN, -INF, 1e300]),
+    *((("peak_time",), v) for v in ["s", None, True, [], -1.0, NAN, INF]),
+    *((("max_events",), v) for v in ["s", None, True, 0, -1, 1.5, 2**70, 10**400]),
+    *((("dropped",), v) for v in _COUNTS),
+    *((("peak_bytes",), v) for v in _COUNTS),
+    *(((k,), v) for k in ("events", "base") for v in ["s", None, [], 5, {}]),
+    *((("peak_live",), v) for v in ["s", [], 5, {}]),
+    *((("strings",), v) for v in ["s", None, {}, [1], [None]]),
+    *((("sites",), v) for v in ["s", None, [5], [["f", "x", "g"]], [["f"]], [["f", -1, "g"]]]),
+    *(
+        (("metas",), v)
+        for v in [
+            "s",
+            None,
+            [[0]],
+            [[0, -2, [], 0]],
+            [[0, -1, [-1], 0]],
+            [[10**6, -1, [], 0]],
+            [[0, -1, "ab", 0]],
+            [[0, -1, [], -1]],
+            [[0, 10**6, [], 0]],
+            [[0, -1, [1.5], 0]],
+        ]
+    ),
+    *((("placements",), v) for v in ["s", None, [5], [[5]], [[[0]]], [[[0, -5]]], [[[-1, 1]]]]),
+    *((("stacks",), v) for v in ["s", 5, [5], [[10**6]], [["x"]], [[0, [["f", "x", "g"]]]]]),
+    *((("names",), v) for v in ["s", 5, [5], [[1]], [["x", "n"]], [[1, 2]], [[-1, "n"]]]),
+    *(
+        (("marks",), v)
+        for v in [
+            "s",
+            5,
+            [5],
+            [[1.0]],
+            [[NAN, "m", None]],
+            [[INF, "m", None]],
+            [[-1.0, "m", None]],
+            [["1", "m", None]],
+            [[1.0, 5, None]],
+            [[1.0, "m", -1]],
+            [[1.0, "m", "64"]],
+        ]
+    ),
+    *(
+        (("oom",), v)
+        for v in [
+            "s",
+            5,
+            [],
+            {},
+            {"time": "x"},
+            {"time": NAN},
+            {"time": -1.0},
+            {"time": 1.0, "what": 5},
+            {"time": 1.0, "requested": "5"},
+            {"time": 1.0, "requested": -1},
+            {"time": 1.0, "called_at": 5},
+        ]
+    ),
+    *((("events", "kind"), Each(v)) for v in _INDEXES),
+    *((("events", "scope"), Each(v)) for v in _INDEXES),
+    *((("events", "name"), Each(v)) for v in _INDEXES),
+    *((("events", "meta"), Each(v)) for v in _INDEXES),
+    *((("events", "placement"), Each(v)) for v in ["s", None, True, [], -2, 1.5, 10**6]),
+    *((("events", "time"), Each(v)) for v in _TIMES),
+    *((("base", "time"), Each(v)) for v in _TIMES),
+    *((("peak_live", "time"), Each(v)) for v in _TIMES),
+    *((("events", "time", 0), v) for v in (NAN, INF, -1.0)),
+    *((("events", "bytes"), Each(v)) for v in _COUNTS),
+    *((("events", "buffer"), Each(v)) for v in _COUNTS),
+    *((("events", "tensors"), Each(v)) for v in [5, None, [], "x", "-1", "1,,2", "9" * 30]),
+    *((("events", c), v) for c in ("kind", "time", "tensors") for v in ([], "s", None, DELETE)),
+    *(((k,), DELETE) for k in ("strings", "sites", "metas", "placements", "events", "base")),
+    *(((k,), DELETE) for k in ("max_events", "dropped", "peak_bytes", "peak_time")),
+]
+
+
+def _label(path: tuple, value: object) -> str:
+    shown = "DELETE" if value is DELETE else repr(value)
+    return ".".join(map(str, path)) + "=" + (shown if len(shown) < 30 else shown[:27] + "...")
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), TIMELINE_MUTATIONS, ids=[_label(*m) for m in TIMELINE_MUTATIONS]
+)
+def test_a_malformed_timeline_is_one_line(good, tmp_path, capsys, path, value):
+    bad = _mutated(good["timeline"], path, value)
+    file = tmp_path / "in.json"
+    file.write_text(json.dumps(bad))  # NaN and Infinity as Python writes them
+    line = _refused(file, capsys)
+    assert "malformed" in line or "a tidyjax timeline without" in line
+    if path[0] == "oom":  # only `view` reads it: Timeline.load ignores it
+        tj.Timeline.load(file)
+    else:
+        with pytest.raises(tj.TidyjaxValueError) as err:
+            tj.Timeline.load(file)
+        assert str(err.value) == line.removeprefix("tidyjax view: ")
+
+
+def test_event_times_that_go_back_are_refused(good, tmp_path, capsys):
+    bad = copy.deepcopy(good["timeline"])
+    bad["events"]["time"].reverse()
+    assert bad["events"]["time"] != good["timeline"]["events"]["time"]
+    file = tmp_path / "in.json"
+    file.write_text(json.dumps(bad))
+    assert "before the event before it" in _refused(file, capsys)
+
+
+@pytest.mark.parametrize("time", ["NaN", "Infinity", "-Infinity", "-1.5"])
+def test_nan_infinite_or_negative_times_name_the_event(good, tmp_path, capsys, time):
+    text = json.dumps(good["timeline"])
+    first = repr(good["timeline"]["events"]["time"][0])
+    assert text.count(first) >= 1
+    file = tmp_path / "in.json"
+    file.write_text(text.replace(first, time, 1))
+    line = _refused(file, capsys)
+    assert "event 0" in line and "time" in line
+
+
+_TENSOR_FIELDS = {
+    "id": ["s", -1, 1.5, True, None, 10**400, DELETE],
+    "shape": ["s", None, [-1], [1.5], [True], ["1"], DELETE],
+    "dtype": [1, None, [], {}, DELETE],
+    "bytes": ["s", -1, 1.5, True, None, 2**63, DELETE],
+    "devices": ["cpu", None, [1], [None], DELETE],
+    "scope": [1, None, [], {}, DELETE],
+    "site": [
+        "s",
+        5,
+        [],
+        {},
+        {"file": "f"},
+        {"file": 1, "line": 1, "function": "g"},
+        {"file": "f", "line": "1", "function": "g"},
+        {"file": "f", "line": -1, "function": "g"},
+    ],
+    "kept": ["yes", 1, 0, None, DELETE],
+    "variable": ["yes", 1, 0, None, DELETE],
+    "buffer": ["s", -1, 1.5, True, None],
+    "name": [1, [], True],
+}
+SNAPSHOT_MUTATIONS = [
+    *((("taken_at",), v) for v in ["s", None, True, [], -1.0, NAN, INF, 1e300, 10**400, DELETE]),
+    *((("tensors",), v) for v in ["s", None, {}, 5, [5], ["x"], [None], DELETE]),
+    *((("tensors", 0, f), v) for f, values in _TENSOR_FIELDS.items() for v in values),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), SNAPSHOT_MUTATIONS, ids=[_label(*m) for m in SNAPSHOT_MUTATIONS]
+)
+def test_a_malformed_snapshot_is_one_line(good, tmp_path, capsys, path, value):
+    bad = _mutated(good["snapshot"], path, value)
+    file = tmp_path / "in.json"
+    file.write_text(json.dumps(bad))
+    line = _refused(file, capsys)
+    assert "malformed tidyjax snapshot" in line
+    if len(path) == 3:  # the entry named, and the field where Snapshot.load does not
+        assert "tensors[0]" in line
+
+
+@pytest.mark.parametrize("kind", ["timeline", "snapshot"])
+def test_random_damage_is_never_a_traceback(good, tmp_path, capsys, kind):
+    """Seeded random edits of a valid file: drawn, or refused in one line; never raised."""
+    text = json.dumps(good[kind])
+    rng = random.Random(kind)
+    file = tmp_path / "in.json"
+    refused = 0
+    for _ in range(150):
+        chars = list(text)
+        for _ in range(rng.randint(1, 4)):
+            chars[rng.randrange(len(chars))] = rng.choice('[]{}",:-0123456789.eEnN ')
+        file.write_text("".join(chars))
+        status = cli.main(["view", str(file), "-o", str(tmp_path / "out.html")])
+        err = capsys.readouterr().err.splitlines()
+        assert status in (0, 2)
+        if status == 2:
+            refused += 1
+            assert len(err) == 1 and err[0].startswith(f"tidyjax view: {file}"), err
+    assert refused > 50
+
+
+def test_in_a_subprocess_deep_nesting_and_nan_times_are_one_line(good, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(_mutated(good["timeline"], ("events", "time", 0), NAN)))
+    for bad in (deep, nan):
+        proc = run(str(bad))
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and str(bad) in proc.stderr
+
+
+def test_timeline_load_refuses_deep_nesting_and_names_a_missing_version(good, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(tj.TidyjaxValueError, match="nested too deeply"):
+        tj.Timeline.load(deep)
+    with pytest.raises(tj.TidyjaxValueError, match='no "version"') as err:
+        tj.Timeline.from_json(_mutated(good["timeline"], ("version",), DELETE), where="data")
+    assert "Upgrade" not in str(err.value)
+
+
+@pytest.mark.parametrize("stage", ["reading", "drawing"])
+def test_what_a_check_misses_is_still_one_line(dumped, capsys, monkeypatch, stage):
+    """Should a check let a bad value through, the error it causes is one line too."""
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(tj.Timeline, "from_json" if stage == "reading" else "to_html", fail)
+    line = _refused(dumped, capsys)
+    verb = "read" if stage == "reading" else "draw"
+    assert f"cannot {verb} it (OverflowError: int too large" in line

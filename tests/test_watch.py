@@ -44,9 +44,48 @@ def test_watch_names_the_arrays_of_any_pytree_and_counts_them_apart():
     loaded = tj.Snapshot(tj.TensorRecord.from_json(r.to_json()) for r in snap.records)
     assert [r.name for r in loaded.records] == [r.name for r in snap.records]
     with tj.check_leaks():  # watched arrays are no leaks
-        tj.watch(params, "renamed")  # the same object: renamed, held once
+        tj.unwatch("params")  # renamed: one name per object, so unwatched under the old first
+        tj.watch(params, "renamed")
     assert list(tj.memory().watched) == ["renamed"]
     tj.unwatch(params)
     tj.unwatch(params)  # idempotent
     assert tj.memory().watched == {} and tj.memory() != info
+    t.dispose()
+
+
+# -- one object, one name ----------------------------------------------------------------------
+
+
+def test_watching_a_watched_object_under_another_name_is_refused_and_names_the_fix():
+    """An object is reported under one name: a second name for it is refused, saying the name
+    it has and how to rename it, and nothing changes (the first name stays, the second name
+    keeps what it held)."""
+    params = {"w": jnp.ones(3)}
+    other = {"b": jnp.zeros(2)}
+    assert tj.watch(params, "a") is params
+    tj.watch(other, "b")
+    with pytest.raises(tj.TidyjaxValueError) as err:
+        tj.watch(params, "b")
+    message = str(err.value)
+    assert "already watched as 'a'" in message
+    assert "tidyjax.unwatch('a')" in message and "'b'" in message
+    assert isinstance(err.value, ValueError)
+    assert tj.memory().watched == {"a": 12, "b": 8}  # unchanged: "b" still the other object
+    assert tj.watch(params, "a") is params  # the same name again: nothing to say
+    assert list(tj.memory().watched) == ["a", "b"]
+    tj.unwatch("a")  # the fix the message gives: then the new name is taken
+    tj.watch(params, "c")
+    assert tj.memory().watched == {"b": 8, "c": 12}
+    assert {r.name for r in tj.live_tensors() if r.scope == "<watched>"} == {"b['b']", "c['w']"}
+
+
+def test_a_tensor_or_an_array_watched_twice_is_refused_too():
+    t = tj.tensor([1.0, 2.0])
+    raw = jnp.ones(4)
+    tj.watch(t, "t")
+    tj.watch(raw, "raw")
+    for obj, old in ((t, "t"), (raw, "raw")):
+        with pytest.raises(tj.TidyjaxValueError, match=f"already watched as '{old}'"):
+            tj.watch(obj, "again")
+    assert set(tj.memory().watched) == {"t", "raw"}
     t.dispose()

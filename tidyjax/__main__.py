@@ -6,6 +6,11 @@ default browser with ``--open`` (the standard library's ``webbrowser``). ``--chr
 also writes the timeline as Chrome trace-event JSON for Perfetto's UI. Exit status 0 when the
 page was written, 2 when the file cannot be read or a file cannot be written (one line naming
 the file and what was wrong, no traceback).
+
+Every value of the file is checked before it is drawn (`_timeline_format.check` and the decoding
+for a timeline, `_check_snapshot` for a snapshot): a file that is not JSON, nests too deeply, has
+no version, or holds a value of the wrong type, out of range, NaN or infinite, is refused in that
+one line. Should a check miss something, the error drawing it is still that one line.
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ from ._oom import oom_page
 from ._snapshot import Snapshot
 from ._timeline import Timeline
 from ._timeline_format import FORMAT as TIMELINE_FORMAT
+from ._timeline_format import check_version, is_clock, is_count, is_unix_time, short
+
+SNAPSHOT_FORMAT, SNAPSHOT_VERSION = "tidyjax.snapshot", 1
+_WRITE_SNAPSHOT = "tidyjax.snapshot().dump(path)"
+#: What a check missed and the reading or drawing raised: still a one-line error.
+_DATA_ERRORS = (ArithmeticError, AttributeError, LookupError, RecursionError, TypeError, ValueError)
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to about ``limit`` characters, for a one-line message."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,29 +78,132 @@ def _parser() -> argparse.ArgumentParser:
 
 def _read(path: str) -> tuple[Timeline, dict[str, Any] | None]:
     """The timeline in ``path`` (a snapshot becomes a timeline of one moment), and the failed
-    request it is marked with (the JSON an out-of-memory error saved), if any."""
+    request it is marked with (the JSON an out-of-memory error saved), if any.
+
+    Raises:
+        TidyjaxError: the file cannot be read, is no tidyjax timeline or snapshot, or a
+            malformed one; the message says which, in one line.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:
         raise TidyjaxError(f"{path}: cannot read it ({e.strerror or e}).") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:
+        raise TidyjaxError(
+            f"{path}: not a tidyjax timeline or snapshot: its JSON is nested too deeply to read."
+        ) from None
+    except ValueError as e:  # a JSONDecodeError, a UnicodeDecodeError, too many digits
         raise TidyjaxError(f"{path}: not a JSON file ({e}).") from e
     kind = data.get("format") if isinstance(data, dict) else None
-    if kind == "tidyjax.snapshot":
+    if kind == SNAPSHOT_FORMAT:
+        check_version(data, path, "snapshot", SNAPSHOT_VERSION, _WRITE_SNAPSHOT)
         try:
-            return Timeline.from_snapshot(Snapshot.load(path)), None
+            snap = Snapshot.load(path)
         except TidyjaxError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise TidyjaxError(f"{path}: a malformed tidyjax snapshot ({e!r}).") from e
+        except _DATA_ERRORS as e:  # what load lets escape (a number too large for a float)
+            _check_snapshot(data, path)  # names the field, if it finds it
+            raise TidyjaxError(f"{path} is a malformed tidyjax snapshot ({_clip(str(e))}).") from e
+        _check_snapshot(data, path)  # what load converts rather than checks
+        return Timeline.from_snapshot(snap), None
     if kind == TIMELINE_FORMAT:
-        oom = data.get("oom")
-        return Timeline.from_json(data, where=path), oom if isinstance(oom, dict) else None
+        tl = Timeline.from_json(data, where=path)
+        return tl, _failure(data, path)
+    if not isinstance(data, dict):
+        what = f"the file holds {short(data)}, not an object"
+    else:
+        what = f'its "format" is {short(kind)}' if "format" in data else 'it has no "format"'
     raise TidyjaxError(
-        f'{path}: not a tidyjax timeline or snapshot (its "format" is {kind!r}); write one '
-        "with Timeline.dump(path) or tidyjax.snapshot().dump(path)."
+        f"{path}: not a tidyjax timeline or snapshot ({what}); write one with "
+        f"Timeline.dump(path) or {_WRITE_SNAPSHOT}."
     )
+
+
+def _failure(data: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The failed request a timeline is marked with (``"oom"``, see ``_oom.oom_page``), checked;
+    None when there is none."""
+    oom = data.get("oom")
+    if oom is None:
+        return None
+    problem = ""
+    if type(oom) is not dict:
+        problem = f"is {short(oom)}, not an object"
+    elif not is_clock(oom.get("time")):
+        problem = f'has the "time" {short(oom.get("time"))}, not a perf_counter reading'
+    elif not (oom.get("requested") is None or is_count(oom["requested"])):
+        problem = f'has the "requested" {short(oom["requested"])}, not null or an int from 0'
+    else:
+        for key in ("what", "called_at"):
+            if not (oom.get(key) is None or type(oom[key]) is str):
+                problem = f'has the "{key}" {short(oom[key])}, not null or a str'
+    if problem:
+        raise TidyjaxError(f'{path} is a malformed tidyjax timeline: its "oom" {problem}.')
+    return oom
+
+
+def _is_site(x: Any) -> bool:
+    return (
+        type(x) is dict
+        and type(x.get("file")) is str
+        and is_count(x.get("line"))
+        and type(x.get("function")) is str
+    )
+
+
+#: A snapshot's record (``TensorRecord.to_json``): each field's check, what it must be, and
+#: whether every record has it.
+_RECORD: dict[str, tuple[Any, str, bool]] = {
+    "id": (is_count, "an int from 0", True),
+    "shape": (
+        lambda x: type(x) is list and all(is_count(n) for n in x),
+        "a list of ints from 0",
+        True,
+    ),
+    "dtype": (lambda x: type(x) is str, "a str", True),
+    "bytes": (is_count, "an int from 0", True),
+    "devices": (
+        lambda x: type(x) is list and all(type(d) is str for d in x),
+        "a list of str",
+        True,
+    ),
+    "scope": (lambda x: type(x) is str, "a str", True),
+    "site": (
+        lambda x: x is None or _is_site(x),
+        'null or {"file": str, "line": int, "function": str}',
+        False,
+    ),
+    "kept": (lambda x: type(x) is bool, "true or false", True),
+    "variable": (lambda x: type(x) is bool, "true or false", True),
+    "buffer": (is_count, "an int from 0", False),
+    "name": (lambda x: x is None or type(x) is str, "null or a str", False),
+}
+
+
+def _check_snapshot(data: dict[str, Any], path: str) -> None:
+    """Refuse a snapshot with a field missing, of the wrong type or out of range: what
+    ``Snapshot.load`` accepts because it converts values (``tuple("cpu")``, ``float(True)``)
+    rather than checking them."""
+
+    def malformed(what: str) -> TidyjaxError:
+        return TidyjaxError(f"{path} is a malformed tidyjax snapshot: {what}.")
+
+    for key in ("taken_at", "tensors"):
+        if key not in data:
+            raise malformed(f'it has no "{key}"')
+    if not is_unix_time(data["taken_at"]):
+        raise malformed(f'its "taken_at" is {short(data["taken_at"])}, not a Unix time')
+    if type(data["tensors"]) is not list:
+        raise malformed(f'its "tensors" is {short(data["tensors"])}, not a list')
+    for i, record in enumerate(data["tensors"]):
+        if type(record) is not dict:
+            raise malformed(f"tensors[{i}] is {short(record)}, not an object")
+        for key, (ok, expected, required) in _RECORD.items():
+            if key not in record:
+                if required:
+                    raise malformed(f'tensors[{i}] has no "{key}"')
+            elif not ok(record[key]):
+                raise malformed(f'tensors[{i}]\'s "{key}" is {short(record[key])}, not {expected}')
 
 
 def _output(file: str, output: str | None) -> str:
@@ -109,29 +228,42 @@ def _write(what: str, path: str, write: Callable[[str], object]) -> str | None:
     return None
 
 
+def _fail(message: str) -> int:
+    """Print ``message`` as the one line of an error; the exit status 2."""
+    print("tidyjax view: " + " ".join(message.splitlines()), file=sys.stderr)
+    return 2
+
+
 def _view(args: argparse.Namespace) -> int:
     try:
         tl, oom = _read(args.file)
     except TidyjaxError as e:
-        print(f"tidyjax view: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except _DATA_ERRORS as e:
+        return _fail(
+            f"{args.file}: cannot read it ({type(e).__name__}: {_clip(str(e))}); if tidyjax "
+            "wrote this file, please report this."
+        )
     out = _output(args.file, args.output)
 
     def save_page(path: str) -> None:
-        if oom is None:
-            tl.save_html(path)
-            return
-        with open(path, "w", encoding="utf-8") as f:  # the failed request marked
-            f.write(oom_page(tl, oom))
+        page = tl.to_html() if oom is None else oom_page(tl, oom)  # the failed request marked
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
 
-    problem = _write("page", out, save_page)
-    if problem is None and args.chrome_trace:
-        problem = _write("trace", args.chrome_trace, tl.to_chrome_trace)
-        if problem is None:
-            print(f"wrote {args.chrome_trace} (open it in https://ui.perfetto.dev)")
+    try:
+        problem = _write("page", out, save_page)
+        if problem is None and args.chrome_trace:
+            problem = _write("trace", args.chrome_trace, tl.to_chrome_trace)
+            if problem is None:
+                print(f"wrote {args.chrome_trace} (open it in https://ui.perfetto.dev)")
+    except _DATA_ERRORS as e:
+        return _fail(
+            f"{args.file}: cannot draw it ({type(e).__name__}: {_clip(str(e))}); if tidyjax "
+            "wrote this file, please report this."
+        )
     if problem is not None:
-        print(problem, file=sys.stderr)
-        return 2
+        return _fail(problem.removeprefix("tidyjax view: "))
     url = pathlib.Path(out).resolve().as_uri()
     print(f"wrote {out}")
     if args.open:

@@ -7,8 +7,10 @@ built-in, from that built-in too (a disposed Tensor is a ``RuntimeError`` like a
 
 from __future__ import annotations
 
+import reprlib
 from typing import NamedTuple
 
+import numpy as np
 from jax.errors import JaxRuntimeError
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "TidyjaxError",
     "TidyjaxTypeError",
     "TidyjaxValueError",
+    "check_flag",
 ]
 
 
@@ -42,6 +45,28 @@ class TidyjaxTypeError(TidyjaxError, TypeError):
 
 class TidyjaxValueError(TidyjaxError, ValueError):
     """An argument had the right type but a wrong value (shape, dtype, name)."""
+
+
+def check_flag(value: object, name: str, where: str) -> bool:
+    """``value``, a flag argument, as a ``bool``: ``True`` or ``False``, or a NumPy bool (what
+    comparing arrays gives). Anything else is refused rather than read as true or false by its
+    truthiness (``all_processes="no"`` would be true, ``arrays=0`` false).
+
+    Args:
+        name: the argument's name.
+        where: the function it was given to, as its errors name it (``"memory()"``).
+
+    Raises:
+        TidyjaxTypeError: naming ``where``, ``name`` and what it got (``memory()'s
+            all_processes must be True or False, got str 'yes'.``).
+    """
+    if type(value) is bool:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TidyjaxTypeError(
+        f"{where}'s {name} must be True or False, got {type(value).__name__} {reprlib.repr(value)}."
+    )
 
 
 class CollectiveError(TidyjaxError, RuntimeError):

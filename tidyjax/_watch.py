@@ -46,8 +46,14 @@ def watch(obj: T, name: str) -> T:
     state) or a Flax NNX object (``nnx.Module``, ``nnx.Optimizer``, ``nnx.MultiMetric``), read
     through ``nnx.state``. It is held weakly when it allows that (NNX objects, modules, most class
     instances), else strongly (dicts, lists, tuples) until [`unwatch`][tidyjax.unwatch]. Watching
-    again under a name in use replaces that entry (a re-run notebook cell); watching a watched
-    object under a new name renames it.
+    again under a name in use replaces that entry (a re-run notebook cell makes a new object
+    under the same name); watching an object again under its own name does nothing.
+
+    An object is reported under one name. Watching an object that is already watched under
+    another name raises rather than renaming it: two names for one object are most often two
+    variables that turned out to hold the same object (``ema = params`` where a copy was meant),
+    and moving the name silently would make the first one vanish from every report. To rename
+    it, unwatch it first: ``tidyjax.unwatch("old"); tidyjax.watch(obj, "new")``.
 
     At each report, the arrays ``obj`` holds then are counted, always as a count with its
     bytes: ``memory().watched[name]`` is their bytes and ``memory().watched_arrays[name]`` their
@@ -65,6 +71,8 @@ def watch(obj: T, name: str) -> T:
     Raises:
         TidyjaxTypeError: ``name`` is not a non-empty string, or ``obj`` cannot hold arrays
             (None, a number, a string, an object JAX sees as a single non-array leaf).
+        TidyjaxValueError: ``obj`` is already watched under another name; the message names
+            it. Nothing changes then.
 
     Example:
         ```python
@@ -95,8 +103,16 @@ def watch(obj: T, name: str) -> T:
     except TypeError:  # dicts, lists, tuples: held until unwatch()
         ref = _Strong(obj)
     with _lock:
-        for old in [n for n, r in _watched.items() if r() is obj]:
-            del _watched[old]
+        for old, r in _watched.items():
+            if r() is obj:
+                if old == name:
+                    return obj  # watched under this name already
+                raise TidyjaxValueError(
+                    f"watch() got an object already watched as {old!r}: an object is reported "
+                    f"under one name, so it cannot also be {name!r}. To rename it, call "
+                    f"tidyjax.unwatch({old!r}) first; to watch another object as {name!r}, "
+                    f"pass that object (this one is the object watched as {old!r})."
+                )
         _watched.pop(name, None)
         _watched[name] = ref
         _names.add(name)
