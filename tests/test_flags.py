@@ -99,3 +99,13 @@ def test_every_boolean_keyword_of_the_public_api_is_checked():
                 continue
             found |= {(qualified, p.name) for p in params if p.annotation in ("bool", bool)}
     assert found == set(FLAGS)
+
+
+def test_setting_trainable_takes_a_flag_only() -> None:
+    v = tj.Variable(tj.tensor([1.0]))
+    with pytest.raises(tj.TidyjaxTypeError, match="trainable must be True or False"):
+        v.trainable = "no"  # type: ignore[assignment]
+    assert v.trainable is True
+    v.trainable = np.False_  # type: ignore[assignment]
+    assert v.trainable is False
+    v.dispose()

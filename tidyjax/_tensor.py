@@ -39,6 +39,7 @@ from ._errors import (
     Reason,
     TidyjaxTypeError,
     TidyjaxValueError,
+    check_flag,
 )
 from ._jaxdoors import BIND_CONVERSION, base_array, trace_of
 
@@ -175,7 +176,7 @@ class Tensor:
 
     @trainable.setter
     def trainable(self, value: bool) -> None:
-        variable_info(self, "trainable").trainable = bool(value)
+        variable_info(self, "trainable").trainable = check_flag(value, "trainable", "Variable")
 
     def assign(self, value: Any) -> Tensor:
         """Replace a Variable's value (see `Variable`); plain Tensors are immutable."""
