@@ -1,12 +1,24 @@
 """Hooks into optional libraries, installed when (and only if) the library is imported.
 
-tidyjax depends on jax alone. ``flax.serialization`` keeps its own registry of node types: a
-Tensor is registered there the moment flax's module is loaded (or at once, if it already is),
-so ``flax.serialization.to_bytes``/``from_bytes`` round-trip trees of Tensors and Variables.
+tidyjax depends on jax alone. Each hook runs the moment its module is loaded (or at once, if it
+already is):
+
+* ``flax.serialization`` keeps its own registry of node types: a Tensor is registered there, so
+  ``flax.serialization.to_bytes``/``from_bytes`` round-trip trees of Tensors and Variables.
+* ``jax.example_libraries.optimizers``: an ``OptimizerState`` records the structure of the
+  parameter tree and refuses a gradient tree of another structure. ``tensors(state)`` also
+  gives that record Tensor nodes (``_trees.TENSORS_HOOKS``), so ``tensors(opt_init(params))``
+  steps with the gradient of the Tensors ``get_params`` gives back, as
+  ``opt_init(tensors(params))`` does.
+* ``equinox``: ``eqx.combine(params, static)`` where ``params`` holds Tensors and ``static``
+  (partitioned from raw arrays) holds ``None`` in their place: a Tensor node meets ``None``, a
+  pytree structure error. ``eqx.combine`` takes such a Tensor as a leaf instead (tried only after
+  Equinox's own combine refused the trees).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -14,7 +26,11 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from ._tensor import Tensor, tensor
+import jax
+
+from ._lift import RAW_WHEN_TRACED
+from ._tensor import TENSOR_TYPES, Tensor, shell, tensor
+from ._trees import TENSORS_HOOKS, tensors_in
 
 __all__ = ["install"]
 
@@ -37,7 +53,80 @@ def _register_flax(module: ModuleType) -> None:
     module.register_serialization_state(Tensor, _to_state, _from_state, override=True)
 
 
-_HOOKS: dict[str, Callable[[ModuleType], None]] = {"flax.serialization": _register_flax}
+#: A leaf of the structure an ``OptimizerState`` records (any value that is a pytree leaf).
+_LEAF = object()
+
+
+def _optimizer_state_tensors(state: Any) -> Any:
+    """``tensors()`` of an ``OptimizerState``: its recorded parameter structure gets a Tensor
+    node over each parameter whose state leaves are all Tensors (what ``get_params`` rebuilds
+    there, and so what a gradient of it holds). A node already there stays: idempotent."""
+    packed, tree_def, _ = state
+    if len(packed) != tree_def.num_leaves:
+        return state  # not a state this hook knows
+    node = shell(_LEAF)  # a Tensor node over a leaf; a Tensor node rebuilt over it is it
+    marks = [
+        node if leaves and all(type(v) in TENSOR_TYPES for v in leaves) else _LEAF
+        for leaves in packed
+    ]
+    rebuilt = jax.tree_util.tree_unflatten(tree_def, marks)
+    return state._replace(tree_def=jax.tree_util.tree_structure(rebuilt))
+
+
+def _register_example_optimizers(module: ModuleType) -> None:
+    TENSORS_HOOKS[module.OptimizerState] = _optimizer_state_tensors
+    # Its update compares each parameter's new state with the structure recorded at init: inside
+    # a tidyjax transformation it computes on JAX's values, as under jax.jit, not on shells.
+    RAW_WHEN_TRACED.add(module.OptimizerState)
+
+
+def _is_filled_tensor(x: Any) -> bool:
+    """A Tensor holding a value: not a shell around ``None`` (a partition's filtered-out leaf)."""
+    return type(x) in TENSOR_TYPES and x._array is not None
+
+
+def _combine_taking_tensors(combine: Callable[..., Any]) -> Callable[..., Any]:
+    """``eqx.combine`` that, where Equinox's own refuses the trees and a Tensor is in them,
+    combines again with each Tensor a leaf (a shell around ``None`` counting as ``None``)."""
+    if getattr(combine, "_tidyjax", False):
+        return combine
+
+    @functools.wraps(combine)
+    def combine_(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+        try:
+            return combine(*pytrees, is_leaf=is_leaf)
+        except ValueError as e:
+            if not tensors_in(pytrees):
+                raise
+            error = e
+
+        def leaf(x: Any) -> bool:
+            return type(x) in TENSOR_TYPES or (is_leaf is not None and is_leaf(x))
+
+        def none_for_empty(x: Any) -> Any:
+            return x if type(x) not in TENSOR_TYPES or _is_filled_tensor(x) else None
+
+        plain = [jax.tree_util.tree_map(none_for_empty, t, is_leaf=leaf) for t in pytrees]
+        try:
+            return combine(*plain, is_leaf=leaf)
+        except ValueError:
+            raise error from None
+
+    combine_._tidyjax = True  # type: ignore[attr-defined]
+    return combine_
+
+
+def _hook_equinox(module: ModuleType) -> None:
+    combine = getattr(module, "combine", None)
+    if combine is not None:
+        vars(module)["combine"] = _combine_taking_tensors(combine)
+
+
+_HOOKS: dict[str, Callable[[ModuleType], None]] = {
+    "flax.serialization": _register_flax,
+    "jax.example_libraries.optimizers": _register_example_optimizers,
+    "equinox": _hook_equinox,
+}
 
 
 class _Finder(importlib.abc.MetaPathFinder):

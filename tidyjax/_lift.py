@@ -35,7 +35,15 @@ from ._decorating import check_callable
 from ._errors import donated
 from ._jaxdoors import refuse_in_type_tables, register_bind_conversion, trace_of, trace_running
 from ._ops import lift
-from ._tensor import Tensor, disposed_error, refused_by_jax, shell, wrap, wrap_foreign
+from ._tensor import (
+    TENSOR_TYPES,
+    Tensor,
+    disposed_error,
+    refused_by_jax,
+    shell,
+    wrap,
+    wrap_foreign,
+)
 from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 
 _leaves = jax.tree_util.tree_leaves
@@ -84,6 +92,10 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
       ``jax.device_get``, a ``ShapeDtypeStruct``, an aval): the value itself, as for a plain
       array; inside a JAX trace a shell around it, since there such a tree is a spec a library
       compares structure with (axes, masks);
+    * a Tensor (a saved structure rebuilt over Tensors: ``get_params`` of
+      ``jax.example_libraries.optimizers`` unflattens the parameter structure it recorded, with
+      its Tensor nodes, over the Tensors of a state): that Tensor itself. A Tensor never holds
+      a Tensor;
     * anything else (``None`` from ``eqx.partition``, booleans of a mask or filter, a library's
       per-leaf objects): an untracked Tensor shell around it, so the tree keeps its structure
       and maps, merges and zips with the tree it came from.
@@ -93,6 +105,8 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
         return wrap_foreign(child)
     if isinstance(child, Tracer):
         return shell(child) if PRIMITIVES_TAKE_TENSORS else wrap(child)
+    if isinstance(child, Tensor):  # a saved treedef rebuilt over Tensors: never nest one
+        return child
     if type(child) is _ShapedArray:  # JAX compares a carry's types (scan, while_loop)
         return child
     if type(child) in _DATA:
@@ -204,6 +218,24 @@ _CALLER_ARGS: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.Conte
 )
 
 
+#: Node types whose Tensors a tidyjax transformation hands the traced function as JAX's own
+#: values, as ``jax.jit`` would: a library state whose code compares the structure of what it
+#: computes with a structure it recorded (``jax.example_libraries.optimizers``'s
+#: ``OptimizerState``, registered by ``_interop``), which an op on a shell (giving a shell)
+#: would not match. Its outputs still come back as tracked Tensors.
+RAW_WHEN_TRACED: set[type] = set()
+
+
+def _put_back(caller: Any, traced: Any) -> Any:
+    if isinstance(caller, Tensor) and not isinstance(traced, Tensor):  # never nest a Tensor
+        return caller if traced is caller._array else shell(traced)
+    return traced  # not a Tensor, or a state of RAW_WHEN_TRACED: JAX's values
+
+
+def _stop_at_raw_when_traced(x: Any) -> bool:
+    return type(x) in TENSOR_TYPES or type(x) in RAW_WHEN_TRACED
+
+
 def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` as a tidyjax transformation traces it: Tensors (wrapping tracers) where the caller
     passed Tensors, results chaining as Tensors, and plain jax values out (JAX needs arrays)."""
@@ -213,10 +245,10 @@ def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
         caller = _CALLER_ARGS.get()
         if caller is not None:
             args, kwargs = jax.tree_util.tree_map(
-                lambda c, a: (c if a is c._array else shell(a)) if isinstance(c, Tensor) else a,
+                _put_back,
                 caller,
                 (args, kwargs),
-                is_leaf=is_tensor,
+                is_leaf=_stop_at_raw_when_traced if RAW_WHEN_TRACED else is_tensor,
             )
         trace = next((trace_of(x) for x in _leaves((args, kwargs)) if isinstance(x, Tracer)), None)
         token = TRACING.set((*TRACING.get(), trace))
@@ -237,12 +269,25 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         on_jax_error(e, getattr(transformed, "__name__", "function"), args)
         raise
     except (TypeError, ValueError) as e:
-        add_note = getattr(e, "add_note", None)  # Python 3.11+
-        if add_note is not None and "tidyjax.Tensor" in str(e) and "structure" in str(e):
-            add_note(STRUCTURE_HINT)
+        add_structure_hint(e)
         raise
     finally:
         _CALLER_ARGS.reset(token)
+
+
+def add_structure_hint(e: BaseException) -> None:
+    """Add `STRUCTURE_HINT` to ``e`` once if it is a tree-structure error about a Tensor node.
+
+    JAX names a Tensor by its class (``<class 'tidyjax.Tensor'>``) or, printing a tree
+    structure, as a custom node (``CustomNode(Tensor[None], [*])``, as in
+    ``jax.example_libraries.optimizers``'s error). A no-op before Python 3.11 (no notes).
+    """
+    add_note = getattr(e, "add_note", None)  # Python 3.11+
+    if add_note is None or STRUCTURE_HINT in getattr(e, "__notes__", ()):
+        return
+    message = str(e)
+    if "structure" in message and ("tidyjax.Tensor" in message or "CustomNode(Tensor[" in message):
+        add_note(STRUCTURE_HINT)
 
 
 #: Added to JAX's tree-structure error when a Tensor node meets a raw value (a tree map over
@@ -252,7 +297,8 @@ STRUCTURE_HINT = (
     "tidyjax: a Tensor is a pytree node, so a tree of Tensors does not zip with the same tree "
     "of raw jax values. Make both sides Tensors (tidyjax.tensors(raw)) or both arrays "
     "(tidyjax.arrays(tree)), or call the tidyjax form (tidyjax.lax.cond, tidyjax.lift(fn)), "
-    "which takes either."
+    "which takes either. A jax.vjp cotangent takes the kind of the function's output (an "
+    "operation on a Tensor gives a raw value inside a raw JAX transformation)."
 )
 
 

@@ -29,6 +29,7 @@ from ._arrays import describe, failed
 from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
 from ._format import count as _count
+from ._lift import add_structure_hint
 from ._newarrays import ArrayMark
 from ._registry import KEPT, VARIABLE
 from ._sites import creation_site
@@ -502,13 +503,13 @@ class Scope(Tracker):
         return self.__reduce__()
 
     def __exit__(self, *exc: object) -> None:
-        _exit(self, exc[0] is not None)
+        _exit(self, exc[0] is not None, exc[1])
 
     async def __aenter__(self) -> Scope:
         return self._open(entered_by_with=True)
 
     async def __aexit__(self, *exc: object) -> None:
-        _exit(self, exc[0] is not None)
+        _exit(self, exc[0] is not None, exc[1])
 
     # -- decorating -------------------------------------------------------------------------
 
@@ -666,13 +667,21 @@ def _scope_html(s: Scope) -> str:
     )  # fmt: skip
 
 
-def _exit(scope: Scope, failing: bool) -> None:
+def _exit(scope: Scope, failing: bool, error: object = None) -> None:
+    _note_structure(error)
     try:
         scope._close(None, failing)
     except Exception:
         if _finalizing():  # a generator collected at interpreter exit: the process frees all
             return
         raise
+
+
+def _note_structure(error: object) -> None:
+    """A pytree structure error about a Tensor node leaving a scope (raised by raw JAX, which
+    tidyjax does not call) gets the note that names the fix, as under tidyjax's transformations."""
+    if isinstance(error, (TypeError, ValueError)):
+        add_structure_hint(error)
 
 
 def _check_found(x: Any, recs: list[Any], tensors: list[Any], what: str) -> None:
@@ -723,7 +732,8 @@ def _decorate(fn: F, name: str | None) -> F:
             scope = Scope(scope_name)._open()
             try:
                 result = await fn(*args, **kwargs)
-            except BaseException:
+            except BaseException as e:
+                _note_structure(e)
                 scope._close(None, failing=True)
                 raise
             scope._close(result)
@@ -810,7 +820,8 @@ def _run(scope: Scope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     scope._open()
     try:
         result = fn(*args, **kwargs)
-    except BaseException:
+    except BaseException as e:
+        _note_structure(e)
         scope._close(None, failing=True)
         raise
     what = f"function {getattr(fn, '__qualname__', fn)!r}"
@@ -925,7 +936,7 @@ class _Tidy:
         scope = current()
         if not isinstance(scope, Scope) or not scope._bare:
             raise ScopeError("`with tidy:` exited, but the innermost open scope is not its own.")
-        _exit(scope, exc[0] is not None)
+        _exit(scope, exc[0] is not None, exc[1])
 
     async def __aenter__(self) -> Scope:
         return self.__enter__()

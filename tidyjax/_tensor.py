@@ -744,7 +744,10 @@ def wrap(arr: Any) -> Any:
 
 def shell(value: Any) -> Tensor:
     """An untracked Tensor around a value tidyjax never counts: a tracer, or a placeholder
-    (``None``) where a pytree's structure must keep a Tensor node."""
+    (``None``) where a pytree's structure must keep a Tensor node. A Tensor never holds a
+    Tensor: given one, it is returned as it is."""
+    if type(value) in TENSOR_TYPES:
+        return value
     t = _new(Tensor)
     t._array = value
     t._id = next(_ids)

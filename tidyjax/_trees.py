@@ -61,6 +61,12 @@ def arrays(tree: Any) -> Any:
     return unwrap(tree)
 
 
+#: ``{type: fix}``: what `tensors` does more to a library state recording a tree structure
+#: (``jax.example_libraries.optimizers``'s ``OptimizerState``), set by ``_interop`` when that
+#: library is imported; empty (no cost) until then.
+TENSORS_HOOKS: dict[type, Callable[[Any], Any]] = {}
+
+
 def tensors(tree: Any) -> Any:
     """``tree`` with every ``jax.Array`` in it replaced by a Tensor; Tensors stay.
 
@@ -69,8 +75,36 @@ def tensors(tree: Any) -> Any:
     (``tensors(step(...))`` in a loop stays flat) and an array the caller still holds is never lost.
     [`tidyjax.adopt`][tidyjax.adopt] hands an array over to be deleted. The way back from
     [`arrays`][tidyjax.arrays]: ``state = tidyjax.tensors(restore(...))``.
+
+    A library state that records the structure of the tree it was made for (the
+    ``OptimizerState`` of ``jax.example_libraries.optimizers``) also gets that structure with
+    Tensor nodes, so the gradient of the Tensors it gives back matches it (`TENSORS_HOOKS`).
     """
-    return walk(tree, _given_leaf)
+    out = walk(tree, _given_leaf)
+    hooks = TENSORS_HOOKS
+    if not hooks:
+        return out
+
+    def stop(v: Any) -> bool:
+        return type(v) in hooks or type(v) in TENSOR_TYPES
+
+    def fix(x: Any) -> Any:  # containers rebuilt as ``walk`` does (a dict keeps its order)
+        tx = type(x)
+        if tx in hooks:
+            return hooks[tx](x)
+        if tx in PLAIN or tx in TENSOR_TYPES:
+            return x
+        if tx is dict:
+            return {k: fix(v) for k, v in x.items()}
+        if tx is list or tx is tuple:
+            return tx(fix(v) for v in x)
+        if tx in _NAMEDTUPLES or _is_namedtuple(tx):
+            return tx._make([fix(v) for v in x])
+        if not any(type(v) in hooks for v in jax.tree_util.tree_leaves(x, is_leaf=stop)):
+            return x
+        return jax.tree_util.tree_map(fix, x, is_leaf=stop)
+
+    return fix(out)
 
 
 def _given_leaf(v: Any) -> Any:
