@@ -109,8 +109,8 @@ def test_docs_build_strictly_and_the_api_page_shows_tidy(site):
     assert 'id="tidyjax.tidy"' in api  # the entry, generated from the docstrings
     assert "Run code in a scope that frees every buffer it created" in api
     assert 'id="tidyjax.memory"' in api and "all_processes" in api
-    guide = _dom(browser, site / "quickstart" / "index.html")
-    assert "Using a disposed Tensor raises" in guide  # the README's quickstart, included
+    guide = _dom(browser, site / "guide-tfjs" / "index.html")
+    assert "Using a disposed Tensor raises" in guide  # the quickstart, on its guide
 
 
 # The home page's pictures (written by ``python docs/screenshots.py``), each light and dark.
@@ -166,7 +166,7 @@ def test_the_home_page_shows_each_display_in_the_readers_scheme(site, browser, s
     ending = ".png#only-light" if scheme == "light" else "-dark.png#only-dark"
     assert shown == [f"img/{name}{ending}" for name in DISPLAYS]
     # The guide's timeline picture too.
-    browser.open((site / "memory" / "index.html").as_uri(), scheme)
+    browser.open((site / "guide-timeline" / "index.html").as_uri(), scheme)
     shown = browser.evaluate(
         "[...document.querySelectorAll('article img')]"
         ".filter(i => i.offsetParent !== null && i.naturalWidth > 0)"
