@@ -280,9 +280,8 @@ def test_cond_apply_updates_and_vjp_with_tensors_work_or_name_the_fix():
 def test_a_structure_error_from_raw_jax_in_a_scope_carries_the_fix() -> None:
     params = {"w": tj.tensor([1.0, 2.0])}
     raw_updates = {"w": jnp.ones(2)}
-    with pytest.raises((TypeError, ValueError)) as info:  # noqa: PT012
-        with tj.tidy():
-            optax.apply_updates(params, raw_updates)  # raw optax: a Tensor node meets an array
+    with pytest.raises((TypeError, ValueError)) as info, tj.tidy():
+        optax.apply_updates(params, raw_updates)  # raw optax: a Tensor node meets an array
     assert any("tidyjax.tensors(raw)" in n for n in getattr(info.value, "__notes__", []))
 
 

@@ -1,5 +1,6 @@
 """check_leaks and the pytest plugin count plain jax.Arrays: ArrayMark, plain JAX, Equinox and
-Flax NNX training loops with and without a leak (a list of per-step outputs)."""
+Flax NNX training loops with and without a leak (a list of per-step outputs); a bad plugin option
+is one usage error at the start."""
 
 from __future__ import annotations
 
@@ -155,16 +156,19 @@ def test_check_leaks_reports_a_leak_in_a_loop_at_the_users_line(kind):
     with tj.check_leaks():
         loop(3, leak=False)
     with pytest.raises(tj.LeakError) as err, tj.check_leaks():
-        loop(3, leak=True)
+        loop(3, leak=True)  # SITE:call-loop
     report = err.value.report
     assert len(report) == 3 and len(report.arrays) == 3 and not report.tensors
     (group,) = report.array_groups
+    # The site: the outermost user frame inside the block; the loop's line is its stack.
+    call = f"{HERE}:{_line_of('SITE:call-loop')} in {inspect.stack()[0].function}"
     line = _line_of(f"SITE:{kind}")
-    assert group.site == f"{HERE}:{line} in {kind}_loop"
+    assert group.site == call
     assert group.count == 3 and group.bytes == 3 * LEAKS[0].nbytes
     text = str(err.value)
     assert text.startswith("3 untracked arrays (")
-    assert f"{HERE}:{line} in {kind}_loop: 3 untracked arrays" in text
+    assert f"{call}: 3 untracked arrays" in text
+    assert f"through {HERE}:{line} in {kind}_loop" in text
     assert "untracked arrays</td>" in report._repr_html_()
 
 
@@ -295,10 +299,12 @@ def test_plugin_reports_plain_array_leaks_at_the_test_files_line(pytester):
     result.assert_outcomes(passed=5, failed=3)
     for kind in LOOPS:
         line = _line_of(f"SITE:{kind}", written)
+        call = _line_of(f"def test_{kind}_leak", written) + 1  # the test's call of the loop
         result.stdout.fnmatch_lines(
             [
                 f"*3 untracked arrays (*) created inside test test_{kind}_leak are still alive:*",
-                f"*test_loops.py:{line} in {kind}_loop: 3 untracked arrays*",
+                f"*test_loops.py:{call} in test_{kind}_leak: 3 untracked arrays*",
+                f"*through test_loops.py:{line} in {kind}_loop*",
             ]
         )
     for name in ("tensors_only", "allowed", "plain_clean", "eqx_clean", "nnx_clean"):
@@ -310,3 +316,38 @@ def test_plugin_ini_turns_plain_arrays_off(pytester):
     pytester.makeini("[pytest]\ntidyjax_leak_arrays = false\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain or allowed")
     result.assert_outcomes(passed=3, deselected=5)
+
+
+# -- the pytest plugin: a bad option is one usage error at the start ------------------------------
+
+
+PLAIN_TESTS = """
+import pytest
+
+@pytest.mark.no_tensor_leaks
+def test_one():
+    pass
+
+def test_two():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("ini", "args", "message"),
+    [
+        ("tidyjax_leak_allowance = x", (), "ini option tidyjax_leak_allowance takes a number"),
+        ("tidyjax_leak_allowance = -2", (), "a non-negative int; got '-2'"),
+        ("tidyjax_leaks = maybe", (), "ini option tidyjax_leaks takes true or false"),
+        ("", ("--tidyjax-leak-allowance=-1",), "--tidyjax-leak-allowance takes a number"),
+    ],
+)
+def test_plugin_bad_option_is_one_usage_error(pytester, ini, args, message):
+    pytester.makepyfile(test_plain=PLAIN_TESTS)
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [ln for ln in result.stderr.lines if "tidyjax:" in ln]
+    assert len(errors) == 1 and message in errors[0], result.stderr.str()
+    assert "no_tensor_leaks" not in result.stderr.str()  # the marker is not blamed
+    assert "passed" not in result.stdout.str() and "failed" not in result.stdout.str()

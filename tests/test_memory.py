@@ -1,4 +1,5 @@
-"""memory(): counts, bytes per device, and when the figures are unreliable."""
+"""memory(): counts, bytes per device, and when the figures are unreliable; and what
+``watch``/``unwatch`` refuse (what holds no array, an unknown name)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,35 @@ def test_memory_follows_garbage_collection():
     del t
     gc.collect()
     assert tj.memory().num_tensors == 0
+
+
+# -- watch / unwatch ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("obj", [123, None, "text", 2.5])
+def test_watch_refuses_what_holds_no_array(obj):
+    with pytest.raises(tj.TidyjaxTypeError, match="watch\\(\\) takes an object that holds arrays"):
+        tj.watch(obj, "gaps-scalar")
+    assert "gaps-scalar" not in tj.memory(scan_untracked=False).watched
+
+
+def test_watch_refuses_an_object_jax_sees_as_one_leaf():
+    class Opaque:
+        pass
+
+    with pytest.raises(tj.TidyjaxTypeError, match="register its class as a pytree"):
+        tj.watch(Opaque(), "gaps-opaque")
+
+
+def test_unwatch_of_a_name_never_watched_lists_the_watched_names():
+    params = tj.watch({"w": jnp.ones(2)}, "gaps-params")
+    try:
+        with pytest.raises(tj.TidyjaxValueError, match="never watched") as e:
+            tj.unwatch("gaps-parms")
+        assert "'gaps-params'" in str(e.value)
+        assert tj.memory(scan_untracked=False).watched["gaps-params"] == 8
+    finally:
+        tj.unwatch("gaps-params")
+    tj.unwatch("gaps-params")  # a name once watched: unwatching it again does nothing
+    tj.unwatch(params)  # and an object, as before
+    assert "gaps-params" not in tj.memory(scan_untracked=False).watched

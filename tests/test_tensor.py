@@ -1,4 +1,8 @@
-"""Tensor: construction, operators, methods, disposal, errors, and buffer aliasing."""
+"""Tensor: construction, operators, methods, disposal, errors, and buffer aliasing.
+
+Also: errors that name what was wrong with tensor()'s data or device, assign on a plain Tensor,
+in-place operators, jax.Array's read-only attributes on a Tensor, and buffers deleted behind
+tidyjax's back (deleted outside, donated by raw JAX)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import copy
 import gc
 import operator
 import pickle
+import re
 import weakref
 
 import jax
@@ -17,6 +22,8 @@ import tidyjax as tj
 from tidyjax import DisposedError, Tensor, TidyjaxTypeError, tidy
 
 from .conftest import counts
+
+DEV = jax.devices()[0]
 
 
 def test_tensor_copies_so_the_users_array_survives_dispose():
@@ -416,3 +423,165 @@ def test_indexing_forms_match_raw_jax(index):
     got = t[index]
     _same(got.array, a[index])
     tj.dispose([t, got])
+
+
+# -- a raw same-device device_put alias, and in-place operators -----------------------------------
+
+
+def test_disposing_a_raw_device_put_alias_keeps_the_original_and_the_last_holder_frees():
+    t = tj.tensor([3.0, 4.0])
+    raw = t.array
+    y = jax.device_put(t, DEV)
+    assert counts()[:2] == (2, 1)
+    y.dispose()
+    np.testing.assert_array_equal(t.numpy(), [3.0, 4.0])
+    t.dispose()
+    assert raw.is_deleted()
+    assert counts() == (0, 0, 0)
+
+
+def test_in_place_operators_on_a_plain_tensor_rebind_like_jax_array():
+    t = tj.tensor([1.0])
+    before = t
+    t += 1.0
+    assert t is not before
+    np.testing.assert_array_equal(before.numpy(), [1.0])
+    tj.dispose([t, before])
+
+
+# -- tensor(): what was wrong with the data or the device -----------------------------------------
+
+
+def test_tensor_of_none_names_the_element_and_the_fix():
+    with pytest.raises(tj.TidyjaxTypeError, match=r"None at data\[0\] .*None is not a number") as e:
+        tj.tensor([None, 1.0])
+    assert "float('nan')" in str(e.value) and "mask" in str(e.value)
+    assert "ragged" not in str(e.value)
+    with pytest.raises(tj.TidyjaxTypeError, match=r"None at data\[1\]\[0\] "):
+        tj.tensor([[1.0, 2.0], [None]])
+    with pytest.raises(tj.TidyjaxValueError, match="ragged nested sequence"):
+        tj.tensor([[1, 2], [3]])  # really ragged: the message stays
+
+
+def test_tensor_device_must_be_a_device_or_sharding():
+    with pytest.raises(tj.TidyjaxTypeError) as e:
+        tj.tensor([1.0], device="cpu")
+    text = str(e.value)
+    assert "jax.Device or a jax.sharding.Sharding" in text and "jax.devices('cpu')[0]" in text
+    assert "got str 'cpu'" in text
+    with pytest.raises(tj.TidyjaxTypeError, match=re.escape("jax.devices('cpu')[1]")):
+        tj.tensor([1.0], device="cpu:1")
+    with pytest.raises(tj.TidyjaxTypeError, match=r"jax\.Device or a jax\.sharding\.Sharding"):
+        tj.tensor([1.0], device=object())
+    t = tj.tensor([1.0], device=jax.devices("cpu")[0])
+    assert t.device == jax.devices("cpu")[0]
+    t.dispose()
+
+
+# -- assign on a plain Tensor ---------------------------------------------------------------------
+
+
+def test_assign_on_a_plain_tensor_says_tensors_are_immutable():
+    t = tj.tensor([1.0, 2.0])
+    expected = (
+        f"Tensor float32[2] (id {t.id}) is not a Variable; Tensors are immutable, like "
+        "jax.Array. Make a Variable with tidyjax.Variable(t) to assign to it, or use the new "
+        "value directly."
+    )
+    with pytest.raises(tj.TidyjaxTypeError) as e:
+        t.assign(t * 2.0)
+    assert str(e.value) == expected
+    with pytest.raises(tj.TidyjaxTypeError, match="has no name to set"):
+        t.name = "w"  # the other messages are unchanged
+    t.dispose()
+
+
+# -- a Tensor reads like a jax.Array --------------------------------------------------------------
+
+
+SAME = ["itemsize", "committed", "weak_type", "is_fully_addressable", "is_fully_replicated",
+        "format", "dtype", "shape", "ndim", "size", "nbytes", "sharding"]  # fmt: skip
+
+
+@pytest.mark.parametrize("data", [[1.0, -2.5, 3.25], 1.0])
+def test_tensor_metadata_matches_its_array(data):
+    t = tj.tensor(data)
+    a = t.array
+    for name in SAME:
+        assert getattr(t, name) == getattr(a, name), name
+    assert t.is_ready() is a.is_ready() is True
+    assert t.on_device_size_in_bytes() == a.on_device_size_in_bytes()
+    assert t.copy_to_host_async() is None
+    assert t.tobytes() == a.tobytes()
+    assert t.__dlpack_device__() == a.__dlpack_device__()
+    np.testing.assert_array_equal(np.from_dlpack(t), np.asarray(a))
+    shards, raw = t.addressable_shards, a.addressable_shards
+    assert [(s.device, s.index) for s in shards] == [(s.device, s.index) for s in raw]
+    np.testing.assert_array_equal(np.asarray(shards[0].data), np.asarray(a))
+    assert [s.device for s in t.global_shards] == [s.device for s in a.global_shards]
+    np.testing.assert_array_equal(np.asarray(t.addressable_data(0)), np.asarray(a))
+    assert t.is_deleted() is False
+    t.dispose()
+
+
+def test_round_in_and_mt_give_what_jax_array_gives():
+    t = tj.tensor([[1.26, -2.5], [3.75, 0.1]])
+    a = t.array
+    for got, want in [(round(t), round(a)), (round(t, 1), round(a, 1)), (t.mT, a.mT)]:
+        assert isinstance(got, tj.Tensor) and not got.is_disposed
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+        got.dispose()
+    row = t[0]
+    assert (-2.5 in row) is True and (7.0 in row) is False
+    with tj.tidy():
+        r = round(t)
+    assert r.is_disposed  # tracked: freed by its scope like every op result
+    row.dispose()
+    t.dispose()
+
+
+def test_array_attributes_of_a_disposed_tensor():
+    t = tj.tensor([1.0, 2.0])
+    t.dispose()
+    assert (t.itemsize, t.shape, t.dtype) == (4, (2,), jnp.float32)  # metadata stays
+    for read in [lambda: t.committed, lambda: t.weak_type, lambda: t.is_ready(),
+                 lambda: t.addressable_shards, lambda: t.copy_to_host_async(),
+                 lambda: t.is_fully_replicated, lambda: np.from_dlpack(t),
+                 lambda: t.__dlpack_device__(), lambda: round(t), lambda: t.tobytes()]:  # fmt: skip
+        with pytest.raises(tj.DisposedError, match="disposed explicitly"):
+            read()
+    assert t.is_deleted() is True
+
+
+def test_delete_on_a_tensor_points_to_dispose():
+    t = tj.tensor([1.0, 2.0])
+    with pytest.raises(tj.TidyjaxTypeError, match=r"has no delete\(\).*t\.dispose\(\)"):
+        t.delete()
+    assert not t.is_disposed and t.numpy().tolist() == [1.0, 2.0]
+    t.dispose()
+
+
+# -- buffers deleted behind tidyjax's back --------------------------------------------------------
+
+
+def test_is_disposed_notices_a_buffer_deleted_outside():
+    t = tj.tensor([1.0, 2.0])
+    t.array.delete()
+    assert t.is_disposed  # before any use
+    with pytest.raises(tj.DisposedError, match="deleted outside tidyjax"):
+        t.numpy()
+    t.dispose()
+
+
+def test_is_disposed_notices_a_raw_donation():
+    t = tj.tensor([1.0, 2.0])
+    out = jax.jit(lambda x: x * 2, donate_argnums=0)(t.array)
+    if not t._array.is_deleted():
+        pytest.skip("this backend does not donate")
+    assert t.is_disposed
+    assert t.is_deleted()
+    with pytest.raises(tj.DisposedError, match="deleted outside tidyjax"):
+        t + 1.0
+    np.testing.assert_array_equal(np.asarray(out), [2.0, 4.0])
+    t.dispose()

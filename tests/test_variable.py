@@ -1,4 +1,5 @@
-"""Variables: never scope-freed, shared buffers on creation, checked assign."""
+"""Variables: never scope-freed, shared buffers on creation, checked assign, in-place operators
+that assign, and a buffer a Variable lets go returning to the scope that made it."""
 
 from __future__ import annotations
 
@@ -117,3 +118,37 @@ def test_variable_of_a_typed_prng_key():
     assert k2.shape == (2,)
     assert counts()[:2] == (2, 2)
     tj.dispose([k, k2])
+
+
+# -- in-place operators, and buffers a Variable lets go -------------------------------------------
+
+
+def test_in_place_operators_assign_a_variable_and_keep_it_a_variable():
+    w = tj.Variable(tj.tensor([1.0, 2.0]), name="w")
+    original = w
+    with tj.tidy():
+        g = tj.tensor([1.0, 1.0])
+        w -= 0.5 * g
+        w *= 2.0
+    assert w is original and isinstance(w, tj.Variable) and w.name == "w"
+    np.testing.assert_array_equal(w.numpy(), [1.0, 3.0])
+    with pytest.raises(TidyjaxValueError, match="shape"):
+        w += tj.tensor([[1.0, 2.0]])  # broadcasting would change its shape
+    np.testing.assert_array_equal(w.numpy(), [1.0, 3.0])
+    assert counts()[:2] == (1, 1)
+    w.dispose()
+
+
+@pytest.mark.parametrize("let_go", ["assign", "dispose"])
+def test_a_buffer_a_variable_lets_go_is_its_creating_scopes_again(let_go):
+    with tj.tidy():
+        t = tj.tensor([1.0, 2.0])
+        raw = t.array
+        v = tj.Variable(t)
+        if let_go == "assign":
+            v.assign(tj.tensor([3.0, 4.0]))
+        else:
+            v.dispose()
+    assert raw.is_deleted()  # the scope made it and nothing kept it
+    assert counts()[:2] == ((1, 1) if let_go == "assign" else (0, 0))
+    v.dispose()

@@ -1,5 +1,7 @@
 """``python -m tidyjax view``: the page's file:// URL, ``--open``, folders, ``--chrome-trace``,
-and one-line errors with exit status 2 (in process through ``main(argv)``, and in a subprocess)."""
+and one-line errors with exit status 2 (in process through ``main(argv)``, and in a subprocess).
+
+Also: ``Snapshot.load`` of a malformed file raises one tidyjax error naming the field."""
 
 from __future__ import annotations
 
@@ -498,3 +500,68 @@ def test_what_a_check_misses_is_still_one_line(dumped, capsys, monkeypatch, stag
     line = _refused(dumped, capsys)
     verb = "read" if stage == "reading" else "draw"
     assert f"cannot {verb} it (OverflowError: int too large" in line
+
+
+# -- malformed snapshot files ---------------------------------------------------------------------
+
+
+def _record(**change):
+    d = {
+        "id": 1, "shape": [2], "dtype": "float32", "bytes": 8, "devices": ["TFRT_CPU_0"],
+        "scope": "", "site": None, "kept": False, "variable": False, "buffer": 1, "name": None,
+    }  # fmt: skip
+    d.update(change)
+    return {k: v for k, v in d.items() if v is not ...}
+
+
+def _snapshot_file(tmp_path, tensors, name="s.json", **top):
+    data = {"format": "tidyjax.snapshot", "version": 1, "taken_at": 0.0, "tensors": tensors}
+    data.update(top)
+    data = {k: v for k, v in data.items() if v is not ...}
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_snapshot_load_of_a_malformed_file_raises_a_tidyjax_error(tmp_path):
+    path = _snapshot_file(tmp_path, [_record(), _record(shape=...)])
+    with pytest.raises(tj.TidyjaxValueError) as e:
+        tj.Snapshot.load(path)
+    assert str(e.value) == (
+        f"{path} is a malformed tidyjax snapshot: tensors[1] has no 'shape' field."
+    )
+    cases = [
+        (_snapshot_file(tmp_path, [1], "a.json"), r"malformed tidyjax snapshot: tensors\[0\]"),
+        (_snapshot_file(tmp_path, [_record(bytes="8")], "b.json"), r"tensors\[0\] is not as"),
+        (_snapshot_file(tmp_path, [], "c.json", taken_at=...), "has no 'taken_at' field"),
+        (_snapshot_file(tmp_path, [], "d.json", version=2), "format version 2"),
+    ]
+    (tmp_path / "e.json").write_text("[]")
+    (tmp_path / "f.json").write_text("{not json")
+    cases += [(tmp_path / "e.json", "not a tidyjax snapshot"), (tmp_path / "f.json", "not a JSON")]
+    for file, message in cases:
+        with pytest.raises(tj.TidyjaxValueError, match=message):
+            tj.Snapshot.load(file)
+    good = _snapshot_file(tmp_path, [_record()], "good.json")
+    assert [r.shape for r in tj.Snapshot.load(good).records] == [(2,)]
+
+
+def test_view_of_a_malformed_snapshot_exits_2_with_one_line(tmp_path, capsys):
+    path = _snapshot_file(tmp_path, [1])
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidyjax", "view", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"tidyjax view: {path} is a malformed tidyjax snapshot: tensors[0] is not as written "
+        "by dump() ('int' object has no attribute 'get')."
+    ]
+    assert not (tmp_path / "s.html").exists()
+    bad = _snapshot_file(tmp_path, [_record(devices=5)], "bad.json")
+    assert cli.main(["view", str(bad)]) == 2  # in process too: one line naming the file
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"tidyjax view: {bad} is a malformed tidyjax")

@@ -1,5 +1,6 @@
-"""Honest small displays (issue 23, part 4): what profile(), memory() and scopes say, in text
-and HTML, checked against the bytes measured."""
+"""The displays' content, without a browser: what profile(), memory() and scopes say, in text
+and HTML, checked against the bytes measured (how they render is in ``test_displays_browser.py``
+and ``test_displays_hosts.py``)."""
 
 from __future__ import annotations
 
