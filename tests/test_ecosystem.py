@@ -27,7 +27,7 @@ ocp = pytest.importorskip("orbax.checkpoint")
 import tidyjax as tj  # noqa: E402 - after the skips: the module needs every package above
 from tidyjax import Tensor, tidy  # noqa: E402
 from tidyjax._arrays import CONCRETE  # noqa: E402
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS  # noqa: E402
+from tidyjax._jaxdoors import BIND_CONVERSION  # noqa: E402
 from tidyjax._watch import _watched  # noqa: E402
 
 from .conftest import counts  # noqa: E402
@@ -90,7 +90,7 @@ def test_raw_grad_jit_and_while_loop_on_functions_of_tensors():
     # jit of a gradient: the output has the input's structure, so it is a Tensor too
     # (where JAX primitives take Tensors; JAX's own array on older JAX)
     g_jit = jax.jit(jax.grad(lambda t: (t * t).sum()))(x)
-    assert isinstance(g_jit, Tensor) == PRIMITIVES_TAKE_TENSORS
+    assert isinstance(g_jit, Tensor) == BIND_CONVERSION
     np.testing.assert_array_equal(np.asarray(g_jit), [2.0, 4.0, 6.0])
     tj.dispose(g_jit)
 
@@ -99,7 +99,7 @@ def test_raw_grad_jit_and_while_loop_on_functions_of_tensors():
     assert float(out) == 12.0
     # A carry of Tensors: the body's JAX values match it (where JAX primitives take Tensors).
     zero = tj.tensor(0.0)
-    if PRIMITIVES_TAKE_TENSORS:
+    if BIND_CONVERSION:
         raw_total, _ = jax.lax.while_loop(
             lambda c: c[0] < 10.0, lambda c: (c[0] + c[1].sum(), c[1]), (zero, x)
         )
@@ -143,7 +143,7 @@ def test_the_readme_table_of_raw_jax_and_tidyjax_forms():
             lambda: jax.lax.scan(lambda c, a: (c + a, a), x[0], x)[0],
             lambda: jax.lax.fori_loop(0, 3, lambda i, c: c + 1, x),
         )
-        if PRIMITIVES_TAKE_TENSORS:  # a carry of Tensors works; it comes back as JAX's value
+        if BIND_CONVERSION:  # a carry of Tensors works; it comes back as JAX's value
             np.testing.assert_array_equal(np.asarray(raw_loops[0]()), 7.0)
             np.testing.assert_array_equal(np.asarray(raw_loops[1]()), [4.0, 5.0, 6.0])
             # a branch returning its Tensor operand unchanged keeps the Tensor node
@@ -159,7 +159,7 @@ def test_the_readme_table_of_raw_jax_and_tidyjax_forms():
         assert all(isinstance(t, Tensor) for t in (carry, ys, looped, branch))
         np.testing.assert_array_equal(looped.numpy(), [4.0, 5.0, 6.0])
         key = tj.random.key(0)
-        if PRIMITIVES_TAKE_TENSORS:  # eager jax.lax on a Tensor: JAX's own value
+        if BIND_CONVERSION:  # eager jax.lax on a Tensor: JAX's own value
             assert type(jax.lax.exp(x)) in CONCRETE
         else:  # eager jax.lax / jax.random on a Tensor: an error that names the fix
             with pytest.raises(tj.TidyjaxValueError, match=r"tidyjax\.lax"):
@@ -514,7 +514,7 @@ def test_tensors_as_nnx_params_work_until_nnx_writes_back_jax_arrays():
         second = step(lin, optimizer, x, y)  # nothing of the model was freed meanwhile
     assert float(second) < float(first)
     assert not t.is_disposed
-    if PRIMITIVES_TAKE_TENSORS:
+    if BIND_CONVERSION:
         # The updated value keeps the Param's Tensor node: a Tensor made inside the scope and
         # neither returned nor kept, so the scope freed it (TF.js's rule); hence raw Params.
         with pytest.raises(tj.DisposedError, match="scope '<tidy>' exited"):
@@ -569,7 +569,7 @@ def test_watch_reads_nnx_objects_that_are_not_pytrees():
 
 
 needs_bind_hook = pytest.mark.skipif(
-    not PRIMITIVES_TAKE_TENSORS,
+    not BIND_CONVERSION,
     reason="JAX before 0.10.2 has no hook to convert a Tensor at a primitive bind",
 )
 

@@ -15,13 +15,14 @@ from jax.example_libraries import optimizers, stax
 
 import tidyjax as tj
 from tidyjax import Tensor, tidy
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS, STRUCTURE_HINT
+from tidyjax._jaxdoors import BIND_CONVERSION
+from tidyjax._lift import STRUCTURE_HINT
 
 optax = pytest.importorskip("optax")
 eqx = pytest.importorskip("equinox")
 
 needs_bind_hook = pytest.mark.skipif(
-    not PRIMITIVES_TAKE_TENSORS,
+    not BIND_CONVERSION,
     reason="JAX before 0.10.2 has no hook to convert a Tensor at a primitive bind",
 )
 

@@ -13,10 +13,10 @@ import sys
 import pytest
 
 import tidyjax as tj
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS
+from tidyjax._jaxdoors import BIND_CONVERSION
 
 pytestmark = pytest.mark.skipif(
-    not PRIMITIVES_TAKE_TENSORS,
+    not BIND_CONVERSION,
     reason="the ports run raw JAX transformations inside tidyjax.jit: JAX 0.10.2+",
 )
 

@@ -34,7 +34,7 @@ import unicodedata
 import pytest
 
 import tidyjax as tj
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS
+from tidyjax._jaxdoors import BIND_CONVERSION
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -112,7 +112,7 @@ def run_block(block: Block, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPa
     """Run one ```python block by the rules in this module's docstring."""
     if block.marker == "no-run":
         pytest.skip(f"not run ({block.id}): {block.reason}")
-    if "# was: @jax.jit" in block.code and not PRIMITIVES_TAKE_TENSORS:
+    if "# was: @jax.jit" in block.code and not BIND_CONVERSION:
         pytest.skip("the standard step under tidyjax.jit needs JAX 0.10.2+ (the page says so)")
     monkeypatch.chdir(tmp_path)
     if block.marker == "ipython":

@@ -14,7 +14,7 @@ import tidyjax.numpy as tnp
 import tidyjax.random as trandom
 from tidyjax import DisposedError, Tensor, tidy
 from tidyjax._arrays import CONCRETE
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS
+from tidyjax._jaxdoors import BIND_CONVERSION
 
 from .conftest import counts
 
@@ -90,7 +90,7 @@ def test_raw_jax_transformations_see_plain_jax_values():
     # primitives take Tensors; the tracer itself on older JAX); what an op gives is JAX's own.
     given = seen[0].array if isinstance(seen[0], Tensor) else seen[0]
     assert isinstance(given, jax.core.Tracer) and isinstance(seen[1], jax.core.Tracer)
-    assert isinstance(seen[0], Tensor) == PRIMITIVES_TAKE_TENSORS
+    assert isinstance(seen[0], Tensor) == BIND_CONVERSION
     assert isinstance(g, Tensor) and not g.is_disposed
     np.testing.assert_array_equal(g.numpy(), [2.0, 4.0, 6.0])
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(w)), [2.0, 4.0, 6.0])

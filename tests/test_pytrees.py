@@ -15,7 +15,7 @@ import pytest
 import tidyjax as tj
 from tidyjax import DisposedError, Tensor, Variable, tidy
 from tidyjax._arrays import CONCRETE, JAX_KEY_CHECKS, JAX_OPERATORS
-from tidyjax._lift import PRIMITIVES_TAKE_TENSORS
+from tidyjax._jaxdoors import BIND_CONVERSION
 
 from .conftest import counts
 
@@ -149,7 +149,7 @@ def test_jax_binary_operators_are_found():
 # -- raw JAX on Tensors: errors that name the fix ------------------------------------------------
 
 
-@pytest.mark.skipif(PRIMITIVES_TAKE_TENSORS, reason="this JAX converts Tensors at every bind")
+@pytest.mark.skipif(BIND_CONVERSION, reason="this JAX converts Tensors at every bind")
 def test_raw_lax_on_a_tensor_names_the_tidyjax_form_where_jax_refuses_it():
     t = tj.tensor([0.0, 1.0])
     with pytest.raises(tj.TidyjaxValueError, match=r"jax\.lax\.exp got a tidyjax Tensor"):
@@ -159,7 +159,7 @@ def test_raw_lax_on_a_tensor_names_the_tidyjax_form_where_jax_refuses_it():
     t.dispose()
 
 
-@pytest.mark.skipif(not PRIMITIVES_TAKE_TENSORS, reason="JAX before 0.10.2 has no bind hook")
+@pytest.mark.skipif(not BIND_CONVERSION, reason="JAX before 0.10.2 has no bind hook")
 def test_raw_lax_takes_a_tensor_and_gives_jax_values():
     """Private to JAX: the bind-time conversion (fails loudly when it moves)."""
     t = tj.tensor([0.0, 1.0])

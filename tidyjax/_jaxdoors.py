@@ -153,17 +153,16 @@ _register_value: Callable[[type, Callable[[Any], Any]], None] | None = getattr(
     _dtypes, "register_canonicalize_value_handler", None
 )
 
-#: True where JAX lets a type convert itself at every primitive bind (JAX 0.10.2 and later).
+#: True where JAX lets a type convert itself at every primitive bind (JAX 0.10.2 and later):
+#: there JAX primitives take Tensors (the one flag for it; ``register_bind_conversion``).
 BIND_CONVERSION: bool = _register_value is not None
 
 
-def register_bind_conversion(cls: type, convert: Callable[[Any], Any]) -> bool:
-    """Have JAX convert ``cls`` with ``convert`` at every primitive bind; False where this JAX
-    has no such hook (``BIND_CONVERSION``)."""
-    if _register_value is None:
-        return False
-    _register_value(cls, convert)
-    return True
+def register_bind_conversion(cls: type, convert: Callable[[Any], Any]) -> None:
+    """Have JAX convert ``cls`` with ``convert`` at every primitive bind; nothing where this
+    JAX has no such hook (``BIND_CONVERSION`` is False)."""
+    if _register_value is not None:
+        _register_value(cls, convert)
 
 
 #: JAX's tables of abstract (and, before the bind hook, canonical) values, by module.

@@ -33,7 +33,13 @@ from ._arrays import CONCRETE, Tracer
 from ._context import TRACING, on_jax_error
 from ._decorating import check_callable
 from ._errors import donated
-from ._jaxdoors import refuse_in_type_tables, register_bind_conversion, trace_of, trace_running
+from ._jaxdoors import (
+    BIND_CONVERSION,
+    refuse_in_type_tables,
+    register_bind_conversion,
+    trace_of,
+    trace_running,
+)
 from ._ops import lift
 from ._tensor import (
     TENSOR_TYPES,
@@ -85,7 +91,7 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
     * a tracer: an untracked Tensor shell around it, so the rebuilt tree has the structure JAX
       compares it with (``jax.jvp`` tangents, ``jacfwd``/``jacrev``, optax's updates); an op on
       the shell gives JAX's own tracer back (``_context.TRACING``), so what a function JAX
-      transforms returns is plain. On JAX without the bind hook (``PRIMITIVES_TAKE_TENSORS``)
+      transforms returns is plain. On JAX without the bind hook (``BIND_CONVERSION``)
       a library's ``lax`` call could not take a shell: there the tracer comes back as itself
       (a shell only for a tidyjax transformation's own trace);
     * data a tree map computed (a number, a shape tuple, a string, a NumPy array from
@@ -104,7 +110,7 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
     if type(child) in CONCRETE:
         return wrap_foreign(child)
     if isinstance(child, Tracer):
-        return shell(child) if PRIMITIVES_TAKE_TENSORS else wrap(child)
+        return shell(child) if BIND_CONVERSION else wrap(child)
     if isinstance(child, Tensor):  # a saved treedef rebuilt over Tensors: never nest one
         return child
     if type(child) is _ShapedArray:  # JAX compares a carry's types (scan, while_loop)
@@ -141,8 +147,7 @@ def _as_jax_value(t: Tensor) -> Any:
 # keeps its derivative. Older JAX has no such hook; there JAX looks a Tensor's type up in its type
 # tables and ``refused_by_jax`` raises an error naming the ``tidyjax`` form. Both are doors into
 # private JAX (``_jaxdoors``).
-#: True where JAX primitives take Tensors (converted at bind).
-PRIMITIVES_TAKE_TENSORS = register_bind_conversion(Tensor, _as_jax_value)
+register_bind_conversion(Tensor, _as_jax_value)  # where JAX has the hook: BIND_CONVERSION
 refuse_in_type_tables(Tensor, refused_by_jax)
 
 
