@@ -271,13 +271,20 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     try:
         return transformed(*unwrap(args), **unwrap(kwargs))
     except RuntimeError as e:  # out of memory: name the holders; else untouched
-        on_jax_error(e, getattr(transformed, "__name__", "function"), args)
+        on_jax_error(e, _user_name(transformed), args)
         raise
     except (TypeError, ValueError) as e:
         add_structure_hint(e)
         raise
     finally:
         _CALLER_ARGS.reset(token)
+
+
+def _user_name(transformed: Any) -> str:
+    """The ``__qualname__`` of the user's function under JAX's wrappers (``Model.step``), as
+    the error path names it; JAX's wrappers and ``_traced`` set ``__wrapped__``."""
+    name = getattr(inspect.unwrap(transformed), "__qualname__", None)
+    return name if isinstance(name, str) else getattr(transformed, "__name__", "function")
 
 
 def add_structure_hint(e: BaseException) -> None:

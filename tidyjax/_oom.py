@@ -22,7 +22,6 @@ import contextvars
 import dataclasses
 import datetime
 import gc
-import inspect
 import os
 import re
 import sys
@@ -116,7 +115,7 @@ def raise_for(
 
 
 def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
-    name = _transformed_name(what)
+    name = what  # a tidyjax transformation passes its function's __qualname__
     consumed = _consumed(operands, name)
     report = build_report(err, _call_text(name, operands), _call_site(err))
     if consumed:
@@ -172,22 +171,6 @@ def _call_site(err: BaseException) -> str | None:
         f = f.f_back
     site = site_of_frames(frames)
     return None if site is None else str(site)
-
-
-def _transformed_name(what: str) -> str:
-    """``what``, or for a ``tidyjax.jit``/``grad``/``value_and_grad``/``vmap`` call the
-    ``__qualname__`` of the user's function (``Model.step``), found in the running call."""
-    from . import _lift
-
-    code = getattr(getattr(_lift, "_call", None), "__code__", None)  # where JAX is called
-    f: Any = sys._getframe(1) if code is not None else None
-    while f is not None and f.f_code is not code:
-        f = f.f_back
-    if f is None:
-        return what
-    fn = inspect.unwrap(f.f_locals.get("transformed"))  # jax's wrappers set __wrapped__
-    name = getattr(fn, "__qualname__", None)
-    return name if isinstance(name, str) and name.endswith(what) else what
 
 
 # -- the report --------------------------------------------------------------------------------
