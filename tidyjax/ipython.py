@@ -339,83 +339,84 @@ def _make_magics(shell: Any) -> Any:
         def tidy(self, line: str, cell: str) -> None:
             """%%tidy [name] [-q]: run the cell in a scope; at its end, free every Tensor and
             jax array that only IPython's history holds of what %%tidy cells showed."""
-            args = line.split()
-            quiet = "-q" in args
-            names = [a for a in args if a != "-q"]
-            if len(names) > 1 or any(a.startswith("-") for a in names):
-                from IPython.core.error import UsageError
-
-                raise UsageError(f"usage: %%tidy [name] [-q]; got {line!r}")
-            assert self.shell is not None  # set when the extension loads
-            hooks = self.hooks
-            scoped = _CellScope(
-                self.shell, names[0] if names else None, hooks.inert, "tidy", hooks.managed
-            )
-            result = None
-            try:
-                result = _run_body(self.shell, line, cell, scoped.number)
-            finally:
-                scoped.close([result] if result is not None else [])
-            if not quiet:
-                print(scoped.summary())
-            error = result.error_before_exec or result.error_in_exec
-            if error is not None:  # fail this cell too, so "run all" stops here
-                from IPython.core.error import UsageError
-
-                raise UsageError(f"the %%tidy cell raised {type(error).__name__}: {error}")
+            _tidy_cell(self.shell, self.hooks, line, cell)
 
         @line_magic
         def tidyjax(self, line: str) -> Any:
             """%tidyjax auto on|off | free | memory | live | timeline [on|off|show]"""
-            args = line.split()
-            if args == ["memory"]:
-                return memory()
-            if args == ["live"]:
-                return snapshot()
-            if args == ["free"]:
-                assert self.shell is not None  # set when the extension loads
-                hooks = self.hooks
-                scoped = _CellScope(self.shell, "free", hooks.inert, "free", hooks.managed)
-                _close_cell(scoped, [])
-                print(scoped.summary())
-                return None
-            if len(args) == 2 and args[0] == "auto" and args[1] in ("on", "off"):
-                self.hooks.set_auto(args[1] == "on")
-                print(f"tidyjax auto mode {args[1]}")
-                return None
-            if args in (
-                ["timeline"],
-                ["timeline", "on"],
-                ["timeline", "off"],
-                ["timeline", "show"],
-            ):
-                self.timeline(args[1] if len(args) == 2 else "show")
-                return None
-            from IPython.core.error import UsageError
-
-            raise UsageError(
-                "usage: %tidyjax auto on|off | %tidyjax free | %tidyjax memory | "
-                "%tidyjax live | %tidyjax timeline [on|off|show]"
-            )
-
-        def timeline(self, what: str) -> None:
-            hooks = self.hooks
-            if what == "on":
-                hooks.set_timeline(True)
-                print("tidyjax timeline on: recording each cell until %tidyjax timeline off")
-            elif what == "off":
-                hooks.set_timeline(False)
-                print("tidyjax timeline off; %tidyjax timeline shows it")
-            elif hooks.last is None:
-                from IPython.core.error import UsageError
-
-                raise UsageError("no timeline yet: run %tidyjax timeline on, then some cells")
-            else:
-                from IPython.display import display
-
-                display(hooks.last)
+            return _tidyjax_line(self.shell, self.hooks, line)
 
     return TidyjaxMagics(shell)
+
+
+def _usage_error(text: str) -> Exception:
+    from IPython.core.error import UsageError
+
+    return UsageError(text)
+
+
+def _tidy_cell(shell: Any, hooks: _Hooks, line: str, cell: str) -> None:
+    """``%%tidy [name] [-q]``: the cell's body in a cell scope, then its summary."""
+    args = line.split()
+    quiet = "-q" in args
+    names = [a for a in args if a != "-q"]
+    if len(names) > 1 or any(a.startswith("-") for a in names):
+        raise _usage_error(f"usage: %%tidy [name] [-q]; got {line!r}")
+    scoped = _CellScope(shell, names[0] if names else None, hooks.inert, "tidy", hooks.managed)
+    result = None
+    try:
+        result = _run_body(shell, line, cell, scoped.number)
+    finally:
+        scoped.close([result] if result is not None else [])
+    if not quiet:
+        print(scoped.summary())
+    error = result.error_before_exec or result.error_in_exec
+    if error is not None:  # fail this cell too, so "run all" stops here
+        raise _usage_error(f"the %%tidy cell raised {type(error).__name__}: {error}")
+
+
+_TIMELINE_ARGS = (["timeline"], ["timeline", "on"], ["timeline", "off"], ["timeline", "show"])
+
+
+def _tidyjax_line(shell: Any, hooks: _Hooks, line: str) -> Any:
+    """``%tidyjax auto on|off | free | memory | live | timeline [on|off|show]``."""
+    args = line.split()
+    if args == ["memory"]:
+        return memory()
+    if args == ["live"]:
+        return snapshot()
+    if args == ["free"]:
+        scoped = _CellScope(shell, "free", hooks.inert, "free", hooks.managed)
+        _close_cell(scoped, [])
+        print(scoped.summary())
+        return None
+    if len(args) == 2 and args[0] == "auto" and args[1] in ("on", "off"):
+        hooks.set_auto(args[1] == "on")
+        print(f"tidyjax auto mode {args[1]}")
+        return None
+    if args in _TIMELINE_ARGS:
+        _timeline_magic(hooks, args[1] if len(args) == 2 else "show")
+        return None
+    raise _usage_error(
+        "usage: %tidyjax auto on|off | %tidyjax free | %tidyjax memory | "
+        "%tidyjax live | %tidyjax timeline [on|off|show]"
+    )
+
+
+def _timeline_magic(hooks: _Hooks, what: str) -> None:
+    """``%tidyjax timeline on|off|show``."""
+    if what == "on":
+        hooks.set_timeline(True)
+        print("tidyjax timeline on: recording each cell until %tidyjax timeline off")
+    elif what == "off":
+        hooks.set_timeline(False)
+        print("tidyjax timeline off; %tidyjax timeline shows it")
+    elif hooks.last is None:
+        raise _usage_error("no timeline yet: run %tidyjax timeline on, then some cells")
+    else:
+        from IPython.display import display
+
+        display(hooks.last)
 
 
 # -- out of memory ---------------------------------------------------------------------------
