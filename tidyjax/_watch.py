@@ -81,23 +81,7 @@ def watch(obj: T, name: str) -> T:
         print(tidyjax.memory().watched_arrays)   # {'model': 4}
         ```
     """
-    if not isinstance(name, str) or not name:
-        raise TidyjaxTypeError(
-            f"watch() takes a name (a non-empty str) as its second argument, got {name!r}: "
-            f'write tidyjax.watch(obj, "model").'
-        )
-    if not _may_hold_arrays(obj):
-        why = (
-            "which holds none"
-            if obj is None or isinstance(obj, _SCALARS)
-            else "which JAX sees as one leaf: register its class as a pytree, or watch the "
-            "dict or module holding its arrays"
-        )
-        raise TidyjaxTypeError(
-            "watch() takes an object that holds arrays (a pytree such as a dict or list of "
-            "arrays, an Equinox module or an optax state; a Flax NNX module or optimizer; a "
-            f"jax.Array or Tensor), got {type(obj).__name__} {_format.clip(obj)}, {why}."
-        )
+    _check_watch_args(obj, name)
     try:
         ref: Callable[[], Any] = weakref.ref(obj)
     except TypeError:  # dicts, lists, tuples: held until unwatch()
@@ -117,6 +101,27 @@ def watch(obj: T, name: str) -> T:
         _watched[name] = ref
         _names.add(name)
     return obj
+
+
+def _check_watch_args(obj: Any, name: Any) -> None:
+    """Raise `watch`'s TidyjaxTypeError for a bad name or an object that cannot hold arrays."""
+    if not isinstance(name, str) or not name:
+        raise TidyjaxTypeError(
+            f"watch() takes a name (a non-empty str) as its second argument, got {name!r}: "
+            f'write tidyjax.watch(obj, "model").'
+        )
+    if not _may_hold_arrays(obj):
+        why = (
+            "which holds none"
+            if obj is None or isinstance(obj, _SCALARS)
+            else "which JAX sees as one leaf: register its class as a pytree, or watch the "
+            "dict or module holding its arrays"
+        )
+        raise TidyjaxTypeError(
+            "watch() takes an object that holds arrays (a pytree such as a dict or list of "
+            "arrays, an Equinox module or an optax state; a Flax NNX module or optimizer; a "
+            f"jax.Array or Tensor), got {type(obj).__name__} {_format.clip(obj)}, {why}."
+        )
 
 
 def _may_hold_arrays(obj: Any) -> bool:
