@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tidyjax as tj
-from tidyjax import _timeline_export
+from tidyjax import _timeline_format
 
 PHASES = {"B", "E", "X", "i", "I", "C", "M"}
 
@@ -152,7 +152,7 @@ def test_annotations_are_global_instants_with_their_label_and_bytes():
         mark = tl.annotate("evaluation starts", bytes=4096)
         tl.annotate("no bytes")
         x.dispose()
-    events = _timeline_export.chrome_trace(tl)["traceEvents"]
+    events = _timeline_format.chrome_trace(tl)["traceEvents"]
     marks = [e for e in events if e.get("cat") == "annotation"]
     assert [(e["name"], e["ph"], e["s"], e["args"]) for e in marks] == [
         ("evaluation starts", "i", "g", {"bytes": 4096}),
@@ -194,7 +194,7 @@ def test_scopes_that_overlap_without_nesting_go_on_separate_threads(tmp_path):
             entered.wait(10)
         exited.set()
         t.join()
-    data = _timeline_export.chrome_trace(tl)
+    data = _timeline_format.chrome_trace(tl)
     events = check_format(data)
     check_nesting(events)
     slices = {e["name"]: e for e in named(events, "X")}
@@ -213,7 +213,7 @@ def test_several_devices_get_a_counter_each_and_a_sum():
     with tj.timeline() as tl:
         x = tj.tensor(np.ones(128, np.float32), device=devices[0])
         y = tj.tensor(np.ones(64, np.float32), device=devices[1])
-    events = check_format(_timeline_export.chrome_trace(tl))
+    events = check_format(_timeline_format.chrome_trace(tl))
     names = {e["name"] for e in events if e["ph"] == "C"}
     assert names == {str(devices[0]), str(devices[1]), "all devices"}
     assert counter(events, "all devices")[-1][1] == 768
@@ -225,7 +225,7 @@ def test_a_timeline_with_dropped_events_starts_from_what_they_left_alive():
         a = tj.tensor(np.ones(100, np.float32))  # 400 B, its alloc dropped
         bs = [tj.tensor(np.ones(25, np.float32)) for _ in range(4)]  # 100 B each
     assert tl.dropped
-    events = check_format(_timeline_export.chrome_trace(tl))
+    events = check_format(_timeline_format.chrome_trace(tl))
     (device,) = {d for ev in tl.events for d, _ in ev.per_device}
     values = counter(events, device)
     first_kept = (tl.events[0].time - tl.start_time) * 1e6
@@ -237,7 +237,7 @@ def test_a_timeline_with_dropped_events_starts_from_what_they_left_alive():
 def test_a_snapshot_view_is_one_moment(tmp_path):
     x = tj.tensor(np.ones(10, np.float32))
     tl = tj.Timeline.from_snapshot(tj.snapshot())
-    events = check_format(_timeline_export.chrome_trace(tl))
+    events = check_format(_timeline_format.chrome_trace(tl))
     assert {e["ts"] for e in events if e["ph"] != "M"} == {0.0}
     assert [v for _, v in counter(events, str(x.array.devices().pop()))] == [40]
     x.dispose()
@@ -260,7 +260,7 @@ class _TwoDevices:
 
 
 def test_a_sharded_buffer_counts_its_shard_on_each_device():
-    events = check_format(_timeline_export.chrome_trace(_TwoDevices()))
+    events = check_format(_timeline_format.chrome_trace(_TwoDevices()))
     assert counter(events, "gpu:0") == [(0.0, 0), (1000.0, 200), (3000.0, 0)]
     assert counter(events, "gpu:1") == [(0.0, 0), (1000.0, 200), (2000.0, 400), (3000.0, 200)]
     assert counter(events, "all devices") == [(0.0, 0), (1000.0, 400), (2000.0, 600),

@@ -16,6 +16,7 @@ Real JupyterLab runs are out of scope here.
 
 from __future__ import annotations
 
+import base64
 import html
 import html.parser
 import json
@@ -313,17 +314,25 @@ def test_an_untrusted_notebook_shows_the_timeline_chart_as_an_image(
         assert img["ok"] and img["width"] > 300 and img["height"] > 100, img
     assert "gpu:1" in got["images"][2]["alt"]
     # no text of the SVG spills out: every text shown belongs to the title, the subtitle, a
-    # device's name, the legend or the table
+    # device's name, the sites' line or the table
     assert got["loose"] == [], got["loose"]
     shown = " ".join(got["shown"])
     assert "Alive at the peak" in shown and "model.py:1" in shown
+    assert "By site, largest first: model.py:6 in <module> (6.0 KiB)" in shown
     assert "gpu:1 · peak 3.0 KiB" in shown  # each device's chart under its name
     assert not re.search(r"\d (ms|s|min)\+\d|\d (B|KiB|MiB|GiB)\d", shown)  # no axis labels run on
-    # the legend keeps its colours (plain spans with allowed inline styles)
-    assert got["swatches"] and all(
-        bg not in ("rgba(0, 0, 0, 0)", "transparent") and width == 12
-        for bg, width in got["swatches"]
-    ), got["swatches"]
+    # the legend is the script's (with the chart it names): no swatches without it
+    assert got["swatches"] == [], got["swatches"]
+    # each image is the minimal picture: one area of the live bytes, the peak line, its label
+    images = [
+        base64.b64decode(b).decode("utf-8")
+        for markup in clean
+        for b in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', markup)
+    ]
+    peaks = [re.findall(r'<g class="tj-peak"><line [^>]*/><text [^>]*>(peak [^<]+)</text>', svg)
+             for svg in images]  # fmt: skip
+    assert [svg.count('<path class="tj-area"') for svg in images] == [1, 1, 1]
+    assert peaks[1:] == [["peak 4.0 KiB"], ["peak 3.0 KiB"]] and len(peaks[0]) == 1, peaks
 
 
 def test_an_untrusted_notebook_keeps_the_light_displays_readable(browser, displays, tmp_path):

@@ -76,11 +76,14 @@ def test_snapshot_compare_to_sorts_by_size_change_and_round_trips_json(tmp_path)
 
 def test_check_leaks_reports_the_right_file_and_line():
     with pytest.raises(tj.LeakError) as err, tj.check_leaks():
-        kept_by_mistake = make_pair()
+        kept_by_mistake = make_pair()  # SITE:leak_call
     report = err.value.report
     assert len(report) == 1 and report.num_bytes == 8
     (group,) = report.groups
-    assert group.site == f"{HERE}:{_line_of('SITE:make_pair')} in make_pair"
+    # the outermost user frame inside the block; the helper that made it is its stack
+    name = "test_check_leaks_reports_the_right_file_and_line"
+    assert group.site == f"{HERE}:{_line_of('SITE:leak_call')} in {name}"
+    assert f"through {HERE}:{_line_of('SITE:make_pair')} in make_pair" in str(report)
     assert group.count == 1 and group.shapes == {"float32[2]": 1}
     assert "1 tensor (8 B) created inside check_leaks() is still alive" in str(err.value)
     assert isinstance(err.value, AssertionError)
@@ -172,7 +175,8 @@ def test_plugin_marker_fails_a_leaking_test_with_a_grouped_report(pytester):
         [
             "*test_leaky*",
             "*1 tensor (12 B) created inside test test_leaky is still alive:*",
-            "*test_leaks.py:7 in make: 1 tensor, 12 B [[]float32[[]3[]][]]*",
+            "*test_leaks.py:11 in test_leaky: 1 tensor, 12 B [[]float32[[]3[]][]]*",
+            "*through test_leaks.py:7 in make",
         ]
     )
 

@@ -10,7 +10,9 @@ count them (in the out-of-memory report too), and as "watched arrays" in the hea
 from __future__ import annotations
 
 import gc
+import random
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,7 @@ import pytest
 
 import tidyjax as tj
 import tidyjax.numpy as tnp
-from tidyjax import _oom
+from tidyjax import _oom, _registry
 from tidyjax._oom import OOMWatched
 from tidyjax._records import Site, TensorRecord, summary
 from tidyjax._watch import _watched
@@ -212,3 +214,315 @@ def test_a_buffer_deleted_behind_tidyjax_holds_no_bytes_in_any_report():
     assert (report.tensors, report.tracked_bytes) == (1, 0)
     t.dispose()
     assert tj.memory(scan_untracked=False).num_tensors == 0
+
+
+# -- one buffer, whatever array objects view it --------------------------------------------------
+#
+# A raw ``jax.device_put`` of a Tensor (or of its array) to where it already is makes a second
+# ``jax.Array`` object over the same buffer; so does reading a committed array's addresses (JAX
+# caches a shard view). Every report counts that buffer once.
+
+N = 1000  # float32: 4,000 bytes
+N_BYTES = 4 * N
+
+
+def _distinct_live_bytes() -> int:
+    """The bytes of ``jax.live_arrays()``, each device buffer once (by its addresses)."""
+    seen: dict[object, int] = {}
+    for a in jax.live_arrays():
+        if a.is_deleted():
+            continue
+        key = _registry.same_buffer_key(a)
+        seen[key if key is not None else id(a)] = int(a.nbytes)
+    return sum(seen.values())
+
+
+def _replay(tl: tj.Timeline) -> tuple[int, int]:
+    """The timeline's replay now: (tidyjax bytes, untracked bytes)."""
+    live = tl.live_at(time.perf_counter())
+    tracked = sum(r.bytes for r in live if r.scope != "<untracked>")
+    return tracked, sum(r.bytes for r in live) - tracked
+
+
+def _ready_tensor() -> tj.Tensor:
+    t = tj.tensor(np.ones(N, np.float32))
+    jax.block_until_ready(t.array)
+    return t
+
+
+@pytest.mark.parametrize("form", ["tensor", "raw"])
+def test_a_same_device_view_is_one_buffer_in_memory_the_timeline_and_live_arrays(form):
+    gc.collect()
+    live_before = _distinct_live_bytes()
+    untracked_before = tj.memory().untracked_bytes
+    t = _ready_tensor()
+    with tj.timeline() as tl:
+        a = jax.device_put(t if form == "tensor" else t.array, jax.devices()[0])
+        jax.block_until_ready(a)
+        info = tj.memory()  # reads the view's addresses: JAX caches a shard view on it
+        tl.mark()
+        assert _replay(tl) == (N_BYTES, 0)
+    assert (info.num_bytes, info.num_data_buffers) == (N_BYTES, 1)
+    assert info.untracked_bytes == untracked_before
+    assert _distinct_live_bytes() - live_before == N_BYTES
+    assert _replay(tl) == (N_BYTES, 0)
+    assert tl.peak_bytes == N_BYTES
+    records = tj.live_tensors(untracked=True)
+    assert summary([r for r in records if r.scope != "<untracked>"]).endswith(", 3.9 KiB")
+    assert len({r._buffer for r in records if r.scope != "<untracked>"}) == 1
+    tj.dispose([t, a] if form == "tensor" else t)
+
+
+def test_a_same_device_view_made_in_a_profile_adds_no_bytes():
+    t = _ready_tensor()
+    with tj.profile() as p:
+        a = jax.device_put(t, jax.devices()[0])
+        jax.block_until_ready(a)
+    assert p.bytes_before == N_BYTES
+    assert (p.new_bytes, p.peak_bytes, p.new_tensors) == (0, N_BYTES, 1)
+    with tj.profile() as p2:  # the view dropped: the buffer lives on in t
+        tj.dispose(a)
+    assert (p2.new_bytes, p2.new_tensors) == (0, -1)
+    tj.dispose(t)
+
+
+def test_a_same_device_tensor_view_leaks_one_tensor_of_one_buffer():
+    t = _ready_tensor()
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+        a = jax.device_put(t, jax.devices()[0])
+    report = err.value.report
+    assert (len(report.tensors), len(report.arrays)) == (1, 0)  # as a clone: one Tensor
+    assert report.num_bytes == N_BYTES
+    tj.dispose([t, a])
+
+
+def test_a_same_device_raw_view_of_a_tensor_is_no_leak():
+    t = _ready_tensor()
+    with tj.check_leaks() as checker:  # nothing new was made: a view of t's buffer
+        a = jax.device_put(t.array, jax.devices()[0])
+        jax.block_until_ready(a)
+        tj.memory()  # its shard view too
+    assert checker.report is None or len(checker.report) == 0
+    tj.dispose(t)
+    assert a.is_deleted()  # the buffer was t's: deleting it deleted the view
+
+
+# -- Variable.assign inside a profile ------------------------------------------------------------
+
+
+def test_variable_assign_and_construction_in_a_profile_count_their_tensors():
+    v = tj.Variable(tj.tensor(np.ones(10, np.float32)))
+    for step in range(2):
+        before = tj.memory(scan_untracked=False)
+        with tj.profile() as p:
+            if step == 0:
+                with tj.tidy():
+                    v.assign(v * 2)
+            else:
+                v.assign(v * 2)
+        after = tj.memory(scan_untracked=False)
+        assert p.new_tensors == after.num_tensors - before.num_tensors == 0
+        assert p.new_bytes == after.num_bytes - before.num_bytes == 0
+    with tj.profile() as p:
+        w = tj.Variable(tj.tensor(np.ones(10, np.float32)))
+        gc.collect()
+    assert (p.new_tensors, p.new_bytes) == (1, 40)
+    again = tj.profile(lambda: v.assign(v + 1))
+    gc.collect()
+    assert again.new_tensors == 0
+    tj.dispose([v, w])
+
+
+# -- a buffer donated by a raw jax.jit ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["array", "tensor"])
+@pytest.mark.parametrize("look_inside", [True, False])
+def test_a_buffer_donated_through_raw_jit_counts_nowhere_once_its_scope_exits(form, look_inside):
+    double = jax.jit(lambda x: x * 2, donate_argnums=0)
+    gc.collect()
+    untracked_before = tj.memory().untracked_bytes or 0
+    with tj.timeline() as tl:
+        with tj.tidy():
+            t = tj.tensor(np.ones(N, np.float32))
+            out = double(t.array if form == "array" else t)
+            jax.block_until_ready(out)
+            if look_inside:  # a report in the scope sees the deleted buffer first
+                assert tj.memory().num_bytes == 0
+        tl.mark()
+        assert _replay(tl) == (0, N_BYTES)
+    info = tj.memory()
+    assert (info.num_tensors, info.num_data_buffers, info.num_bytes) == (0, 0, 0)
+    assert not any("deleted outside" in r for r in info.reasons)
+    assert (info.untracked_bytes or 0) - untracked_before == N_BYTES  # out: a plain array
+    assert [r for r in tj.live_tensors() if r.id == t.id] == []
+    assert t.is_disposed
+    del out
+
+
+# -- small random programs: every report agrees on the bytes of each kind -----------------------
+
+_DONATE = jax.jit(lambda x: x * 2, donate_argnums=0)
+_SIZES = (64, 256, 1000)
+
+
+class _Program:
+    """A random program over Tensors, views, Variables, kept values, plain arrays and a
+    donation; what it holds stays alive until `release`."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.tensors: list[tj.Tensor] = []
+        # Tensors on a caller's array: never viewed with device_put here (a later tensors() of
+        # that array is a record the registry does not group with the view's)
+        self.borrowed: list[tj.Tensor] = []
+        self.variables: list[tj.Tensor] = []
+        self.kept: list[tj.Tensor] = []
+        self.plains: list[jax.Array] = []
+        self.views: set[int] = set()  # ids of the raw views (device_put) among plains
+
+    def _data(self) -> np.ndarray:
+        return np.full(self.rng.choice(_SIZES), self.rng.random(), np.float32)
+
+    def step(self) -> None:
+        rng, dev = self.rng, jax.devices()[0]
+        self.plains = [a for a in self.plains if not a.is_deleted()]  # a scope freed its buffer
+        self.views &= {id(a) for a in self.plains}
+        op = rng.choice(
+            ["tensor", "tensor", "view", "raw_view", "variable", "assign", "keep", "plain",
+             "plain_view", "print", "donate", "drop", "dispose", "borrow", "escape", "scope"]
+        )  # fmt: skip
+        if op == "tensor":
+            self.tensors.append(tj.tensor(self._data()))
+        elif op == "view" and self.tensors:  # a Tensor over the same buffer
+            self.tensors.append(jax.device_put(rng.choice(self.tensors), dev))
+        elif op == "raw_view" and self.tensors:  # a raw object over a Tensor's buffer
+            view = jax.device_put(rng.choice(self.tensors).array, dev)
+            self.plains.append(view)
+            self.views.add(id(view))
+        elif op == "variable":
+            self.variables.append(tj.Variable(tj.tensor(self._data())))
+        elif op == "assign" and self.variables:
+            v = rng.choice(self.variables)
+            with tj.tidy():
+                v.assign(v * 2)
+        elif op == "keep":
+            with tj.tidy():
+                self.kept.append(tj.keep(tj.tensor(self._data()) + 1))
+        elif op == "plain":
+            self.plains.append(jnp.asarray(self._data()) + 1)
+        elif op == "plain_view" and self.plains:
+            view = jax.device_put(rng.choice(self.plains), dev)
+            self.plains.append(view)
+            self.views.add(id(view))
+        elif op == "print" and (self.tensors or self.plains):
+            print(rng.choice([*(t.array for t in self.tensors), *self.plains]))
+        elif op == "donate":
+            with tj.tidy():
+                t = tj.tensor(self._data())
+                if rng.random() < 0.5:
+                    tj.memory(scan_untracked=False)  # a report sees the buffer deleted first
+                self.plains.append(_DONATE(t.array if rng.random() < 0.5 else t))
+        elif op == "drop" and self.plains:
+            self.plains.pop(rng.randrange(len(self.plains)))
+        elif op == "dispose" and (self.tensors or self.borrowed):
+            held = rng.choice([h for h in (self.tensors, self.borrowed) if h])
+            held.pop(rng.randrange(len(held))).dispose()
+        elif op == "borrow" and self.plains:  # a Tensor on a caller's array, then dropped
+            # not a raw view: tensors() of the array a view views would be a record the
+            # registry does not group with the view's; and of a raw view of a Tensor's buffer
+            # later joined to that Tensor's record, one the registry loses track of
+            arr = rng.choice(self.plains)
+            if not arr.is_deleted() and id(arr) not in self.views:
+                borrowed = tj.tensors(arr)
+                if rng.random() < 0.5:
+                    self.borrowed.append(borrowed)
+                del borrowed
+        elif op == "escape":  # a raw array that outlives its Tensor, freed by the scope
+            with tj.tidy():
+                self.plains.append(tj.tensor(self._data()).array)
+        elif op == "scope":
+            with tj.tidy() as scope:
+                a = tj.tensor(self._data())
+                b = jax.device_put(a, dev) * 2
+                self.tensors.append(tj.keep(b) if rng.random() < 0.3 else scope.keep(b.clone()))
+
+    def release(self) -> None:
+        tj.dispose([*self.tensors, *self.borrowed, *self.variables, *self.kept])
+        self.tensors, self.borrowed, self.variables, self.kept = [], [], [], []
+        self.plains = []
+
+
+def _kinds(records: list[TensorRecord]) -> tuple[int, int]:
+    """(tidyjax bytes, untracked bytes) of a list of records, each buffer once per kind."""
+    tracked = {r._buffer: r.bytes for r in records if r.scope not in ("<untracked>", "<watched>")}
+    untracked = {r._buffer: r.bytes for r in records if r.scope == "<untracked>"}
+    return sum(tracked.values()), sum(untracked.values())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs_every_report_agrees_on_each_kinds_bytes(seed, capsys):
+    rng = random.Random(seed)
+    warm = _Program(random.Random(seed))  # compiles what the program runs, fills caches
+    for _ in range(12):
+        warm.step()
+    warm.release()
+    gc.collect()
+    base = tj.memory()
+    base_untracked = base.untracked_bytes or 0
+    assert base.num_bytes == 0
+    program = _Program(rng)
+    moments = []  # after each step: (time, tidyjax bytes, untracked bytes made since) by memory()
+    with tj.timeline() as tl, tj.profile() as prof:
+        for _ in range(rng.randint(8, 16)):
+            program.step()
+            gc.collect()
+            jax.block_until_ready(jax.live_arrays())  # addresses are compared when ready
+            tl.mark()
+            now = tj.memory()
+            moments.append((time.perf_counter(), now.num_bytes, now.untracked_bytes or 0))
+        gc.collect()
+        jax.block_until_ready(jax.live_arrays())
+        tl.mark()
+        info = tj.memory()
+        records = tj.live_tensors(untracked=True)
+        snap = tj.snapshot()
+        replay = _replay(tl)
+    capsys.readouterr()
+    assert (prof.new_bytes, prof.new_tensors) == (info.num_bytes, info.num_tensors)
+    assert prof.peak_bytes >= max(nbytes for _, nbytes, _ in moments)
+    untracked = (info.untracked_bytes or 0) - base_untracked
+    tracked_records, untracked_records = _kinds(records)
+    assert tracked_records == info.num_bytes == replay[0] == sum(info.bytes_per_device.values())
+    assert _kinds([*snap.records, *snap.untracked]) == (tracked_records, untracked_records)
+    assert untracked_records - base_untracked == untracked == replay[1]
+    # every buffer alive in the process: tidyjax's or untracked, once (none is watched here)
+    assert _distinct_live_bytes() == info.num_bytes + (info.untracked_bytes or 0)
+    assert info.num_tensors == len([r for r in records if r.id])
+    for at, nbytes, untracked_then in moments:  # the replay equals memory() at every moment
+        live = tl.live_at(at)
+        assert _kinds(live) == (nbytes, untracked_then - base_untracked), at
+    program.release()
+
+
+def test_a_buffer_only_its_raw_array_holds_is_tidyjaxs_in_every_report():
+    with tj.timeline() as tl:
+        t = tj.tensor(np.ones(N, np.float32))
+        del t  # the Tensor and its array go together
+        kept = tj.tensor(np.ones(N, np.float32))  # SITE:escaped
+        raw = kept.array
+        del kept  # the array outlives its Tensor: tidyjax's still (dispose(raw) frees it)
+        tl.mark()
+        assert _replay(tl) == (N_BYTES, 0)
+    info = tj.memory()
+    assert (info.num_bytes, info.num_tensors, info.num_data_buffers) == (N_BYTES, 0, 1)
+    (record,) = tj.live_tensors()
+    assert (record.id, record.scope, record.bytes) == (0, "<escaped>", N_BYTES)
+    assert summary([record]) == "0 live tensors, 0 B; 1 escaped array, 3.9 KiB"
+    snap = tj.snapshot(untracked=False)
+    (row,) = snap.statistics()
+    assert row.site.endswith(" (escaped)") and "1 escaped array, 3.9 KiB" in str(row)
+    kinds = [(e.kind, e.scope) for e in tl.events if e.kind in ("alloc", "free")]
+    assert kinds == [("alloc", ""), ("free", ""), ("alloc", "")]
+    tj.dispose(raw)
+    assert raw.is_deleted() and tj.memory().num_data_buffers == 0

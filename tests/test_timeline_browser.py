@@ -11,6 +11,7 @@ import io
 import random
 import re
 
+import numpy as np
 import pytest
 
 import tidyjax as tj
@@ -23,6 +24,7 @@ from .headless import headless_chromium
 selenium = pytest.importorskip("selenium", reason="pip install selenium (the test extra)")
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 SCHEMES = ["light", "dark"]
 TOP = 4
@@ -54,7 +56,8 @@ def _open(driver, path, scheme):
         {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
     )
     driver.get(path.as_uri())
-    driver.find_element(By.CSS_SELECTOR, ".tjtl[data-ready]")  # the script ran
+    ready = ".tjtl[data-ready]"  # the script ran (it inflates the data asynchronously)
+    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
     return driver.find_element(By.CSS_SELECTOR, ".tj-chart:not([hidden]) svg.tj-svg")
 
 
@@ -222,4 +225,70 @@ def test_a_million_events_render_to_a_small_page_that_loads_and_draws(driver, tm
     assert len(svg.find_elements(By.CSS_SELECTOR, ".tj-area")) == 11
     assert svg.find_elements(By.CSS_SELECTOR, ".tj-band")
     assert driver.find_elements(By.CSS_SELECTOR, ".tj-peak-table tbody tr")
+    assert _errors(driver) == []
+
+
+def test_many_scopes_draw_few_bands(driver, tmp_path):
+    tl = tlm.Timeline()
+    t = 0.0
+    for i in range(20_000):  # 10,000 scopes "step", one after the other
+        t += 1e-6
+        kind = "scope_enter" if i % 2 == 0 else "scope_exit"
+        tl._append(tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step"), 0)
+    ev = tlm.TimelineEvent("alloc", t, 4, "cpu:0", None, "", (1,), "float32", (), 10**6, "",
+                           (("cpu:0", 4),))  # fmt: skip
+    tl._append(ev, 4)
+    path = tmp_path / "scopes.html"
+    tl.save_html(path)
+    svg = _open(driver, path, "light")
+    bands = svg.find_elements(By.CSS_SELECTOR, ".tj-band")
+    assert 0 < len(bands) < 50  # neighbours too narrow for a label share one
+    assert any("step ×" in b.get_attribute("data-name") for b in bands)  # noqa: RUF001
+    assert _errors(driver) == []
+
+
+def test_two_timelines_on_one_page_draw_each_its_own(driver, tmp_path):
+    """Each page's script finds its own page (document.currentScript), as in a notebook."""
+    with tj.timeline() as tl:
+        params = tidy.run("load_params", tensors_at_sites, 3, "one.py")
+    tj.dispose(params)
+    body = tl._repr_html_() + _two_devices()._repr_html_()
+    path = tmp_path / "two.html"
+    path.write_text(f'<!doctype html><meta charset="utf-8"><body>{body}</body>', encoding="utf-8")
+    driver.get(path.as_uri())
+    ready = ".tjtl[data-ready]"
+    WebDriverWait(driver, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ready)) == 2)
+    first, second = driver.find_elements(By.CSS_SELECTOR, ".tjtl")
+    assert len(first.find_elements(By.CSS_SELECTOR, "svg.tj-live")) == 1
+    assert len(second.find_elements(By.CSS_SELECTOR, "svg.tj-live")) == 2  # one per device
+    legend = [li.text for li in first.find_elements(By.CSS_SELECTOR, ".tj-legend li")]
+    assert sorted(legend) == [f"one.py:{i} in <module>" for i in (1, 2, 3)]
+    assert len(second.find_elements(By.CSS_SELECTOR, ".tj-devices button")) == 2
+    assert not first.find_elements(By.CSS_SELECTOR, ".tj-devices")
+    assert _errors(driver) == []
+
+
+def test_nested_scopes_are_bands_in_lanes_and_the_legend_is_drawn(driver, tmp_path):
+    with tj.timeline() as tl, tidy("outer"):
+        for _ in range(2):
+            with tidy("inner"):
+                tj.tensor(np.ones(64, np.float32))
+    path = tmp_path / "nested.html"
+    tl.save_html(path)
+    svg = _open(driver, path, "light")
+    bands = sorted(
+        (
+            b.get_attribute("data-name"),
+            float(b.find_element(By.TAG_NAME, "rect").get_attribute("y")),
+        )
+        for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band")
+    )
+    assert [name for name, _ in bands] == ["inner", "inner", "outer"]
+    assert bands[0][1] == bands[1][1] > bands[2][1]  # the inner scopes in the lane below
+    (item,) = driver.find_elements(By.CSS_SELECTOR, ".tj-legend li")  # one site
+    swatch = item.find_element(By.CSS_SELECTOR, ".tj-sw")
+    area = svg.find_element(By.CSS_SELECTOR, ".tj-area")
+    assert _rgb(swatch.value_of_css_property("background-color")) == _rgb(
+        area.value_of_css_property("fill")
+    )
     assert _errors(driver) == []

@@ -18,6 +18,7 @@ from tidyjax import _timeline as tlm
 from tidyjax import tidy
 
 from . import test_timeline_browser as _browser
+from .test_timeline import page_data
 from .test_timeline_browser import _errors, _open
 
 driver = _browser.driver  # its module-scoped fixture: one browser for this module too
@@ -401,9 +402,8 @@ def test_several_devices_give_per_device_numbers(driver, tmp_path):
 
 
 def test_long_lived_sites_are_stacked_at_the_bottom():
-    page = training(30).to_html()
-    legend = re.findall(r'<li data-site="(\d+)">.*?</span> ([^<]+)</li>', page)
-    assert [label for _, label in legend] == [str(PARAMS), str(ACT), str(GRAD), str(EVAL)]
+    sites = page_data(training(30).to_html())["sites"]  # the script's series, bottom up
+    assert [site["label"] for site in sites] == [str(PARAMS), str(ACT), str(GRAD), str(EVAL)]
 
 
 def test_the_static_chart_stays_for_pages_without_scripts():

@@ -18,22 +18,26 @@ arrays `ArrayMark` finds, less three kinds:
 from __future__ import annotations
 
 import collections
+import functools
 import gc
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from . import _html, _registry
+from ._arrays import failed
 from ._decorating import decorate
-from ._errors import LeakError, TidyjaxTypeError
+from ._errors import LeakError, TidyjaxTypeError, check_flag
 from ._format import count as _count
 from ._format import describe, esc
 from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
+from ._memory import books
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._records import UNTRACKED, TensorRecord, tensor_records, untracked_record
-from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site, creation_site
+from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site
 from ._snapshot import SiteStat, Snapshot, stats_html
 from ._tensor import _ids
 from ._trees import _gather
@@ -148,24 +152,40 @@ class LeakReport:
     def _repr_html_(self) -> str:
         if not self.records:
             return stats_html(f"no leaks after {self.where}", [])
-        if not self.arrays:
-            return stats_html(
-                f"leak: {_count(len(self.records), 'tensor')}, {_fmt_bytes(self.num_bytes)} "
-                f"still alive after {self.where}",
-                self.groups,
-                bad=True,
-                note=_LEAK_FIX,
-            )
         return _report_html(self)
 
     def __str__(self) -> str:
         if not self.records:
             return f"no leaks: no Tensor or jax array created inside {self.where} is still alive."
         lines = [self._headline() + ":"]
-        lines += [f"  {g}" for g in self.groups]
-        lines += [f"  {g}" for g in self.array_groups]
-        lines.append(_LEAK_FIX)
+        for groups, by_site in ((self.groups, _by_site(self.tensors)),
+                                (self.array_groups, _by_site(self.arrays))):  # fmt: skip
+            for g in groups:
+                lines.append(f"  {g}")
+                lines += [f"    through {chain}" for chain in _chains(by_site.get(g.site, []))]
+        lines.append(_advice(self))
         return "\n".join(lines)
+
+
+def _by_site(records: Iterable[TensorRecord]) -> dict[str, list[TensorRecord]]:
+    out: dict[str, list[TensorRecord]] = collections.defaultdict(list)
+    for r in records:
+        out[str(r.site) if r.site is not None else "<unknown site>"].append(r)
+    return out
+
+
+#: The most distinct stacks a leak report shows under one site.
+STACKS_SHOWN = 3
+
+
+def _chains(records: list[TensorRecord]) -> list[str]:
+    """The distinct stacks of the records of one site (the user frames further in than the
+    site, see ``_sites.Entry``), each from the site inward: ``model.py:8 in Model.__call__``."""
+    stacks = dict.fromkeys(r.site.stack for r in records if r.site is not None and r.site.stack)
+    chains = [" -> ".join(str(f) for f in reversed(st)) for st in stacks]
+    if len(chains) > STACKS_SHOWN:
+        chains[STACKS_SHOWN:] = [f"... and {len(chains) - STACKS_SHOWN} more"]
+    return chains
 
 
 def _bytes(records: Iterable[TensorRecord]) -> int:
@@ -174,29 +194,46 @@ def _bytes(records: Iterable[TensorRecord]) -> int:
 
 @_html.never_raises
 def _report_html(report: LeakReport) -> str:
+    tensors, arrays = _by_site(report.tensors), _by_site(report.arrays)
+
+    def through(records: list[TensorRecord]) -> str:
+        return "".join(_html.dim(f" through {c}") for c in _chains(records))
+
     rows = [
-        (esc(g.site), "tensors", g.count, esc(_fmt_bytes(g.bytes)),
-         esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
+        (esc(g.site) + through(tensors.get(g.site, [])), "tensors", g.count,
+         esc(_fmt_bytes(g.bytes)), esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
         for g in report.groups
     ] + [
-        (esc(g.site) + (_html.dim(f" via {g.detail}") if g.detail else ""), "untracked arrays",
-         g.count, esc(_fmt_bytes(g.bytes)),
-         esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
+        (esc(g.site) + (_html.dim(f" via {g.detail}") if g.detail else "")
+         + through(arrays.get(g.site, [])), "untracked arrays", g.count,
+         esc(_fmt_bytes(g.bytes)), esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
         for g in report.array_groups
     ]  # fmt: skip
     header = ["created at", "kind", "count", "bytes", "shapes"]
     return _html.box(
         _html.bad(f"leak: {report._headline()}"),
         _html.table(header, rows, numeric={2, 3}),
-        _html.line(_html.dim(_LEAK_FIX)),
+        _html.line(_html.dim(_advice(report))),
     )
 
 
-_LEAK_FIX = (
-    "Dispose them, create them inside a tidy scope that frees them, drop the references to "
-    "plain jax arrays, or allow them (check_leaks(allowance=N), checker.allow(x)). A cache "
-    "filled on a first call: run one step before the check."
-)
+def _advice(report: LeakReport) -> str:
+    """What frees each kind of leak found: a scope frees Tensors, never a plain jax array."""
+    parts = []
+    if report.tensors:
+        parts.append("Tensors: dispose them, or create them inside a tidy scope that frees them.")
+    if report.arrays:
+        parts.append(
+            "Plain jax arrays (a tidy scope frees no plain jax array): drop the references "
+            "to them, or make them tracked, and a tidy scope frees them: compute them with "
+            "tidyjax (a function lifted with tidyjax.lift, tidyjax.numpy) or hand them over "
+            "with tidyjax.adopt(x) (tidyjax.tensors(x) only borrows a caller's array)."
+        )
+    parts.append(
+        "Or allow them (check_leaks(allowance=N), checker.allow(x)). A cache filled on a first "
+        "call: run one step before the check."
+    )
+    return " ".join(parts)
 
 
 def leak_error(
@@ -248,27 +285,94 @@ def _user_site(arr: Any) -> Site | None:
     return site
 
 
-def plain_leaks(mark: ArrayMark, allowed: dict[int, Any] | None = None) -> list[TensorRecord]:
-    """A record of each plain jax.Array made since ``mark`` and alive, that tidyjax does not
-    record, that ``allowed`` (ids to weak references) does not hold, and whose traceback has
-    a user frame (see the module docstring), largest first."""
-    out = [untracked_record(a) for a in _candidates(mark, allowed) if _user_site(a) is not None]
+def plain_leaks(
+    mark: ArrayMark,
+    allowed: dict[int, Any] | None = None,
+    site_of: Callable[[Any], Site | None] = creation_site,
+) -> list[TensorRecord]:
+    """A record of each plain jax.Array made since ``mark`` and alive whose buffer no live
+    Tensor holds, that ``allowed`` (ids to weak references) does not hold, and whose traceback
+    has a user frame (see the module docstring), largest first: one per device buffer.
+
+    A plain array here is one tidyjax does not record, or a Tensor's array that outlived every
+    Tensor on its buffer (``t.array`` kept, ``t`` dropped; an array handed to ``tensors()``
+    whose Tensor died). Array objects over one buffer count once (the oldest stands for it):
+    a raw ``device_put`` to where a buffer is, the object printing an array makes. One over a
+    buffer that a live Tensor holds is that Tensor's, and one over an allowed array's buffer is
+    allowed. ``site_of``: how a site is found (`check_leaks` names the outermost user frame
+    inside its block).
+    """
+    found = [a for a in _candidates(mark, allowed) if _user_site(a) is not None]
+    out = [untracked_record(a, site_of) for a in _one_per_buffer(found, allowed or {})]
     out.sort(key=lambda r: -r.bytes)
     return out
 
 
+def _held(rec: _registry.Buffer) -> bool:
+    """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
+    if rec.n > 0:
+        return True
+    group = _registry._groups.get(id(rec)) if _registry._groups else None
+    return any(r.n > 0 and r.dead is None for r in group or ())
+
+
 def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
-    """The arrays made since ``mark`` that tidyjax does not record and ``allowed`` lacks."""
+    """The arrays made since ``mark`` that no live Tensor holds and ``allowed`` lacks, oldest
+    first: those tidyjax does not record, and recorded ones no Tensor holds any more."""
     allowed = allowed or {}
-    out = [
-        a
-        for a in mark.new()
-        if _registry.lookup(a) is None and ((ref := allowed.get(id(a))) is None or ref() is not a)
-    ]
+    out = []
+    for a in reversed(mark.new()):
+        ref = allowed.get(id(a))
+        if ref is not None and ref() is a:
+            continue
+        rec = _registry.lookup(a)
+        if rec is None or (rec.dead is None and not _held(rec)):
+            out.append(a)
     if out:  # jax.live_arrays lists a recorded typed key as its words: that is the Tensor
-        recs, _ = _registry.live()
-        words = {id(w) for r in recs for k in r.arrays() if (w := base_array(k)) is not k}
+        recs, _ = books()
+        words = {
+            id(w) for r in recs if _held(r) for k in r.arrays() if (w := base_array(k)) is not k
+        }
         out = [a for a in out if id(a) not in words]
+    return out
+
+
+def _buffer_key(arr: Any) -> Any:
+    """``arr``'s buffer addresses (waited for), or None (deleted, failed, not an array)."""
+    try:
+        if arr.is_deleted() or failed(arr, wait=True):
+            return None
+    except Exception:  # not an array with a buffer
+        return None
+    return _registry.same_buffer_key(arr)
+
+
+def _one_per_buffer(arrays: list[Any], allowed: dict[int, Any]) -> list[Any]:
+    """``arrays`` (oldest first) less the objects over a buffer a live Tensor holds or an
+    allowed array views, one per buffer (the most shards first, then the oldest)."""
+    if not arrays:
+        return []
+    keys = [(a, _buffer_key(a)) for a in arrays]
+    kinds = {(a.shape, a.dtype) for a, key in keys if key}
+    taken: set[Any] = set()  # buffers already spoken for
+    if kinds:
+        others = [r() for r in allowed.values()]
+        recs, _ = books()
+        others += [a for r in recs if _held(r) for a in r.arrays()]
+        for a in others:
+            if a is not None and (a.shape, a.dtype) in kinds:
+                key = _buffer_key(a)
+                if key:
+                    taken.add(key)
+                    taken.update((p,) for p in key)  # its per-shard views
+    out = []
+    for a, key in sorted(keys, key=lambda pair: -len(pair[1] or ())):
+        if key:
+            if key in taken:
+                continue
+            taken.add(key)
+            taken.update((p,) for p in key)
+        out.append(a)
     return out
 
 
@@ -303,8 +407,11 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         timeout: seconds ``all_processes`` waits for every process.
 
     Raises:
-        LeakError: with a [`LeakReport`][tidyjax.LeakReport] (``err.report``) grouped by creation
-            site. Not raised when the block itself raised. Tensors and arrays made by other threads
+        LeakError: with a [`LeakReport`][tidyjax.LeakReport] (``err.report``) grouped by site:
+            the outermost line of your code inside the checked block that led to each leak (a
+            model called from two lines leaks at two sites), your frames further in shown under
+            it (``site.stack``). One device buffer counts once, whatever array objects view it.
+            Not raised when the block itself raised. Tensors and arrays made by other threads
             meanwhile count too: check code that runs alone.
         CollectiveError: with ``all_processes``, a process did not check within ``timeout``.
     """
@@ -319,6 +426,10 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         all_processes: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
+        allow_returned = check_flag(allow_returned, "allow_returned", "check_leaks()")
+        allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
+        arrays = check_flag(arrays, "arrays", "check_leaks()")
+        all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
         if not isinstance(allowance, int) or allowance < 0:
             raise TidyjaxTypeError(f"allowance must be an int >= 0, got {allowance!r}.")
         self.allowance = allowance
@@ -331,6 +442,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         self._mark: ArrayMark | None = None
         self._allowed: set[int] = set()
         self._allowed_arrays: dict[int, Any] = {}
+        self._entry: Entry | None = None
         self.report: LeakReport | None = None
 
     def allow(self, *values: Any) -> None:
@@ -349,6 +461,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         self._allowed_arrays = {}
         self.report = None
         self._mark = ArrayMark() if self.arrays else None
+        self._entry = Entry(sys._getframe(1))  # the frame the block runs in (see sites)
         self._start = next(_ids)
         return self
 
@@ -363,6 +476,11 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
         With no Tensor and no plain array made since entering, this costs one walk of the
         newest arrays and no garbage collection.
+
+        Each record's ``site`` is the outermost user frame inside the checked block (the line
+        of the block, or of the decorated function, that led to the leak), its ``site.stack``
+        the user frames further in: a model's ``__call__`` called from two lines of the block
+        leaks at two sites.
         """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
@@ -371,13 +489,18 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         if not made_tensors and (mark is None or not _candidates(mark, self._allowed_arrays)):
             return []
         gc.collect()
+        entry = self._entry
+        site_of: Callable[[Any], Site | None] = creation_site
+        if entry is not None:
+            cache: dict[Any, Site | None] = {}
+            site_of = functools.partial(entry.site, cache=cache)
         out = [
             r
-            for r in tensor_records(self._start)
+            for r in tensor_records(self._start, site_of=site_of)
             if r.id not in self._allowed and not (self.allow_kept and r.kept)
         ] if made_tensors else []  # fmt: skip
         if mark is not None:
-            out += plain_leaks(mark, self._allowed_arrays)
+            out += plain_leaks(mark, self._allowed_arrays, site_of)
         return out
 
     def check(self) -> None:

@@ -11,6 +11,7 @@ import jax
 
 from . import _format, _html, _registry
 from ._arrays import failed, local_nbytes, shard_bytes
+from ._errors import check_flag
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
@@ -473,9 +474,11 @@ def memory(
         print(info.num_tensors, info.num_bytes)
         ```
     """
+    scan_untracked = check_flag(scan_untracked, "scan_untracked", "memory()")
+    all_processes = check_flag(all_processes, "all_processes", "memory()")
     if all_processes:
         return _all_processes(scan_untracked, timeout)
-    recs, deleted = _registry.live()
+    recs, deleted = books()
     num_tensors = sum(max(rec.n, 0) for rec in recs + deleted)
     num_bytes = 0
     per_device: dict[Any, int] = {}
@@ -585,7 +588,8 @@ def _watched_per_device(
     seen: set[int] = set()
     for name, pairs in found.items():
         for _, arr in pairs:
-            if failed(arr) or _registry.lookup(arr) is not None:  # nothing, or a Tensor's
+            rec = _registry.lookup(arr)
+            if failed(arr) or (rec is not None and not released(rec)):  # nothing, or a Tensor's
                 continue
             base = base_array(arr)
             if id(base) in seen:
@@ -636,6 +640,8 @@ def watched_usage(
             if failed(arr):  # never allocated: holds nothing
                 continue
             rec = _registry.lookup(arr)
+            if rec is not None and released(rec):  # the caller's plain array again
+                rec = None
             key = buffer_id(rec) if rec is not None else id(arr)
             if key in seen:  # two objects over one recorded buffer: once
                 continue
@@ -648,6 +654,35 @@ def watched_usage(
                 tensor_bytes += b
         out[name] = WatchedUsage(arrays, nbytes, tensors, tensor_bytes)
     return out
+
+
+def books() -> tuple[list[_registry.Buffer], list[_registry.Buffer]]:
+    """The records every report counts: ``_registry.live()`` (the live records, and those
+    deleted behind tidyjax's back that live Tensors still hold) less what is no longer
+    tidyjax's to count:
+
+    * a caller's own array (``owned`` False: handed to ``tensors()``, or a lifted call's input
+      that came back) that no live Tensor holds any more: the caller's plain array again,
+      untracked, as before tidyjax saw it (`released`);
+    * a buffer deleted behind tidyjax's back (a raw ``jax.jit`` donation, ``delete()``) whose
+      owner scope has exited: that scope would have disposed its Tensors, and a deleted buffer
+      holds nothing.
+
+    Records over one buffer are all listed (``_registry.distinct`` keeps one).
+    """
+    alive, deleted = _registry.live()
+    if any(released(r) for r in alive):
+        alive = [r for r in alive if not released(r)]
+    deleted = [r for r in deleted if not getattr(r.scope, "exited", False)]
+    return alive, deleted
+
+
+def released(rec: _registry.Buffer) -> bool:
+    """Whether ``rec`` is a caller's own array (never deleted by tidyjax) that no live Tensor
+    holds: the reports count it as the plain array it is (see `books`); a Tensor on it makes
+    it counted again. A buffer tidyjax owns stays tidyjax's while only raw arrays hold it (an
+    escaped ``t.array``): its scope, or ``dispose`` of the raw array, frees it."""
+    return rec.n <= 0 and not rec.owned and rec.dead is None
 
 
 def buffer_id(rec: _registry.Buffer) -> int:
@@ -848,7 +883,8 @@ def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None
     held: list[Any] = []
     for platform in {d.platform for d in jax.local_devices()}:
         for arr in jax.live_arrays(platform):
-            if _registry.lookup(arr) is None and not failed(arr):
+            rec = _registry.lookup(arr)
+            if (rec is None or released(rec)) and not failed(arr):
                 (held if id(arr) in watched else candidates).append(arr)
     if not candidates:
         return []

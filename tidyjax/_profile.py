@@ -21,13 +21,13 @@ from typing import Any
 import jax
 
 from . import _format, _html, _ops, _registry
-from ._arrays import CONCRETE
+from ._arrays import CONCRETE, failed
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
 from ._format import count
 from ._format import fmt_bytes as _fmt_bytes
-from ._memory import memory
+from ._memory import memory, released
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site
 from ._tensor import Tensor
 from ._trees import tensors_in
@@ -351,6 +351,16 @@ class _Observer:
         # per thread: the list collecting the buffers the running op makes (an op's buffers
         # are recorded in the thread that runs it)
         self.sink = threading.local()
+        # Committed buffers just added, their bytes not counted yet: each may be a second
+        # record over a buffer already counted (a raw device_put to where it is). Decided
+        # once the registry has grouped such records (`_settle`): before any free, and at any
+        # event while the registry has no suspect left; an op's own outputs at its end.
+        self.pending: list[Any] = []
+        # id(record) -> the records over its buffer (2 or more), whose bytes count once
+        self.shared: dict[int, list[Any]] = {}
+        # id(record) -> record: a caller's own array no Tensor holds (not counted; see
+        # _memory.released) until a Tensor holds it again
+        self.released: dict[int, Any] = {}
 
     # -- opening and closing --------------------------------------------------------------
 
@@ -359,6 +369,10 @@ class _Observer:
             if not self.open_profiles:
                 m = memory(scan_untracked=False)
                 self.bytes, self.tensors = m.num_bytes, m.num_tensors
+                self.pending, self.shared, self.released = [], {}, {}
+                for group in {id(g): g for g in _registry._groups.values()}.values():
+                    for r in group:
+                        self.shared[id(r)] = group[:]  # counted once by memory()
                 _registry.observers.append(self)
                 _ops.set_kernel_hook(_run_kernel)
             self.open_profiles.append(p)
@@ -373,7 +387,14 @@ class _Observer:
                 _OPEN.reset(token)
             except ValueError:  # closed from another context: just drop it there
                 _OPEN.set(tuple(q for q in _OPEN.get() if q is not p))
+        # The running totals again from the books: a buffer deleted behind tidyjax's back (a
+        # raw jax.jit donation) is reported by no event, and memory() counts it no more.
+        m = memory(scan_untracked=False)
         with self.lock:
+            if self.pending:
+                self._settle()
+            self.bytes, self.tensors = m.num_bytes, m.num_tensors
+            self._grow()
             if p in self.open_profiles:
                 self.open_profiles.remove(p)
             p.new_bytes = self.bytes - p._start_bytes
@@ -394,29 +415,150 @@ class _Observer:
                 p.peak_bytes = b
         scope = CURRENT.get()
         while scope is not None:
-            if b > scope._peak:
-                scope._peak = b
+            scope.note_peak(b)
             scope = scope.parent
 
     def event(self, kind: str, rec: Any, tensor: int = 0) -> None:
-        """A change to the registry's books (see ``_registry``'s observers; ``tensor`` unused)."""
+        """A change to the registry's books (see ``_registry``'s observers; ``tensor`` unused).
+        Scopes entered and exited only settle the buffers just added."""
         with self.lock:
+            # First what came before: the buffers just added, once the registry has grouped
+            # them (it does before every free: no suspect is left then).
+            if self.pending and (kind == "buffer_freed" or not _registry.suspects):
+                if kind == "buffer_freed":
+                    self._adopt_pending(rec)
+                self._settle()
             if kind == "buffer_added":
                 sink = getattr(self.sink, "recs", None)
                 if sink is not None:
                     sink.append(rec)
                 self.tensors += 1
-                self.bytes += rec.size()
-                self._grow()
+                if getattr(rec(), "committed", False):  # it may view a counted buffer
+                    self.pending.append(rec)
+                else:
+                    self.bytes += rec.size()
+                    self._grow()
             elif kind == "tensor_added":
                 self.tensors += 1
+                if self.released.pop(id(rec), None) is rec:  # a caller's array, held again
+                    self.bytes += rec.size()
+                    self._grow()
             elif kind == "tensor_removed":
                 self.tensors -= 1
+                if released(rec) and self.released.get(id(rec)) is not rec:
+                    self.released[id(rec)] = rec  # the caller's plain array again
+                    self._uncount(rec)
             elif kind == "buffer_freed":  # its remaining holders are disposed with it
                 self.tensors -= max(rec.n, 0)
-                self.bytes -= rec.size()
-            elif kind == "buffer_collected":
-                self.bytes -= rec.size()
+                if self.released.pop(id(rec), None) is not rec:
+                    self._uncount(rec)
+            elif kind == "buffer_collected" and self.released.pop(id(rec), None) is not rec:
+                self._uncount(rec)
+
+    def _uncount(self, rec: Any) -> None:
+        """``rec`` no longer counts: its bytes go, unless another record over its buffer
+        still holds it (or they were never counted: a buffer just added)."""
+        if self.pending and any(r is rec for r in self.pending):
+            self.pending = [r for r in self.pending if r is not rec]
+            return
+        members = self.shared.pop(id(rec), None)
+        if members is not None and any(m is rec for m in members):
+            members[:] = [m for m in members if m is not rec]  # by identity: a record
+            if any(m.dead is None and m.array() is not None for m in members):
+                if len(members) == 1:
+                    self.shared.pop(id(members[0]), None)
+                return
+            for m in members:
+                self.shared.pop(id(m), None)
+        self.bytes -= rec.size()
+
+    def _settle(self, outputs: set[int] | None = None) -> None:
+        """Count the committed buffers just added: each is a new buffer, or one more record
+        over a buffer already counted (then its bytes count once). ``outputs``: settle only
+        these, an op's own outputs (new buffers)."""
+        pending = self.pending
+        if outputs is not None:
+            self.pending = [r for r in pending if id(r) not in outputs]
+            for rec in pending:
+                if id(rec) in outputs:
+                    self.bytes += rec.size()
+                    self._grow()
+            return
+        self.pending = []
+        waiting = {id(r) for r in pending}
+        for rec in pending:
+            waiting.discard(id(rec))
+            if self.shared.get(id(rec)) is not None:
+                continue  # adopted meanwhile (_adopt_pending)
+            twin = self._twin(rec, waiting)
+            if twin is None:
+                self.bytes += rec.size()
+                self._grow()
+            else:
+                self._share(twin, rec)
+
+    def _twin(self, rec: Any, waiting: set[int]) -> Any:
+        """A counted record over ``rec``'s buffer, or None: its group's (the registry groups
+        the records over one buffer before any free). Reads addresses only for a record
+        already dead with its arrays alive (dropped from its group, its buffer lives on)."""
+
+        def counted(r: Any) -> bool:
+            return (
+                r is not rec
+                and id(r) not in waiting
+                and r.dead is None
+                and r.array() is not None
+                and self.released.get(id(r)) is not r
+            )
+
+        group = _registry._groups.get(id(rec)) if _registry._groups else None
+        for other in group or ():
+            if counted(other):
+                return other
+        if rec.dead is None:
+            return None
+        arr = rec.array()
+        key = _buffer_key(arr, wait=True) if arr is not None else None
+        if key is None:
+            return None
+        for other in list(_registry._buffers.values()):
+            a = other.array()
+            if a is None or a.shape != arr.shape or a.dtype != arr.dtype or not counted(other):
+                continue
+            if _buffer_key(a, wait=False) == key:
+                return other
+        return None
+
+    def _share(self, twin: Any, rec: Any) -> None:
+        members = self.shared.get(id(twin))
+        if members is None or all(m is not twin for m in members):
+            members = self.shared[id(twin)] = [twin]
+        if all(m is not rec for m in members):
+            members.append(rec)
+        self.shared[id(rec)] = members
+
+    def _adopt_pending(self, rec: Any) -> None:
+        """Before ``rec``'s free: a record just added over its buffer takes the buffer on
+        (``rec`` dropped from its group while its buffer lives on)."""
+        arr = rec.array()
+        key = _buffer_key(arr, wait=False) if arr is not None else None
+        if key is None:
+            return
+        for other in self.pending:
+            a = other.array()
+            same_kind = a is not None and a.shape == arr.shape and a.dtype == arr.dtype
+            if same_kind and _buffer_key(a, wait=False) == key:
+                self._share(rec, other)
+
+
+def _buffer_key(arr: Any, wait: bool) -> Any:
+    """``arr``'s buffer addresses, or None (deleted, failed, or not ready without ``wait``)."""
+    try:
+        if arr.is_deleted() or failed(arr, wait=wait):  # waited for: ready after this
+            return None
+    except Exception:  # deleted meanwhile
+        return None
+    return _registry.same_buffer_key(arr)
 
 
 _observer = _Observer()
@@ -452,6 +594,9 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         obs.sink.recs = outer
         if outer is not None:
             outer.extend(made)
+    if obs.pending and made:  # the op's committed outputs: new buffers, counted now
+        with obs.lock:
+            obs._settle({id(r) for r in made})
     record = KernelRecord(
         name=name,
         bytes_added=obs.bytes - bytes0,

@@ -12,14 +12,15 @@ import contextlib
 import dataclasses
 import gc
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import _html, _registry
 from ._arrays import failed, local_nbytes
+from ._errors import check_flag
 from ._format import count, describe, esc, fmt_bytes
 from ._jaxdoors import base_array
-from ._memory import buffer_id, find_untracked, watched_ids
+from ._memory import books, buffer_id, find_untracked, released, watched_ids
 from ._registry import KEPT
 from ._sites import LIBRARY_FOLDERS, Site, creation_site
 from ._tensor import Tensor
@@ -33,6 +34,7 @@ __all__ = [
     "TensorRecord",
     "TensorRecordList",
     "UNTRACKED",
+    "ESCAPED",
     "creation_site",
     "holders",
     "live_holders",
@@ -57,7 +59,8 @@ class TensorRecord:
         scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
             ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
             array that only a watched object holds, ``"<untracked>"`` for a jax array tidyjax
-            does not own and no watched object holds (neither is a Tensor: ``id`` is 0).
+            does not own and no watched object holds, ``"<escaped>"`` for a buffer tidyjax owns
+            that only raw jax arrays hold (none of those is a Tensor: ``id`` is 0).
         site: a [`Site`][tidyjax.Site] or None.
         kept: whether it was kept.
         variable: whether it is a Variable.
@@ -94,9 +97,7 @@ class TensorRecord:
             "bytes": self.bytes,
             "devices": list(self.devices),
             "scope": self.scope,
-            "site": None
-            if site is None
-            else {"file": site.file, "line": site.line, "function": site.function},
+            "site": None if site is None else _site_json(site),
             "kept": self.kept,
             "variable": self.variable,
             "buffer": self._buffer,
@@ -111,9 +112,20 @@ class TensorRecord:
             id=index(d["id"]), shape=tuple(index(n) for n in d["shape"]), dtype=d["dtype"],
             bytes=index(d["bytes"]), devices=tuple(d["devices"]), scope=d["scope"],
             kept=d["kept"], variable=d["variable"], _buffer=index(d.get("buffer", d["id"])),
-            site=None if s is None else Site(s["file"], s["line"], s["function"]),
+            site=None if s is None else Site(
+                s["file"], s["line"], s["function"],
+                stack=tuple(Site(f["file"], f["line"], f["function"]) for f in s.get("stack", ())),
+            ),
             name=d.get("name"),
         )  # fmt: skip
+
+
+def _site_json(site: Site) -> dict[str, Any]:
+    out: dict[str, Any] = {"file": site.file, "line": site.line, "function": site.function}
+    if site.stack:  # a leak site's user frames further in
+        out["stack"] = [{"file": f.file, "line": f.line, "function": f.function}
+                        for f in site.stack]  # fmt: skip
+    return out
 
 
 def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[Tensor]]]:
@@ -138,8 +150,9 @@ def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[T
 
 
 def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
-    """Every live record with the live Tensors holding it."""
-    recs, deleted = _registry.live()
+    """Every live record with the live Tensors holding it (the records the reports count:
+    ``_memory.books``)."""
+    recs, deleted = books()
     return holders(recs + deleted)
 
 
@@ -169,7 +182,13 @@ class _Memo:
         return got[1]
 
 
-def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str], memo: _Memo) -> TensorRecord:
+def _record(
+    t: Tensor,
+    rec: _registry.Buffer,
+    names: dict[int, str],
+    memo: _Memo,
+    site_of: Callable[[Any], Site | None] = creation_site,
+) -> TensorRecord:
     arr = t._array
     owner = rec.scope
     variable = isinstance(t, Variable)
@@ -187,7 +206,7 @@ def _record(t: Tensor, rec: _registry.Buffer, names: dict[int, str], memo: _Memo
         bytes=0 if failed(arr) or _deleted(arr) else rec.size(),
         devices=memo.devices(arr.sharding),
         scope=path,
-        site=creation_site(arr),
+        site=site_of(arr),
         kept=owner is KEPT,
         variable=variable,
         _buffer=buffer_id(rec),  # records over one buffer (a group) share it
@@ -217,8 +236,11 @@ def _watched_record(arr: Any, name: str) -> TensorRecord:
     )
 
 
-def untracked_record(arr: Any) -> TensorRecord:
-    """A jax array tidyjax does not own: no Tensor, so id 0 and scope ``<untracked>``."""
+def untracked_record(
+    arr: Any, site_of: Callable[[Any], Site | None] = creation_site
+) -> TensorRecord:
+    """A jax array tidyjax does not own: no Tensor, so id 0 and scope ``<untracked>``.
+    ``site_of``: how its site is found (a leak check names the outermost user frame)."""
     return TensorRecord(
         id=0,
         shape=tuple(arr.shape),
@@ -226,7 +248,7 @@ def untracked_record(arr: Any) -> TensorRecord:
         bytes=0 if failed(arr) else local_nbytes(base_array(arr)),
         devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
         scope=UNTRACKED,
-        site=creation_site(arr),
+        site=site_of(arr),
         kept=False,
         variable=False,
         _buffer=id(arr),  # find_untracked lists each untracked buffer once
@@ -238,10 +260,10 @@ def untracked_records(
 ) -> list[TensorRecord]:
     """A record of each jax array alive that tidyjax neither tracks nor watches (the arrays
     ``memory().untracked_arrays`` counts), largest first. ``watched_ids``: the watched arrays'
-    ids (``_memory.watched_ids``); ``recs``: the live records (``_registry.live()[0]``); each
+    ids (``_memory.watched_ids``); ``recs``: the live records (``_memory.books()[0]``); each
     by default found now."""
     if recs is None:
-        recs, _ = _registry.live()
+        recs, _ = books()
     out = [untracked_record(a) for a in find_untracked(recs, watched_ids)]
     out.sort(key=lambda r: -r.bytes)
     return out
@@ -249,15 +271,20 @@ def untracked_records(
 
 WATCHED = "<watched>"
 UNTRACKED = "<untracked>"
+#: The scope of a record of a buffer tidyjax owns that no live Tensor holds, only raw jax
+#: arrays (an escaped ``t.array``, a raw alias a scope handed out): tidyjax's bytes, freed by
+#: its scope or by ``dispose`` of the raw array.
+ESCAPED = "<escaped>"
 #: The kinds of record that hold no Tensor, each counted apart, with its noun.
-_RAW_NOUNS = {WATCHED: "watched array", UNTRACKED: "untracked array"}
+_RAW_NOUNS = {ESCAPED: "escaped array", WATCHED: "watched array", UNTRACKED: "untracked array"}
 
 
 def summary(records: Iterable[TensorRecord]) -> str:
-    """The one headline of a list of records: the Tensors with their bytes, then the arrays
-    only watched objects hold with theirs, then the untracked arrays with theirs
-    (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB; 1 untracked array, 8 B``), each buffer
-    once. A part other than the Tensors' is left out when there is none of it."""
+    """The one headline of a list of records: the Tensors with their bytes, then the buffers of
+    tidyjax's that only raw arrays hold, the arrays only watched objects hold, and the untracked
+    arrays, each with theirs (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB; 1 untracked
+    array, 8 B``), each buffer once. A part other than the Tensors' is left out when there is
+    none of it."""
     n: dict[str, int] = {}
     by_buffer: dict[str, dict[int, int]] = {}
     for r in records:
@@ -285,7 +312,10 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
     With objects registered by [`tidyjax.watch`][tidyjax.watch], the arrays they hold come first (id
     0, scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
     The reports count those apart from the Tensors:
-    ``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``.
+    ``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``. So are the buffers tidyjax owns that no
+    live Tensor holds any more, only raw jax arrays (``t.array`` kept after ``t`` went, a raw
+    alias a scope handed out): a record each after the Tensors (id 0, scope ``"<escaped>"``),
+    counted in ``memory().num_bytes`` as tidyjax's.
 
     Args:
         untracked: also a record of each jax array alive that tidyjax does not own and no
@@ -300,6 +330,7 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
                 print(r.site, r.bytes)
         ```
     """
+    untracked = check_flag(untracked, "untracked", "live_tensors()")
     names: dict[int, str] = {}
     raw: list[TensorRecord] = []
     found_all = watched()
@@ -307,25 +338,61 @@ def live_tensors(*, untracked: bool = False) -> TensorRecordList:
         for path, arr in found:
             if id(arr) not in names:
                 names[id(arr)] = path
-                if _registry.lookup(arr) is None:
+                rec = _registry.lookup(arr)
+                if rec is None or released(rec):  # no Tensor's: the watched object's
                     raw.append(_watched_record(arr, path))
     with _collector_paused():
-        recs, deleted = _registry.live()
-        out = tensor_records(names=names, holding=holders(recs + deleted))
+        recs, deleted = books()
+        holding = holders(recs + deleted)
+        out = tensor_records(names=names, holding=holding)
+        out += _escaped_records(holding, names)
         if untracked:
             out += untracked_records(watched_ids(found_all), recs)
     return TensorRecordList(raw + out)
+
+
+def _escaped_records(
+    holding: list[tuple[_registry.Buffer, list[Tensor]]], names: dict[int, str]
+) -> list[TensorRecord]:
+    """A record of each live buffer tidyjax owns that no live Tensor holds (see `ESCAPED`),
+    each buffer once; its site the line that made the buffer."""
+    held = {buffer_id(rec) for rec, ts in holding if ts or rec.n > 0}
+    out: list[TensorRecord] = []
+    for rec, _ in holding:
+        key = buffer_id(rec)
+        arr = rec.array()
+        if key in held or rec.dead is not None or arr is None:
+            continue
+        held.add(key)  # once per buffer
+        out.append(
+            TensorRecord(
+                id=0,
+                shape=tuple(arr.shape),
+                dtype=str(arr.dtype),
+                bytes=0 if failed(arr) or _deleted(arr) else rec.size(),
+                devices=tuple(sorted(str(d) for d in arr.sharding.device_set)),
+                scope=ESCAPED,
+                site=creation_site(arr),
+                kept=rec.scope is KEPT,
+                variable=False,
+                _buffer=key,
+                name=names.get(id(arr)) if names else None,
+            )
+        )
+    return out
 
 
 def tensor_records(
     since: int = 0,
     names: dict[int, str] | None = None,
     holding: list[tuple[_registry.Buffer, list[Tensor]]] | None = None,
+    site_of: Callable[[Any], Site | None] = creation_site,
 ) -> list[TensorRecord]:
     """A record of each live Tensor and Variable whose id is above ``since``, oldest first, as
     `live_tensors` makes them; only those are built, so a leak check's report costs its
     new Tensors. ``names``: the watched arrays' paths by the arrays' ids; ``holding``:
-    `live_holders`; each by default found now.
+    `live_holders`; each by default found now. ``site_of``: how a site is found (a leak
+    check names the outermost user frame inside its block).
     """
     if names is None:
         names = {}
@@ -335,7 +402,7 @@ def tensor_records(
     memo = _Memo()
     with _collector_paused():
         out = [
-            _record(t, rec, names, memo)
+            _record(t, rec, names, memo, site_of)
             for rec, ts in (live_holders() if holding is None else holding)
             for t in ts
             if t._id > since

@@ -6,6 +6,11 @@ and JAX, when it lies in a library (``flax/nnx/...``), stays available as ``Site
 
 Sites cost nothing per op: JAX records a creation traceback on every array (on by default), and
 tidyjax reads it only when a report asks. Imports nothing of tidyjax.
+
+A leak check names a different frame: the *outermost* user frame inside the checked block
+(`Entry.site`), the user's frames further in its ``stack``. A model's ``__call__`` that makes
+the leaked Tensor is then the stack, and each line of the user's that called the model is a
+site of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ from typing import Any
 import jax
 import jaxlib
 
-__all__ = ["INSTALLED_FOLDERS", "LIBRARY_FOLDERS", "Site", "creation_site", "site_of_frames"]
+__all__ = [
+    "INSTALLED_FOLDERS",
+    "LIBRARY_FOLDERS",
+    "STACK_FRAMES",
+    "Entry",
+    "Site",
+    "creation_site",
+    "site_of_frames",
+]
 
 #: Folders whose frames are never a site: tidyjax itself, jax and jaxlib.
 LIBRARY_FOLDERS: tuple[str, ...] = (
@@ -52,12 +65,17 @@ class Site:
     working directory (``train.py:12 in step``). ``detail`` is the library frame that made the
     array when that is not the user's (``flax/nnx/...``), else None; it takes no part in
     equality, so arrays made at one user line group together.
+
+    ``stack``: for a leak check's site (the outermost user frame inside the checked block, see
+    `Entry`), the user's frames further in that led to the array, innermost first (the line
+    that made it first); empty otherwise. It takes no part in equality either.
     """
 
     file: str
     line: int
     function: str
     detail: Site | None = dataclasses.field(default=None, compare=False)
+    stack: tuple[Site, ...] = dataclasses.field(default=(), compare=False)
 
     def __str__(self) -> str:
         cell = _cell_name(self.file)
@@ -115,6 +133,112 @@ def site_of_frames(frames: Any) -> Site | None:
             continue
         return Site(file, frame.line_num, frame.function_name, detail)
     return detail
+
+
+def _is_user(file: str) -> bool:
+    return not file.startswith((*LIBRARY_FOLDERS, *INSTALLED_FOLDERS, "<frozen "))
+
+
+#: The most frames of a leak site's ``stack``.
+STACK_FRAMES = 8
+
+
+class Entry:
+    """The frame in which a leak check was entered, to find in an array's creation traceback.
+
+    ``Entry.site(arr)`` is the **outermost user frame inside the checked block**: walking the
+    traceback from the entering frame inward, the first frame outside tidyjax, JAX and installed
+    code. For ``with check_leaks():`` that is the entering function's own frame, at the line of
+    the block that led to the array (``monitor.append(model(x))``, not the line inside
+    ``model.__call__``); for the decorator form, whose entering frame is tidyjax's wrapper, the
+    decorated function's line. The user frames further in are its ``stack`` (innermost first),
+    and the library frame that made the array, if any, its ``detail``.
+
+    The entering frame is found by its code (file, qualified name, first line) at the depth it
+    had when the check was entered, else at any depth (the outermost such frame: a generator
+    resumed from elsewhere). When the traceback does not hold it, the nearest of its callers
+    that the traceback holds at its depth takes its place: a check entered by the pytest
+    plugin's hook (a generator around the test) has the test function as its site, the first
+    user frame below the hook's caller. With none of them (an array made by another thread),
+    the outermost user frame of the whole traceback is the site: the thread's function.
+    """
+
+    __slots__ = ("chain", "depth")
+
+    def __init__(self, frame: Any) -> None:
+        # (file, qualified name, first line) of the entering frame and of each of its callers
+        chain: list[tuple[str, str, int]] = []
+        while frame is not None:
+            code = frame.f_code
+            chain.append(
+                (code.co_filename, getattr(code, "co_qualname", code.co_name), code.co_firstlineno)
+            )
+            frame = frame.f_back
+        self.chain = chain
+        self.depth = len(chain)  # frames from the entering one out, itself included
+
+    @staticmethod
+    def _is(frame: Any, code: tuple[str, str, int]) -> bool:
+        return (
+            frame.file_name == code[0]
+            and frame.function_name == code[1]
+            and getattr(frame, "function_start_line", code[2]) == code[2]
+        )
+
+    def _index(self, frames: list[Any]) -> int:
+        """The index in ``frames`` (innermost first) of the entering frame, or of the nearest
+        of its callers found at its depth; ``len(frames)`` when there is none."""
+        if not self.chain:
+            return len(frames)
+        n = len(frames)
+        i = n - self.depth
+        if 0 <= i < n and self._is(frames[i], self.chain[0]):
+            return i
+        for j in range(n - 1, -1, -1):  # outermost first: a generator resumed elsewhere
+            if self._is(frames[j], self.chain[0]):
+                return j
+        for k, code in enumerate(self.chain[1:], 1):  # its callers, nearest first
+            i = n - self.depth + k
+            if 0 <= i < n and self._is(frames[i], code):
+                return i
+        return n
+
+    def site_of_frames(self, frames: list[Any]) -> Site | None:
+        """The site among ``frames`` (innermost first, as ``jax.Array.traceback.frames``)."""
+        user = [j for j in range(min(self._index(frames), len(frames) - 1), -1, -1)
+                if _is_user(frames[j].file_name)]  # fmt: skip
+        if not user:  # no user frame inside the block: the innermost user frame anywhere
+            return site_of_frames(frames)
+        outer, inner = user[0], user[1:]
+        detail = None
+        for frame in frames[: inner[-1] if inner else outer]:  # below the innermost user frame
+            if frame.file_name.startswith(INSTALLED_FOLDERS):
+                detail = Site(frame.file_name, frame.line_num, frame.function_name)
+                break
+        stack = tuple(
+            Site(frames[j].file_name, frames[j].line_num, frames[j].function_name)
+            for j in reversed(inner[-STACK_FRAMES:])
+        )
+        f = frames[outer]
+        return Site(f.file_name, f.line_num, f.function_name, detail, stack)
+
+    def site(self, arr: Any, cache: dict[Any, Site | None] | None = None) -> Site | None:
+        """The leak site of ``arr`` (see the class docstring); None where JAX kept no
+        traceback. ``cache``: sites already found, by traceback."""
+        tb = getattr(arr, "traceback", None)
+        if tb is None:  # a typed PRNG key: its key data array has the traceback
+            tb = getattr(getattr(arr, "_base_array", None), "traceback", None)
+        if tb is None:
+            return None
+        if cache is None:
+            return self.site_of_frames(list(tb.frames))
+        try:
+            return cache[tb]
+        except KeyError:
+            found = cache[tb] = self.site_of_frames(list(tb.frames))
+            return found
+        except TypeError:  # a traceback that cannot be hashed
+            return self.site_of_frames(list(tb.frames))
 
 
 def creation_site(arr: Any) -> Site | None:

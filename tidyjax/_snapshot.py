@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _html
-from ._errors import TidyjaxTypeError, TidyjaxValueError
+from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import count as _count
 from ._format import describe, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
-from ._records import UNTRACKED, WATCHED, TensorRecord, live_tensors, summary
+from ._records import ESCAPED, UNTRACKED, WATCHED, TensorRecord, live_tensors, summary
 
 __all__ = [
     "SiteDiff",
@@ -37,6 +37,8 @@ __all__ = [
 _WATCHED_SUFFIX = " (watched)"
 #: What a site's key ends with when its records are jax arrays tidyjax does not own.
 _UNTRACKED_SUFFIX = " (untracked)"
+#: What a site's key ends with when its records are buffers of tidyjax's no Tensor holds.
+_ESCAPED_SUFFIX = " (escaped)"
 
 
 def site_text(r: TensorRecord) -> str:
@@ -52,18 +54,23 @@ def site_key(r: TensorRecord) -> str:
         return site + _WATCHED_SUFFIX
     if r.scope == UNTRACKED:
         return site + _UNTRACKED_SUFFIX
+    if r.scope == ESCAPED:
+        return site + _ESCAPED_SUFFIX
     return site
 
 
 def _noun(site: str) -> str:
     if site.endswith(_WATCHED_SUFFIX):
         return "watched array"
+    if site.endswith(_ESCAPED_SUFFIX):
+        return "escaped array"
     return "untracked array" if site.endswith(_UNTRACKED_SUFFIX) else "tensor"
 
 
 def _kind(r: TensorRecord) -> str:
-    """``"<watched>"``, ``"<untracked>"``, or ``""`` for a Tensor: each counts its buffers apart."""
-    return r.scope if r.scope in (WATCHED, UNTRACKED) else ""
+    """``"<watched>"``, ``"<untracked>"``, ``"<escaped>"``, or ``""`` for a Tensor: each counts
+    its buffers apart."""
+    return r.scope if r.scope in (WATCHED, UNTRACKED, ESCAPED) else ""
 
 
 class SiteStat:
@@ -292,6 +299,7 @@ def snapshot(*, untracked: bool = True) -> Snapshot:
         untracked: False leaves the untracked arrays out (and the scan of
             ``jax.live_arrays()`` they cost).
     """
+    untracked = check_flag(untracked, "untracked", "snapshot()")
     return Snapshot(live_tensors(untracked=untracked))
 
 

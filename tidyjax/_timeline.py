@@ -24,6 +24,15 @@ moments marked with ``annotate`` (drawn as labelled lines; the page's table can 
 
 The file format (``TimelineEvent``, ``dump``/``load``'s JSON) is ``_timeline_format``'s; the
 page (``to_html``) is drawn by ``_timeline_html``.
+
+One device buffer is one allocation, whatever array objects view it: the records over one
+buffer (a raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the
+next event for a committed buffer just added (`Timeline._settle`; addresses read only for the
+registry's suspects, once per entry, see ``Timeline._find``); raw objects no record knows over a
+recorded or plain buffer (a raw view, the object printing an array makes) are views of its
+entry, plain arrays again when the records go. A caller's own array whose last Tensor went is
+plain again (``_memory.released``). A buffer deleted behind tidyjax's back (a raw ``jax.jit``
+donation) is freed at the next ``mark()``, stop or read.
 """
 
 from __future__ import annotations
@@ -39,11 +48,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _timeline_format, _timeline_html, _variable
-from ._arrays import failed, local_nbytes, shard_bytes
+from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._context import CURRENT
 from ._decorating import check_callable, decorate
-from ._errors import TidyjaxTypeError, TidyjaxValueError
+from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import fmt_bytes
+from ._jaxdoors import base_array, buffer_addresses
+from ._memory import books, released
 from ._newarrays import ArrayMark
 from ._records import Site, TensorRecord, creation_site, holders
 from ._registry import KEPT, VARIABLE
@@ -128,6 +139,24 @@ def _stack(tb: Any) -> tuple[Site, ...]:
     return tuple(out)
 
 
+def _buffer_key(arr: Any) -> Any:
+    """The addresses of ``arr``'s buffer as ``_registry.same_buffer_key`` gives them, or None
+    while it is not ready (or deleted, or its allocation failed: reading that address would
+    abort the process). One device's buffer is read directly: no shard view is made."""
+    base = base_array(arr)
+    if type(base) not in CONCRETE:
+        return None
+    try:
+        if base.is_deleted() or not base.is_ready():
+            return None
+        base.block_until_ready()  # ready: returns at once, or raises for a failed allocation
+        if len(base.sharding.device_set) == 1:
+            return (base.unsafe_buffer_pointer(),)
+        return buffer_addresses(base)
+    except Exception:  # failed, or deleted meanwhile
+        return None
+
+
 def _dtype_name(dtype: Any) -> str:
     name = _dtypes.get(dtype)
     if name is None:
@@ -166,6 +195,9 @@ def _placement(arr: Any, nbytes: int) -> tuple[str, tuple[tuple[str, int], ...]]
         return "", ()
     return ",".join(n for n, _ in pairs), pairs
 
+
+#: In ``Timeline._pending`` in place of a Tensor id: the record's last Tensor went (`_let_go`).
+_LET_GO = -1
 
 #: ``TimelineEvent`` from a tuple of all its fields, without the Python-level ``__new__``.
 _event = tuple.__new__
@@ -237,6 +269,8 @@ class Timeline:
 
     __slots__ = (
         "__weakref__",
+        "_addr",
+        "_addr_todo",
         "_array_mark",
         "_base",
         "_bytes",
@@ -251,6 +285,7 @@ class Timeline:
         "_next",
         "_peak_live",
         "_peak_seq",
+        "_pending",
         "_plain",
         "_scopes",
         "_seq",
@@ -258,6 +293,8 @@ class Timeline:
         "_stacks",
         "_vars_dirty",
         "_vars_seen",
+        "_view_of",
+        "_views",
         "_watch",
         "arrays",
         "dropped",
@@ -270,6 +307,7 @@ class Timeline:
     )
 
     def __init__(self, max_events: int = 1_000_000, arrays: bool = True) -> None:
+        arrays = check_flag(arrays, "arrays", "Timeline()")
         self.max_events = max_events
         self.arrays = arrays
         self._array_mark: ArrayMark | None = None  # while recording plain arrays
@@ -278,7 +316,23 @@ class Timeline:
         self._events: collections.deque[TimelineEvent] = collections.deque()
         self.dropped = 0
         self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
-        self._live: dict[int, list[Any]] = {}  # id(rec) -> [rec, alloc event, Tensor ids]
+        # id(rec) -> [rec, alloc event, Tensor ids, members]: one entry per device buffer; the
+        # records over one buffer (a raw device_put's, see _settle) share it, ``members`` then
+        # listing them (else None)
+        self._live: dict[int, list[Any]] = {}
+        # committed buffers just added, (record, time, Tensor id): each may be a second record
+        # over a buffer already recorded, decided before the next event (_settle); and records
+        # whose last Tensor went (Tensor id _LET_GO)
+        self._pending: list[tuple[Any, float, int]] = []
+        # id(entry) -> [entry, weak references]: array objects no record knows over the buffer
+        # of a live or plain entry (a raw device_put to where it is, a cached shard view)
+        self._views: dict[int, list[Any]] = {}
+        # id(view) -> (weak reference to it, its entry): the same views, found from the array
+        self._view_of: dict[int, tuple[Any, list[Any]]] = {}
+        # buffer addresses -> the live or plain entry over them, read once per entry when its
+        # buffer is ready (see _find); the entries whose addresses are not read yet
+        self._addr: dict[Any, list[Any]] = {}
+        self._addr_todo: list[list[Any]] = []
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
         # id(scope) -> (the scope, its number): the scopes open, held until they exit or we stop
         self._scopes: dict[int, tuple[Any, int]] = {}
@@ -312,7 +366,7 @@ class Timeline:
     def events(self) -> list[TimelineEvent]:
         """The events kept, oldest first."""
         with _lock:
-            self._forget_failed()
+            self._catch_up()
             return list(self._events)
 
     @property
@@ -330,10 +384,25 @@ class Timeline:
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
         """What dropped events left alive, and the events kept: together, the whole replay."""
         with _lock:
-            self._forget_failed()
+            self._catch_up()
             if self._depth and _variable._variables:
                 self._name_variables()
             return list(self._base.values()), list(self._events)
+
+    def _catch_up(self) -> None:
+        """Before the events are read (under ``_lock``): while recording, settle the buffers
+        just added and record the frees of buffers deleted behind tidyjax's back (a raw
+        ``jax.jit`` donation); then `_forget_failed`."""
+        if self._depth:
+            if self._pending:
+                self._settle()
+            self._check_deleted_buffers()
+        self._forget_failed()
+
+    def _entries(self) -> list[list[Any]]:
+        """The live entries, each once (records over one buffer share theirs), in the order
+        recorded."""
+        return list({id(e): e for e in self._live.values()}.values())
 
     def _forget_failed(self) -> None:
         """Rewrite to 0 bytes the allocations of live buffers whose computation has failed by
@@ -344,7 +413,7 @@ class Timeline:
         still being computed. Under ``_lock``.
         """
         amended: dict[int, TimelineEvent] = {}
-        for entry in [*self._live.values(), *self._plain.values()]:
+        for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
             if ev.bytes and failed(entry[0]() if ev.scope == UNTRACKED else entry[0].array()):
                 entry[1] = amended[id(ev)] = ev._replace(
@@ -497,9 +566,8 @@ class Timeline:
         ``chrome://tracing`` open: a bytes-in-use counter per device, each scope a slice,
         with ``buffers`` an instant per allocation and free. Gzipped when ``path`` ends in
         ``.gz``; missing folders are created."""
-        from . import _timeline_export
-
-        _timeline_export.write(self, path, buffers=buffers)
+        buffers = check_flag(buffers, "buffers", "Timeline.to_chrome_trace()")
+        _timeline_format.write_chrome_trace(self, path, buffers=buffers)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Timeline:
@@ -614,6 +682,8 @@ class Timeline:
             raise TidyjaxTypeError(f"section() takes a str label, got {type(label).__name__}.")
         with self:
             with _lock:
+                if self._pending:
+                    self._settle()
                 self._next += 1
                 number = self._next
                 self._mark(SCOPE_ENTER, label, label, number)
@@ -668,6 +738,10 @@ class Timeline:
         a loop without scopes; it costs O(arrays made since the last look), plus one check of
         each plain array alive. Does nothing while not recording or with ``arrays=False``."""
         with _lock:
+            if self._depth:
+                if self._pending:
+                    self._settle()
+                self._check_deleted_buffers()
             if self._depth and self._array_mark is not None:
                 self._see_arrays()
                 self._check_deleted()
@@ -703,19 +777,26 @@ class Timeline:
                     self.event("scope_enter", scope)
         # What is alive now, read outside our lock: the registry's lock is taken there, and a
         # collection inside that lock may report to us.
-        found = holders(_registry.live()[0])
+        found = holders(books()[0])
         with _lock:
             now = time.perf_counter()
             alive = {id(rec) for rec, _ in found}
             for key in before:  # freed or collected while not recording
                 entry = self._live.get(key)
-                if entry is not None and (
-                    key not in alive or entry[0].dead is not None or entry[0].array() is None
-                ):
+                if entry is None:
+                    continue
+                gone = key not in alive or entry[0].dead is not None or entry[0].array() is None
+                if gone and not (entry[3] and self._leave(entry, entry[0])):
                     self._free(entry, now)
             for rec, ts in found:
                 if id(rec) not in self._live and rec.dead is None:
-                    self._alloc(rec, now, tuple(sorted(t._id for t in ts)))
+                    ids = tuple(sorted(t._id for t in ts))
+                    twin = self._twin(rec) if _registry._groups else None
+                    if twin is not None:  # records over one buffer (see _settle)
+                        self._share(twin, rec, 0)
+                        twin[2].extend(i for i in ids if i not in twin[2])
+                    else:
+                        self._alloc(rec, now, ids)
             self._forget_failed()  # a buffer that failed before: not counted from the start
             if _variable._variables:
                 self._name_variables()
@@ -725,6 +806,9 @@ class Timeline:
             if self._depth == 0:
                 raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+                if self._pending:
+                    self._settle()
+                self._check_deleted_buffers()
                 if _variable._variables:
                     self._name_variables()
                 if self._array_mark is not None:
@@ -748,29 +832,35 @@ class Timeline:
     def event(self, kind: str, obj: Any, tensor: int = 0) -> None:
         """A change to the registry's books, or a scope entered or exited. ``tensor`` is the id
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
-        if kind == "tensor_removed":  # a holder fewer: nothing to record
+        if kind == "tensor_removed" and not released(obj):  # a holder fewer: nothing to record
             return
         with _lock:
             if not self._depth:
                 return
+            if self._pending:  # first what came before: the buffers just added
+                if kind == "buffer_freed":
+                    self._adopt_pending(obj)
+                self._settle()
             if kind == "buffer_added":
-                if self._plain:  # a plain array seen before, now a Tensor's: it moves over
-                    arr = obj.array()
-                    entry = self._plain.get(id(arr))
-                    if entry is not None and entry[0]() is arr:
-                        self._free_plain(id(arr), entry, time.perf_counter())
-                self._alloc(obj, time.perf_counter(), (tensor,) if tensor else ())
+                arr = obj()
+                if getattr(arr, "committed", False):  # it may view a recorded buffer
+                    self._pending.append((obj, time.perf_counter(), tensor))
+                else:
+                    self._added(obj, time.perf_counter(), tensor)
+            elif kind == "tensor_removed":
+                # The last Tensor on an array nothing of tidyjax frees (see _memory.released):
+                # the array is plain again if it outlives the Tensor (decided at the next event:
+                # dropped together, the array is collected first).
+                self._pending.append((obj, time.perf_counter(), _LET_GO))
             elif kind == "buffer_freed" or kind == "buffer_collected":
                 entry = self._live.get(id(obj))
-                if entry is not None:
+                if entry is not None and not (entry[3] and self._leave(entry, obj)):
                     now = time.perf_counter()
                     a = entry[1]
                     if a.scope == "<variable>" or (self._names and a.buffer in self._names):
                         self._vars_dirty = True  # a Variable's buffer (an assign's old value)
-                    self._free(entry, now)
-                    if not obj.owned and self._array_mark is not None:
-                        for arr in obj.arrays():  # the caller's array lives on, plain again
-                            self._add_plain(arr, now)
+                    # a caller's array lives on, plain again (with the views of its buffer)
+                    self._free(entry, now, obj.arrays() if not obj.owned else ())
             elif kind == "tensor_added":
                 entry = self._live.get(id(obj))
                 if entry is not None:
@@ -778,6 +868,8 @@ class Timeline:
                         entry[2].append(tensor)
                     if obj.more:
                         self._watch_arrays(obj)
+                elif obj.dead is None and obj.array() is not None:
+                    self._added(obj, time.perf_counter(), tensor)  # a caller's array again
             elif kind == "scope_enter":
                 if self._array_mark is not None:
                     self._see_arrays()
@@ -836,7 +928,11 @@ class Timeline:
             ALLOC, now, nbytes, device, site, owner, shape, dtype, ids, self._next, "",
             per_device,
         ))  # fmt: skip
-        self._live[id(rec)] = [rec, ev, list(ids)]
+        entry = self._live[id(rec)] = [rec, ev, list(ids), None]
+        todo = self._addr_todo
+        todo.append(entry)
+        if len(todo) > 4096 and len(todo) > 2 * (len(self._live) + len(self._plain)):
+            self._addr_todo = [e for e in todo if self._entry_alive(e)]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         self._append(ev, nbytes)
@@ -885,11 +981,17 @@ class Timeline:
             if entry is not None:
                 names[entry[1].buffer] = var.name
 
-    def _free(self, entry: list[Any], now: float) -> None:
-        rec, a, ids = entry
-        del self._live[id(rec)]
-        if self._watch:
-            self._watch.pop(id(rec), None)
+    def _free(self, entry: list[Any], now: float, survivors: Any = ()) -> None:
+        """Record the free of ``entry``'s buffer; ``survivors``: its array objects that live on
+        as a plain array (a caller's, see ``_memory.released``), its views joining them."""
+        rec, a, ids, members = entry
+        if self._live.get(id(rec)) is not entry:
+            return  # freed already
+        for r in members or (rec,):
+            if self._live.get(id(r)) is entry:
+                del self._live[id(r)]
+            if self._watch:
+                self._watch.pop(id(r), None)
         owner = rec.scope
         owner = _owner(owner) if owner is None or owner is KEPT or owner is VARIABLE else owner.path
         # a's fields by position: kind, time, bytes, device, site, scope, shape, dtype, tensors,
@@ -898,6 +1000,256 @@ class Timeline:
             FREE, now, a[2], a[3], a[4], owner, a[6], a[7], tuple(ids), a[9], "", a[11],
         ))  # fmt: skip
         self._append(ev, -a[2])
+        if self._views:  # raw objects over a buffer that lived on: plain arrays now
+            survivors = [*survivors, *self._pop_views(entry)]
+        if survivors and self._array_mark is not None:
+            self._plain_again(list(survivors), now)
+
+    # -- records over one buffer, raw objects over a recorded one ---------------------------
+    #
+    # A raw ``jax.device_put`` of a Tensor to where it already is gives a second array object
+    # over its buffer, which gets a record of its own (a *suspect* of ``_registry``). Such a
+    # record is committed to its device: a committed buffer just added waits in ``_pending``
+    # until the next event (or a look, a read), when `_settle` decides whether it is a new
+    # buffer (an allocation) or one already recorded (the records then share one entry, and
+    # the buffer is freed with the last of them). Raw objects no record knows over a buffer
+    # already recorded, or plain, are *views* of its entry (`_join_view`): no allocation.
+
+    def _added(self, rec: Any, now: float, tensor: int) -> None:
+        """A new record: its allocation. A plain array seen before (or a view of one) moves
+        over to it: the plain array and its views become the new entry's views; a view of a
+        recorded buffer makes it one more record on that entry."""
+        moved: list[Any] = []
+        if self._plain or self._view_of:
+            for arr in rec.arrays():
+                entry = self._plain.get(id(arr))
+                if entry is None or entry[0]() is not arr:
+                    got = self._view_of.get(id(arr))
+                    entry = got[1] if got is not None and got[0]() is arr else None
+                if entry is None:
+                    continue
+                if entry[1].scope != UNTRACKED:  # a view of a recorded buffer
+                    self._share(entry, rec, tensor)
+                    return
+                first = entry[0]()
+                if first is not None and self._plain.get(id(first)) is entry:
+                    moved += [first, *self._pop_views(entry)]
+                    self._free_plain(id(first), entry, now)
+        self._alloc(rec, now, (tensor,) if tensor else ())
+        entry = self._live.get(id(rec))
+        if entry is None or not moved:
+            return
+        own = rec.arrays()
+        for obj in moved:
+            if all(obj is not a for a in own) and _registry.lookup(obj) is None:
+                self._add_view(entry, obj)
+
+    def _settle(self) -> None:
+        """Record the committed buffers just added (under ``_lock``): each is an allocation,
+        or, over a buffer already recorded, one more record on its entry."""
+        pending, self._pending = self._pending, []
+        window = len(pending) + 16
+        for rec, now, tensor in pending:
+            if tensor == _LET_GO:
+                self._let_go(rec, now)
+                continue
+            if id(rec) in self._live:
+                continue  # adopted meanwhile (_adopt_pending)
+            entry = self._twin(rec, window)
+            if entry is not None:
+                self._share(entry, rec, tensor)
+                continue
+            plain = None
+            if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
+                plain = self._plain_twin(rec)
+            if plain is None:
+                self._added(rec, now, tensor)
+                continue
+            # A plain array over the same buffer (rec is a raw device_put's record of it):
+            # the buffer is tidyjax's now, as memory() counts it; the plain array and its
+            # views are the new entry's views, plain again when the record goes.
+            pkey, old, objects = plain
+            self._pop_views(old)
+            self._free_plain(pkey, old, now)
+            self._added(rec, now, tensor)
+            entry = self._live.get(id(rec))
+            for obj in objects:
+                if entry is not None and _registry.lookup(obj) is None:
+                    self._add_view(entry, obj)
+
+    def _let_go(self, rec: Any, now: float) -> None:
+        """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
+        outlived the Tensor, the buffer is a plain array again (see ``_memory.released``)."""
+        entry = self._live.get(id(rec))
+        if entry is None or not released(rec) or rec.array() is None:
+            return  # held again, freed, or collected (that event frees it)
+        if entry[3] and self._leave(entry, rec):  # its arrays: views of the buffer now
+            for arr in rec.arrays():
+                self._add_view(entry, arr)
+            return
+        self._free(entry, now, rec.arrays())
+
+    def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
+        """The live entry of another record over ``rec``'s buffer, or None. Reads addresses
+        only for a suspect of the registry (a raw ``device_put``'s record) or a record already
+        dead with its arrays alive (dropped from its group: the buffer lives on)."""
+        group = _registry._groups.get(id(rec)) if _registry._groups else None
+        for other in group or ():
+            entry = self._live.get(id(other))
+            if other is not rec and entry is not None:
+                return entry
+        # A record just added is among the registry's last suspects (each is added right
+        # after its record, and settled before the next event): ``window`` of them are looked at.
+        suspects = _registry.suspects
+        if rec.dead is not None or any(s is rec for s in reversed(suspects[-window:])):
+            entry = self._find(rec.array())
+            if entry is not None and entry[1].scope != UNTRACKED and entry[0] is not rec:
+                return entry
+        return None
+
+    def _entry_alive(self, entry: list[Any]) -> bool:
+        if entry[1].scope == UNTRACKED:
+            first = entry[0]()
+            return first is not None and self._plain.get(id(first)) is entry
+        return self._live.get(id(entry[0])) is entry and entry[0].dead is None
+
+    def _find(self, arr: Any) -> list[Any] | None:
+        """The live or plain entry over ``arr``'s buffer (found by its addresses), or None;
+        None too when ``arr`` is not ready (an alias shares its buffer's readiness: a fresh
+        result still being computed is none). Each entry's addresses are read once, when its
+        buffer is ready: O(1) per call, amortized."""
+        key = None if arr is None else _buffer_key(arr)
+        if not key:
+            return None
+        todo, self._addr_todo = self._addr_todo, []
+        index = self._addr
+        for entry in todo:
+            if not self._entry_alive(entry):
+                continue
+            first = entry[0]() if entry[1].scope == UNTRACKED else entry[0].array()
+            if first is None:
+                continue
+            k = _buffer_key(first)
+            if k is None and not first.is_deleted() and not base_array(first).is_ready():
+                self._addr_todo.append(entry)  # not ready yet: read at a later look
+            elif k:
+                index[k] = entry
+                for p in k if len(k) > 1 else ():
+                    index.setdefault((p,), entry)  # its per-shard views
+        if len(index) > 4096 and len(index) > 4 * (len(self._live) + len(self._plain)):
+            self._addr = index = {k: e for k, e in index.items() if self._entry_alive(e)}
+        found = index.get(key)
+        if found is not None and not self._entry_alive(found):
+            del index[key]  # freed: its address may be reused
+            return None
+        return found
+
+    def _share(self, entry: list[Any], rec: Any, tensor: int) -> None:
+        """``rec`` is one more record over ``entry``'s buffer: no allocation."""
+        members = entry[3]
+        if members is None:
+            members = entry[3] = [entry[0]]
+        if all(m is not rec for m in members):
+            members.append(rec)
+        self._live[id(rec)] = entry
+        if tensor and tensor not in entry[2]:
+            entry[2].append(tensor)
+        if self._plain:
+            for arr in rec.arrays():  # seen as a plain array before: a view of the entry now
+                plain = self._plain.get(id(arr))
+                if plain is not None and plain[0]() is arr:
+                    self._free_plain(id(arr), plain, time.perf_counter())
+        if rec.__callback__ is None or rec.more:
+            self._watch_arrays(rec)
+
+    def _plain_twin(self, rec: Any) -> tuple[int, list[Any], list[Any]] | None:
+        """The plain entry over ``rec``'s buffer (its key, the entry, its array objects), or
+        None."""
+        plain = self._find(rec.array())
+        if plain is None or plain[1].scope != UNTRACKED:
+            return None
+        first = plain[0]()
+        if first is None:
+            return None
+        views = self._views.get(id(plain))
+        more = [v for v in (r() for _, r in views[1]) if v is not None] if views else []
+        return id(first), plain, [first, *more]
+
+    def _leave(self, entry: list[Any], rec: Any) -> bool:
+        """``rec`` leaves its shared entry (freed, dropped or collected); whether another
+        record over the buffer still holds it (then nothing is freed)."""
+        members = [m for m in entry[3] if m is not rec]
+        alive = [m for m in members if m.dead is None and m.array() is not None]
+        if not alive:
+            return False
+        entry[3] = members
+        if self._live.get(id(rec)) is entry:
+            del self._live[id(rec)]
+        if self._watch:
+            self._watch.pop(id(rec), None)
+        if entry[0] is rec:
+            entry[0] = alive[0]
+        return True
+
+    def _adopt_pending(self, rec: Any) -> None:
+        """Before ``rec``'s free (under ``_lock``): a record just added over its buffer takes
+        the buffer on (``rec`` dropped from its group while its buffer lives on)."""
+        entry = self._live.get(id(rec))
+        arr = rec.array()
+        if entry is None or arr is None or arr.is_deleted() or failed(arr):
+            return
+        key = _registry.same_buffer_key(arr)
+        if key is None:
+            return
+        for other, _now, tensor in self._pending:
+            if tensor == _LET_GO:
+                continue
+            a = other.array()
+            same_kind = a is not None and a.shape == arr.shape and a.dtype == arr.dtype
+            if same_kind and not a.is_deleted() and _registry.same_buffer_key(a) == key:
+                self._share(entry, other, tensor)
+
+    def _plain_again(self, arrays: list[Any], now: float) -> None:
+        """Array objects over one buffer that tidyjax no longer records: one plain array, the
+        others its views."""
+        entry = None
+        for arr in arrays:
+            if entry is None:
+                entry = self._add_plain(arr, now)
+            elif not arr.is_deleted():
+                self._add_view(entry, arr)
+
+    def _add_view(self, entry: list[Any], arr: Any) -> None:
+        """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
+        got = self._view_of.get(id(arr))
+        if got is not None and got[0]() is arr:
+            return  # a view already
+        ref = weakref.ref(arr)
+        self._views.setdefault(id(entry), [entry, []])[1].append((id(arr), ref))
+        self._view_of[id(arr)] = (ref, entry)
+
+    def _pop_views(self, entry: list[Any]) -> list[Any]:
+        """Forget the views of ``entry`` (freed, or moved); those still alive."""
+        views = self._views.pop(id(entry), None)
+        out = []
+        for key, ref in views[1] if views is not None else ():
+            got = self._view_of.get(key)
+            if got is not None and got[0] is ref:
+                del self._view_of[key]
+            view = ref()
+            if view is not None:
+                out.append(view)
+        return out
+
+    def _check_deleted_buffers(self) -> None:
+        """Record the frees of recorded buffers deleted behind tidyjax's back (a raw
+        ``jax.jit`` donation, ``delete()``; the registry marks those only when a report asks,
+        and reports none of them): O(buffers alive), at a mark, a stop and a read."""
+        now = time.perf_counter()
+        for entry in self._entries():
+            arr = entry[0].array()
+            if arr is not None and arr.is_deleted():
+                self._free(entry, now)
 
     def _watch_arrays(self, rec: Any) -> None:
         """Follow the collection of ``rec``'s arrays that the registry does not report: all of
@@ -920,6 +1272,8 @@ class Timeline:
 
         The mark moves to the list of live arrays it read, so an array made meanwhile by
         another thread is found at the next look; with nothing made since, the mark stays."""
+        if self._pending:
+            self._settle()
         mark = self._array_mark
         if mark is None:
             return
@@ -928,19 +1282,35 @@ class Timeline:
             return
         now = time.perf_counter()
         for arr in reversed(arrays):  # oldest first: buffer numbers in creation order
-            self._add_plain(arr, now)
+            if not self._join_view(arr):
+                self._add_plain(arr, now)
 
-    def _add_plain(self, arr: Any, now: float) -> None:
-        """Record ``arr``'s allocation at ``now`` unless it is known, deleted or a Tensor's."""
+    def _join_view(self, arr: Any) -> bool:
+        """Whether ``arr`` is a raw object over the buffer of a live or plain entry (a raw
+        ``device_put`` to where it is, a shard view JAX caches, the object printing makes);
+        then it is that entry's view: no allocation. Only a ready array can be one (it shares
+        its buffer's readiness); its addresses are read then."""
+        if _registry.lookup(arr) is not None:
+            return False
+        entry = self._find(arr)
+        if entry is None or (entry[1].scope == UNTRACKED and entry[0]() is arr):
+            return False  # none, or the plain array itself
+        self._add_view(entry, arr)
+        return True
+
+    def _add_plain(self, arr: Any, now: float) -> list[Any] | None:
+        """Record ``arr``'s allocation at ``now`` unless it is known, deleted or a Tensor's;
+        its entry (None when not recorded)."""
         key = id(arr)
         entry = self._plain.get(key)
         if entry is not None:
             if entry[0]() is arr:
-                return
+                return entry
             self._free_plain(key, entry, now)  # a dead array whose id was reused
         try:
-            if arr.is_deleted() or _registry.lookup(arr) is not None:
-                return  # freed already, or a Tensor's: the registry reports it
+            rec = _registry.lookup(arr)
+            if arr.is_deleted() or (rec is not None and not released(rec)):
+                return None  # freed already, or a Tensor's: the registry reports it
             nbytes = 0 if failed(arr) else local_nbytes(arr)
             device, per_device = _placement(arr, nbytes)
             site, stack = _site_of(arr)
@@ -952,10 +1322,12 @@ class Timeline:
             )  # fmt: skip
             ref = weakref.ref(arr, functools.partial(self._plain_collected, key))
         except Exception:  # not an array tidyjax can describe (no weak reference, no dtype)
-            return
+            return None
         self._next += 1
-        self._plain[key] = [ref, ev]
+        entry = self._plain[key] = [ref, ev]
+        self._addr_todo.append(entry)
         self._append(ev, nbytes)
+        return entry
 
     def _check_deleted(self) -> None:
         """Record the frees of the plain arrays dropped, or deleted (donated, ``delete()``)
@@ -963,7 +1335,9 @@ class Timeline:
         now = time.perf_counter()
         for key, entry in list(self._plain.items()):
             arr = entry[0]()
-            if arr is None or arr.is_deleted():
+            if arr is None:
+                self._plain_gone(key, entry, now)
+            elif arr.is_deleted():
                 self._free_plain(key, entry, now)
 
     def _plain_collected(self, key: int, ref: Any) -> None:
@@ -972,12 +1346,33 @@ class Timeline:
         with _lock:
             entry = self._plain.get(key)
             if entry is not None and entry[0] is ref and self._depth:
-                self._free_plain(key, entry, time.perf_counter())
+                self._plain_gone(key, entry, time.perf_counter())
+
+    def _plain_gone(self, key: int, entry: list[Any], now: float) -> None:
+        """A plain array was dropped: its buffer is freed, unless a view of it lives on (then
+        that view holds the buffer, under the same entry)."""
+        views: list[Any] = self._views[id(entry)][1] if id(entry) in self._views else []
+        for pair in views:
+            view = pair[1]()
+            if view is not None and not view.is_deleted() and self._plain.get(key) is entry:
+                views[:] = [v for v in views if v is not pair]  # by identity
+                if self._view_of.get(pair[0], (None,))[0] is pair[1]:
+                    del self._view_of[pair[0]]
+                del self._plain[key]
+                vkey = id(view)
+                entry[0] = weakref.ref(view, functools.partial(self._plain_collected, vkey))
+                if vkey in self._plain:  # a stale entry of a dead array under that id
+                    self._free_plain(vkey, self._plain[vkey], now)
+                self._plain[vkey] = entry
+                return
+        self._free_plain(key, entry, now)
 
     def _free_plain(self, key: int, entry: list[Any], now: float) -> None:
         if self._plain.get(key) is not entry:
             return  # recorded already (a collection ran a callback meanwhile)
         del self._plain[key]
+        if self._views:
+            self._pop_views(entry)
         a = entry[1]
         self._append(a._replace(kind=FREE, time=now), -a.bytes)
 
@@ -1065,8 +1460,7 @@ def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = T
         raise TidyjaxTypeError(f"max_events must be an int, got {type(max_events).__name__}.")
     if max_events < 1:
         raise TidyjaxValueError(f"max_events must be at least 1, got {max_events}.")
-    if not isinstance(arrays, bool):
-        raise TidyjaxTypeError(f"arrays must be True or False, got {type(arrays).__name__}.")
+    arrays = check_flag(arrays, "arrays", "timeline()")
     tl = Timeline(max_events, arrays)
     return tl if fn is None else tl(fn)
 

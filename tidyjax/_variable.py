@@ -9,7 +9,13 @@ from typing import Any
 from . import _registry
 from ._arrays import CONCRETE
 from ._context import Tracker
-from ._errors import VARIABLES_DISPOSED, TidyjaxTypeError, TidyjaxValueError, variable_disposed
+from ._errors import (
+    VARIABLES_DISPOSED,
+    TidyjaxTypeError,
+    TidyjaxValueError,
+    check_flag,
+    variable_disposed,
+)
 from ._tensor import Tensor, _copy_in, _ids, dispose_tensor, variable_info
 
 __all__ = ["Variable", "dispose_variables"]
@@ -77,6 +83,7 @@ class Variable(Tensor, metaclass=_VariableType):
     __slots__ = ()
 
     def __new__(cls, value: Any, *, trainable: bool = True, name: str | None = None) -> Variable:
+        trainable = check_flag(trainable, "trainable", "Variable()")
         if name is not None and not isinstance(name, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")
         arr = _value_of(value, "Variable()")
@@ -169,6 +176,8 @@ def _hold(arr: Any, value: Any, tensor: int) -> _registry.Buffer:
         rec.nvars = 1
         return rec
     _registry.join(rec)
+    if _registry.observers:  # one Tensor more on the buffer, as a clone reports it
+        _registry._notify("tensor_added", rec, tensor)
     owner = rec.scope
     if owner is not _registry.VARIABLE:
         rec.home = owner  # the buffer is its again once no Variable holds it

@@ -1,0 +1,143 @@
+"""A leak's site is the outermost user frame inside the checked block; the user frames further
+in (a model's ``__call__``) are its stack. Two lines calling one model are two sites."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax._sites import Site
+
+HERE = os.path.relpath(__file__)
+HERE = __file__ if HERE.startswith(os.pardir) else HERE
+with open(__file__, encoding="utf-8") as _f:
+    SOURCE = _f.read()
+
+
+def _line(marker: str) -> int:
+    return next(i for i, line in enumerate(SOURCE.splitlines(), 1) if marker in line)
+
+
+class Model:
+    def __init__(self) -> None:
+        self.w = tj.tensor(np.ones(4, np.float32))
+
+    def __call__(self, x: tj.Tensor) -> tj.Tensor:
+        return self.layer(x)  # SITE:call
+
+    def layer(self, x: tj.Tensor) -> tj.Tensor:
+        return x * self.w  # SITE:layer
+
+
+class PlainModel:
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        return x * 2  # SITE:plain-model
+
+
+def _model_frames() -> tuple[Site, Site]:
+    """The model's frames, innermost first, as a leak site's stack holds them."""
+    return (
+        Site(__file__, _line("SITE:layer"), "Model.layer"),
+        Site(__file__, _line("SITE:call"), "Model.__call__"),
+    )
+
+
+def test_two_lines_calling_one_model_leak_at_two_sites_with_the_model_as_their_stack():
+    model, x = Model(), tj.tensor(np.ones(4, np.float32))
+    monitor: list[tj.Tensor] = []
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+        monitor.append(model(x))  # SITE:first
+        for _ in range(2):
+            monitor.append(model(x))  # SITE:second
+    report = err.value.report
+    name = "test_two_lines_calling_one_model_leak_at_two_sites_with_the_model_as_their_stack"
+    first, second = _line("SITE:first"), _line("SITE:second")
+    assert {(g.site, g.count) for g in report.groups} == {
+        (f"{HERE}:{first} in {name}", 1),
+        (f"{HERE}:{second} in {name}", 2),
+    }
+    assert all(r.site is not None and r.site.stack == _model_frames() for r in report.tensors)
+    text = str(report)
+    chain = f"through {HERE}:{_line('SITE:call')} in Model.__call__ -> "
+    assert text.count(chain + f"{HERE}:{_line('SITE:layer')} in Model.layer") == 2
+    assert "through " in report._repr_html_()
+    tj.dispose([*monitor, model.w, x])
+
+
+def _check_here(model: Model, x: tj.Tensor, monitor: list[tj.Tensor]) -> None:
+    with tj.check_leaks():
+        monitor.append(model(x))  # SITE:helper
+
+
+def _outer(model: Model, x: tj.Tensor, monitor: list[tj.Tensor]) -> None:
+    _check_here(model, x, monitor)  # a user frame outside the checked block: never the site
+
+
+def test_the_site_is_inside_the_checked_block_not_in_the_user_code_around_it():
+    model, x = Model(), tj.tensor(np.ones(4, np.float32))
+    monitor: list[tj.Tensor] = []
+    with pytest.raises(tj.LeakError) as err:
+        _outer(model, x, monitor)
+    (record,) = err.value.report.tensors
+    assert record.site == Site(__file__, _line("SITE:helper"), "_check_here")
+    assert record.site is not None and record.site.stack == _model_frames()
+    tj.dispose([*monitor, model.w, x])
+
+
+def test_the_decorator_form_names_the_decorated_functions_line():
+    model, x = Model(), tj.tensor(np.ones(4, np.float32))
+    monitor: list[tj.Tensor] = []
+
+    @tj.check_leaks()
+    def step() -> None:
+        monitor.append(model(x))  # SITE:decorated
+
+    with pytest.raises(tj.LeakError) as err:
+        step()
+    (record,) = err.value.report.tensors
+    name = "test_the_decorator_form_names_the_decorated_functions_line.<locals>.step"
+    assert record.site == Site(__file__, _line("SITE:decorated"), name)
+    tj.dispose([*monitor, model.w, x])
+
+
+def test_plain_arrays_a_model_makes_are_at_the_users_call_too():
+    model, x = PlainModel(), jnp.ones(4)
+    monitor: list[jnp.ndarray] = []
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+        monitor.append(model(x))  # SITE:plain-first
+        monitor.append(model(x))  # SITE:plain-second
+    report = err.value.report
+    name = "test_plain_arrays_a_model_makes_are_at_the_users_call_too"
+    assert sorted(g.site for g in report.array_groups) == [
+        f"{HERE}:{_line('SITE:plain-first')} in {name}",
+        f"{HERE}:{_line('SITE:plain-second')} in {name}",
+    ]
+    stack = (Site(__file__, _line("SITE:plain-model"), "PlainModel.__call__"),)
+    assert all(r.site is not None and r.site.stack == stack for r in report.arrays)
+    monitor.clear()
+
+
+def test_a_leak_made_on_the_blocks_own_line_has_no_stack():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+        t = tj.tensor([1.0])  # SITE:own
+    (record,) = err.value.report.tensors
+    assert record.site is not None and record.site.line == _line("SITE:own")
+    assert record.site.stack == ()
+    assert "through" not in str(err.value)
+    t.dispose()
+
+
+def test_a_leak_sites_stack_survives_the_json_of_a_record():
+    model, x = Model(), tj.tensor(np.ones(4, np.float32))
+    monitor: list[tj.Tensor] = []
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+        monitor.append(model(x))
+    (record,) = err.value.report.tensors
+    again = type(record).from_json(record.to_json())
+    assert again.site == record.site and again.site is not None
+    assert again.site.stack == record.site.stack == _model_frames()
+    tj.dispose([*monitor, model.w, x])
