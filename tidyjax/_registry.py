@@ -166,6 +166,10 @@ def join(rec: Buffer) -> None:
 def add_alias(rec: Buffer, arr: Any) -> None:
     """``arr`` is another ``jax.Array`` object over ``rec``'s buffer (``device_put`` to where the
     buffer already is): deleting either deletes both, so they share one record."""
+    other = lookup(arr)
+    if other is not None and other is not rec and other.dead is None:
+        _join_group(rec, other)  # ``arr`` has a live record of its own: one buffer, one group
+        return
     with _lock:
         if rec.more is None:
             rec.more = []

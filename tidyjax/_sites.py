@@ -66,8 +66,8 @@ class Site:
     array when that is not the user's (``flax/nnx/...``), else None; it takes no part in
     equality, so arrays made at one user line group together.
 
-    ``stack``: for a leak check's site (the outermost user frame inside the checked block, see
-    `Entry`), the user's frames further in that led to the array, innermost first (the line
+    ``stack``: for a leak check's site (the outermost user frame inside the checked block), the
+    user's frames further in that led to the array, innermost first (the line
     that made it first); empty otherwise. It takes no part in equality either.
     """
 
