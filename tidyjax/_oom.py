@@ -484,11 +484,11 @@ def build_report(err: BaseException, what: str, called_at: str | None = None) ->
 
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
-    from ._memory import find_untracked, memory, watched_usage
+    from ._memory import books, find_untracked, memory, watched_usage
     from ._records import live_tensors, untracked_record
     from ._watch import watched
 
-    recs, _ = _registry.live()
+    recs, _ = books()  # what memory() counts
     broken = [rec for rec in recs if any(failed(a) for a in rec.arrays())]
     broken_ids = {id(rec) for rec in broken}
     info = memory(scan_untracked=False)  # counts no bytes of a failed buffer
