@@ -173,3 +173,17 @@ def test_a_keyboard_interrupt_as_a_scope_exits_leaves_no_scope_open() -> None:
     assert made[0]._rec.scope is None  # no scope around: like a Tensor made outside any
     made[0].dispose()
     assert tj.memory().num_bytes == 0
+
+
+def test_dispose_of_a_tensor_and_its_own_raw_array_together() -> None:
+    t = tj.tensor([1.0, 2.0])
+    raw = t.array
+    tj.dispose([t, raw])  # every holder of the buffer is in the call: nothing left to refuse
+    assert t.is_disposed and raw.is_deleted()
+    u = tj.tensor([3.0])
+    other = u.clone()
+    with pytest.raises(tj.TidyjaxValueError, match="1 live Tensor"):
+        tj.dispose([u, u.array])  # `other` still holds it: refused, nothing disposed
+    assert not u.is_disposed
+    tj.dispose([u, other])
+    assert tj.memory().num_bytes == 0

@@ -1018,7 +1018,7 @@ def dispose(x: Any) -> None:
 
     Raises:
         TidyjaxValueError: ``x`` holds a raw ``jax.Array`` whose buffer a live Tensor or
-            Variable holds (nothing is disposed): dispose that Tensor instead.
+            Variable not in ``x`` holds (nothing is disposed): dispose that Tensor instead.
     """
     tensors: list[Any] = []
     raws: list[Any] = []
@@ -1038,9 +1038,15 @@ def dispose(x: Any) -> None:
             escaped.append(rec)
     if unknown:
         escaped += _registry.aliases_of(unknown)
+    disposing: dict[int, int] = {}  # id(record) -> its holders disposed by this very call
+    if escaped:
+        for t in tensors:
+            if t._rec is not None:
+                disposing[id(t._rec)] = disposing.get(id(t._rec), 0) + 1
     for rec in escaped:
-        if rec.n > 0 or rec.scope is VARIABLE:
-            holders = "a Variable" if rec.scope is VARIABLE else f"{rec.n} live Tensor(s)"
+        others = rec.n - disposing.get(id(rec), 0)  # holders left after this call
+        if others > 0 or (rec.scope is VARIABLE and id(rec) not in disposing):
+            holders = "a Variable" if rec.scope is VARIABLE else f"{others} live Tensor(s)"
             arr = rec.array()
             raise TidyjaxValueError(
                 f"dispose() got a raw jax.Array {describe(arr)} whose buffer {holders} "
