@@ -47,6 +47,7 @@ def _notes(e: BaseException) -> list[str]:
 # -- 1. a Tensor never holds a Tensor -----------------------------------------------------------
 
 
+@needs_bind_hook
 def test_rebuilding_a_tensor_node_over_a_tensor_gives_that_tensor():
     params = tj.tensors({"w": jnp.ones(3), "b": jnp.zeros(2)})
     treedef = jax.tree.structure(params)  # Tensor nodes, each over one array leaf
@@ -96,6 +97,7 @@ def _stax_problem():
     return params, loss, (x, y)
 
 
+@needs_bind_hook
 @pytest.mark.parametrize("form", ["init_of_tensors", "tensors_of_init"])
 @pytest.mark.parametrize("jit", [tj.jit, jax.jit], ids=["tidyjax.jit", "jax.jit"])
 def test_example_libraries_optimizer_step_in_both_forms(form, jit):
@@ -168,6 +170,7 @@ def _eqx_run(params, static, x, y, steps=3):
     return params, opt_state, losses
 
 
+@needs_bind_hook
 def test_eqx_partition_then_tensors_then_combine_in_filter_jit_matches_raw():
     model = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (16, 4))
@@ -197,6 +200,7 @@ def test_eqx_partition_then_tensors_then_combine_in_filter_jit_matches_raw():
     tj.dispose((t_params, combined, got, opt_state, again, t_model, p2, back))
 
 
+@needs_bind_hook
 def test_eqx_combine_still_raises_for_trees_that_do_not_match():
     with pytest.raises(ValueError, match="structure"):
         eqx.combine(tj.tensors({"a": jnp.ones(2)}), {"b": None})
@@ -278,6 +282,7 @@ def test_cond_apply_updates_and_vjp_with_tensors_work_or_name_the_fix():
     t.dispose()
 
 
+@needs_bind_hook
 def test_a_structure_error_from_raw_jax_in_a_scope_carries_the_fix() -> None:
     params = {"w": tj.tensor([1.0, 2.0])}
     raw_updates = {"w": jnp.ones(2)}
