@@ -62,11 +62,6 @@ class Tracker:
         """Whether this scope has exited (a `Scope` says; a bare tracker never exits)."""
         return False
 
-    def own(self, rec: Buffer) -> None:
-        """This scope owns ``rec`` from now on and frees it at its exit unless it leaves."""
-        rec.scope = self
-        self._owned.append(rec)
-
     def note_alias(self, t: Any) -> None:
         """The Tensor ``t`` was made (or handed) here on a buffer this scope may not own: its
         exit disposes the object unless it is returned or kept (TensorFlow.js)."""

@@ -194,28 +194,6 @@ def unhold(rec: Buffer) -> None:
         free(rec)
 
 
-def find_alias(arr: Any) -> Buffer | None:
-    """The record of another array object over ``arr``'s buffer (a raw ``device_put`` to where
-    it already is, a shard view), found by address; None if there is none.
-
-    Waits for ``arr`` first (a failed allocation raises JAX's error here); an alias shares its
-    buffer's readiness, so its recorded twin is ready too. Scans the records of the same shape
-    and dtype: for ``adopt``, never per op."""
-    base_array(arr).block_until_ready()
-    key = same_buffer_key(arr)
-    if key is None:
-        return None
-    shape, dtype = arr.shape, arr.dtype
-    for rec in list(_buffers.values()):
-        if rec.dead is not None:
-            continue
-        for a in rec.arrays():
-            same_kind = a is not arr and a.shape == shape and a.dtype == dtype
-            if same_kind and same_buffer_key(a) == key:
-                return rec
-    return None
-
-
 def release(rec: Buffer) -> bool:
     """A Tensor on ``rec`` was disposed. Deletes the buffer if it was the last live holder and
     tidyjax owns it; returns whether it did."""

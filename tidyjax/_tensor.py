@@ -1220,11 +1220,11 @@ def adopt(array: jax.Array) -> Tensor:
         # Only a transfer (device_put, a shard view) makes a new object over a recorded
         # buffer, and its result is committed to its device: fresh arrays skip the search.
         try:
-            rec = _registry.find_alias(array)  # waits for the array
+            base_array(array).block_until_ready()  # a failed allocation raises JAX's error here
         except jax.errors.JaxRuntimeError:
             _adopt_failed(array)
-        if rec is not None:  # another object over a buffer tidyjax records: share its record
-            _registry.add_alias(rec, array)
+        # another object over a buffer tidyjax records: it joins that record
+        _registry.aliases_of([array])
     return wrap(array)
 
 
