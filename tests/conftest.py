@@ -9,8 +9,15 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import tidyjax as tj
+from tidyjax._jaxdoors import BIND_CONVERSION
 
 pytest_plugins = ["pytester"]
+
+#: For tests of what raw JAX does with Tensors, which older JAX refuses (the docs say so).
+needs_bind_hook = pytest.mark.skipif(
+    not BIND_CONVERSION,
+    reason="JAX before 0.10.2 has no hook to convert a Tensor at a primitive bind",
+)
 
 # Model-based tests: a fixed, sizeable budget in CI; `--hypothesis-profile=long` locally.
 _slow = [HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -30,7 +30,7 @@ from tidyjax._arrays import CONCRETE  # noqa: E402
 from tidyjax._jaxdoors import BIND_CONVERSION  # noqa: E402
 from tidyjax._watch import _watched  # noqa: E402
 
-from .conftest import counts  # noqa: E402
+from .conftest import counts, needs_bind_hook  # noqa: E402
 
 _FLAX = tuple(int(p) for p in pytest.importorskip("flax").__version__.split(".")[:2])
 
@@ -566,12 +566,6 @@ def test_watch_reads_nnx_objects_that_are_not_pytrees():
 
 
 # -- any function that runs under jax.jit runs under tidyjax.jit, compared with raw JAX -----------
-
-
-needs_bind_hook = pytest.mark.skipif(
-    not BIND_CONVERSION,
-    reason="JAX before 0.10.2 has no hook to convert a Tensor at a primitive bind",
-)
 
 
 def _close(got, want, rtol=1e-5):

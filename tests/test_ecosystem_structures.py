@@ -15,16 +15,12 @@ from jax.example_libraries import optimizers, stax
 
 import tidyjax as tj
 from tidyjax import Tensor, tidy
-from tidyjax._jaxdoors import BIND_CONVERSION
 from tidyjax._lift import STRUCTURE_HINT
+
+from .conftest import needs_bind_hook
 
 optax = pytest.importorskip("optax")
 eqx = pytest.importorskip("equinox")
-
-needs_bind_hook = pytest.mark.skipif(
-    not BIND_CONVERSION,
-    reason="JAX before 0.10.2 has no hook to convert a Tensor at a primitive bind",
-)
 
 
 def _close(got, want, rtol=1e-5):
