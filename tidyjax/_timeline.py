@@ -1,42 +1,34 @@
 """``timeline()``: every allocation, free and scope of device memory, in order.
 
-While a `Timeline` records it is one of the registry's observers (``_registry.observers``,
-the list ``profile()`` uses): each buffer added, freed or collected, and each scope entered or
-exited (``_scope`` reports those only while an observer listens), becomes one immutable
-`TimelineEvent`. With no timeline open nothing here runs: the registry and the scopes pay
-the one truthiness check of ``observers`` they paid before. Replaying the events (``live_at``)
+While a `Timeline` records it is one of the registry's observers (``_registry.observers``, as
+``profile()`` is): each buffer added, freed or collected, and each scope entered or exited
+(``_scope`` reports those only while an observer listens), becomes one immutable
+`TimelineEvent`. With no timeline open nothing here runs. Replaying the events (``live_at``)
 gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
 
-Plain ``jax.Array`` objects (made by JAX, Flax NNX, Equinox: no Tensor, so the registry never
-hears of them) are seen through an ``_newarrays.ArrayMark`` at each scope event, ``mark()`` and
-stop: those made since the last look and still alive become allocations with the scope
-``"<untracked>"``, timed at that look; each is followed by a weak reference whose callback
-records its free when Python drops it (or it is found deleted at a ``mark()`` or stop). That
-costs O(new arrays) per look in Python (the mark moves only when something was made), plus
-``jax.live_arrays()`` itself, and nothing per op.
+Plain ``jax.Array`` objects (no Tensor, so the registry never hears of them) are seen through an
+``_newarrays.ArrayMark`` at each scope event, ``mark()`` and stop: those made since the last look
+and still alive become allocations of scope ``"<untracked>"``, timed at that look, each followed
+by a weak reference that records its free (or it is found deleted at a ``mark()`` or stop):
+O(new arrays) per look, nothing per op.
 
-Each creation site also keeps its short user stack (the first ``STACK_FRAMES`` frames outside
-tidyjax and JAX, read once per code location, at most 3 per site), and the buffers of named
-Variables their names (looked up at start and stop, and at a scope exit after Variables changed:
-O(Variables) then, O(buffers recorded since the last lookup) otherwise), so the page labels them
-by name rather than by the line of ``assign``. Both are saved with the timeline, and so are the
-moments marked with ``annotate`` (drawn as labelled lines; the page's table can show one).
-
-The file format (``TimelineEvent``, ``dump``/``load``'s JSON) is ``_timeline_format``'s; the
-page (``to_html``) is drawn by ``_timeline_html``.
+Each creation site keeps its short user stack (the first ``STACK_FRAMES`` frames outside tidyjax
+and JAX, at most 3 per site), and named Variables' buffers their names (looked up at start, stop,
+and a scope exit after Variables changed), so the page labels them by name. Both are saved with
+the timeline, as are the moments marked with ``annotate``.
 
 One device buffer is one allocation, whatever array objects view it: the records over one
 buffer (a raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the
-next event for a committed buffer just added (`Timeline._settle`; addresses read only for the
-registry's suspects, once per entry, see ``Timeline._find``); raw objects no record knows over a
-recorded or plain buffer (a raw view, the object printing an array makes) are views of its
-entry, plain arrays again when the records go. A caller's own array whose last Tensor went is
+next event (`Timeline._settle`; addresses read only for the registry's suspects, once per entry,
+see ``Timeline._find``); raw objects no record knows over a recorded or plain buffer are views of
+its entry, plain arrays again when the records go. A caller's array whose last Tensor went is
 plain again (``_memory.released``). A buffer deleted behind tidyjax's back (a raw ``jax.jit``
 donation) is freed at the next ``mark()``, stop or read.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import functools
@@ -83,28 +75,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 _lock = threading.RLock()
 _recording: list[Timeline] = []  # open timelines, in the order they started
 
-# Caches of what an allocation reports, filled as arrays are seen.
-# JAX creation traceback -> (first user frame, the short user stack): per code location
-_sites: dict[Any, tuple[Site | None, tuple[Site, ...]]] = {}
 #: The most frames of a site's stack: the first frames outside tidyjax and JAX, innermost first.
 STACK_FRAMES = 4
 _NO_SITE: tuple[None, tuple[Site, ...]] = (None, ())
-_dtypes: dict[Any, str] = {}
-_device_names: dict[Any, str] = {}
-_one_device: dict[Any, str] = {}  # sharding on one local device -> its name
-# Shared values, so that a million events hold a few thousand of these, not a million.
-_one_placement: dict[tuple[str, int], tuple[tuple[str, int]]] = {}
-_shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def _shape(arr: Any) -> tuple[int, ...]:
-    shape = tuple(arr.shape)
-    same = _shapes.get(shape)
-    if same is None:
-        if len(_shapes) > 65536:
-            _shapes.clear()
-        same = _shapes[shape] = shape
-    return same
+# JAX creation traceback -> (first user frame, the short user stack): per code location
+_sites: dict[Any, tuple[Site | None, tuple[Site, ...]]] = {}
+#: A dtype's or a device's name, read once.
+_name = functools.lru_cache(maxsize=4096)(str)
+#: An equal value seen before: a million events share a few thousand shapes and placements.
+_same = functools.lru_cache(maxsize=65536)(lambda value: value)
 
 
 def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
@@ -157,40 +136,22 @@ def _buffer_key(arr: Any) -> Any:
         return None
 
 
-def _dtype_name(dtype: Any) -> str:
-    name = _dtypes.get(dtype)
-    if name is None:
-        name = _dtypes[dtype] = str(dtype)
-    return name
-
-
-def _device_name(device: Any) -> str:
-    name = _device_names.get(device)
-    if name is None:
-        name = _device_names[device] = str(device)
-    return name
+@functools.lru_cache(maxsize=4096)
+def _sole_device(sharding: Any) -> str | None:
+    """The name of the one local device of ``sharding``, or None."""
+    devices = sharding.device_set
+    if len(devices) == 1 and sharding.is_fully_addressable:
+        return _name(next(iter(devices)))
+    return None
 
 
 def _placement(arr: Any, nbytes: int) -> tuple[str, tuple[tuple[str, int], ...]]:
     """The device label and the bytes on each device, from the sharding (no buffer is read)."""
     try:
-        sharding = arr.sharding
-        name = _one_device.get(sharding)
-        if name is None:
-            devices = sharding.device_set
-            if len(devices) == 1 and sharding.is_fully_addressable:
-                if len(_one_device) > 4096:
-                    _one_device.clear()
-                name = _one_device[sharding] = _device_name(next(iter(devices)))
+        name = _sole_device(arr.sharding)
         if name:
-            key = (name, nbytes)
-            one = _one_placement.get(key)
-            if one is None:
-                if len(_one_placement) > 65536:
-                    _one_placement.clear()
-                one = _one_placement[key] = (key,)
-            return name, one
-        pairs = tuple(sorted((_device_name(d), b) for d, b in shard_bytes(arr).items()))
+            return name, _same(((name, nbytes),))
+        pairs = tuple(sorted((_name(d), b) for d, b in shard_bytes(arr).items()))
     except Exception:  # an array kind without a sharding: no device to report
         return "", ()
     return ",".join(n for n, _ in pairs), pairs
@@ -214,20 +175,22 @@ def _layout(
     local device (its bytes then follow from its shape and dtype alone)."""
     nbytes = rec.size()
     device, per_device = _placement(arr, nbytes)
-    layout = (nbytes, device, per_device, _shape(arr), _dtype_name(arr.dtype))
-    if key is not None and len(per_device) == 1 and device in _one_device.values():
+    layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
+    if key is not None and _sole_device(key[0]):
         if len(_layouts) > 65536:
             _layouts.clear()
         _layouts[key] = layout
     return layout
 
 
-def _owner(owner: Any) -> str:
+def _owner(rec: Any) -> str:
+    """The scope path of ``rec``'s owner, as events name it."""
+    owner = rec.scope
     if owner is KEPT:
         return "<kept>"
     if owner is VARIABLE:
         return "<variable>"
-    return getattr(owner, "path", "") if owner is not None else ""
+    return "" if owner is None else owner.path
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -267,52 +230,10 @@ class Timeline:
             ``time.perf_counter()``'s clock (``stop_time`` is None while recording).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_addr",
-        "_addr_todo",
-        "_array_mark",
-        "_base",
-        "_bytes",
-        "_depth",
-        "_events",
-        "_last",
-        "_live",
-        "_loaded",
-        "_marks",
-        "_named_upto",
-        "_names",
-        "_next",
-        "_peak_live",
-        "_peak_seq",
-        "_pending",
-        "_plain",
-        "_scopes",
-        "_seq",
-        "_stack_ids",
-        "_stacks",
-        "_vars_dirty",
-        "_vars_seen",
-        "_view_of",
-        "_views",
-        "_watch",
-        "arrays",
-        "dropped",
-        "max_events",
-        "peak_bytes",
-        "peak_time",
-        "start_time",
-        "started_at",
-        "stop_time",
-    )
-
     def __init__(self, max_events: int = 1_000_000, arrays: bool = True) -> None:
-        arrays = check_flag(arrays, "arrays", "Timeline()")
         self.max_events = max_events
-        self.arrays = arrays
+        self.arrays = check_flag(arrays, "arrays", "Timeline()")
         self._array_mark: ArrayMark | None = None  # while recording plain arrays
-        # id(array) -> [weak reference to it, its alloc event]: the plain arrays seen alive
-        self._plain: dict[int, list[Any]] = {}
         self._events: collections.deque[TimelineEvent] = collections.deque()
         self.dropped = 0
         self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
@@ -320,22 +241,22 @@ class Timeline:
         # records over one buffer (a raw device_put's, see _settle) share it, ``members`` then
         # listing them (else None)
         self._live: dict[int, list[Any]] = {}
-        # committed buffers just added, (record, time, Tensor id): each may be a second record
-        # over a buffer already recorded, decided before the next event (_settle); and records
-        # whose last Tensor went (Tensor id _LET_GO)
+        # id(array) -> [weak reference to it, its alloc event]: the plain arrays seen alive
+        self._plain: dict[int, list[Any]] = {}
+        # (record, time, Tensor id) of the committed buffers just added, each an allocation or
+        # a second record over a recorded buffer (decided before the next event, _settle), and
+        # of the records whose last Tensor went (Tensor id _LET_GO)
         self._pending: list[tuple[Any, float, int]] = []
-        # id(entry) -> [entry, weak references]: array objects no record knows over the buffer
-        # of a live or plain entry (a raw device_put to where it is, a cached shard view)
+        # id(entry) -> [entry, [(id(view), weak reference)]]: array objects no record knows over
+        # the buffer of a live or plain entry; id(view) -> (weak reference, entry): the same
         self._views: dict[int, list[Any]] = {}
-        # id(view) -> (weak reference to it, its entry): the same views, found from the array
         self._view_of: dict[int, tuple[Any, list[Any]]] = {}
-        # buffer addresses -> the live or plain entry over them, read once per entry when its
-        # buffer is ready (see _find); the entries whose addresses are not read yet
+        # buffer addresses -> the live or plain entry over them (see _find); the entries whose
+        # addresses are not read yet
         self._addr: dict[Any, list[Any]] = {}
         self._addr_todo: list[list[Any]] = []
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
-        # id(scope) -> (the scope, its number): the scopes open, held until they exit or we stop
-        self._scopes: dict[int, tuple[Any, int]] = {}
+        self._scopes: dict[int, tuple[Any, int]] = {}  # id(scope) -> (open scope, its number)
         self._next = 0  # the last buffer or scope number given
         self._seq = 0  # events appended, dropped ones included
         self._bytes = 0
@@ -346,11 +267,9 @@ class Timeline:
         self._stacks: dict[Site, list[tuple[Site, ...]]] = {}
         self._stack_ids: set[int] = set()
         self._names: dict[int, str] = {}  # buffer number -> the name of the Variable holding it
-        # When the Variables were last looked at (see _variables_moved): how many there were,
-        # the last number given then, and whether a Variable's buffer was freed since.
-        self._vars_seen = -1
-        self._named_upto = 0
-        self._vars_dirty = False
+        # At the last lookup of the Variables (see _variables_moved): how many there were, the
+        # last number given then, and whether a Variable's buffer was freed since.
+        self._vars_seen, self._named_upto, self._vars_dirty = -1, 0, False
         self._marks: list[Mark] = []  # annotate()'s moments, in time order
         self.peak_bytes = 0
         self.peak_time = 0.0
@@ -391,11 +310,10 @@ class Timeline:
 
     def _catch_up(self) -> None:
         """Before the events are read (under ``_lock``): while recording, settle the buffers
-        just added and record the frees of buffers deleted behind tidyjax's back (a raw
-        ``jax.jit`` donation); then `_forget_failed`."""
+        just added and record the frees of buffers deleted behind tidyjax's back; then
+        `_forget_failed`."""
         if self._depth:
-            if self._pending:
-                self._settle()
+            self._settle()
             self._check_deleted_buffers()
         self._forget_failed()
 
@@ -469,15 +387,9 @@ class Timeline:
                 f"dropped and the events kept start at {events[0].time!r}. Record with a larger "
                 "tidyjax.timeline(max_events=...)."
             )
-        state = {ev.buffer: ev for ev in base}
-        for ev in events:
-            if ev.time > time:
-                break
-            if ev.kind == ALLOC:
-                state[ev.buffer] = ev
-            elif ev.kind == FREE:
-                state.pop(ev.buffer, None)
-        return [_record(ev) for _, ev in sorted(state.items())]
+        before = bisect.bisect_right([ev.time for ev in events], time) - 1
+        alive = _timeline_html.alive_after(base, events, [before])[0]
+        return [_record(ev) for ev in sorted(alive, key=lambda ev: ev.buffer)]
 
     def top_sites(self, at: float | None = None, n: int = 10) -> list[SiteStat]:
         """The creation sites holding the most bytes at ``at`` (default: the peak), largest
@@ -543,15 +455,7 @@ class Timeline:
         then its events as columns (kind, scope, time, bytes, ...) and the tables of strings and
         sites they index."""
         base, events = self._window()
-        header = {
-            "started_at": self.started_at,
-            "start_time": self.start_time,
-            "stop_time": self.stop_time,
-            "max_events": self.max_events,
-            "dropped": self.dropped,
-            "peak_bytes": self.peak_bytes,
-            "peak_time": self.peak_time,
-        }
+        header = {k: getattr(self, k) for k in _timeline_format.HEADER}
         return _timeline_format.encode(
             header, base, events, self._peak_live, self._stacks, self._names, self.annotations
         )
@@ -601,15 +505,11 @@ class Timeline:
         tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
         if data.get("peak_live") is not None:
             tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
-        tl.dropped = int(data["dropped"])
-        tl.peak_bytes = int(data["peak_bytes"])
-        tl.peak_time = float(data["peak_time"])
-        tl.started_at = data["started_at"]
-        tl.start_time = data["start_time"]
-        tl.stop_time = data["stop_time"]
+        for key in _timeline_format.HEADER:
+            setattr(tl, key, data[key])
+        tl.peak_time = float(tl.peak_time)
         tl._seq = len(tl._events) + tl.dropped
-        tl._stacks, tl._names = _timeline_format.decode_extras(data, codec)
-        tl._marks = _timeline_format.decode_marks(data)
+        tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
         tl._loaded = True
         return tl
 
@@ -624,13 +524,9 @@ class Timeline:
         tl = cls()
         tl.started_at = snapshot.taken_at
         tl.start_time = tl.stop_time = 0.0
-        seen: dict[int, list[Any]] = {}
+        seen: dict[int, tuple[TensorRecord, list[int]]] = {}
         for r in snapshot.records:
-            entry = seen.get(r._buffer)
-            if entry is None:
-                seen[r._buffer] = [r, [r.id]]
-            else:
-                entry[1].append(r.id)
+            seen.setdefault(r._buffer, (r, []))[1].append(r.id)
         for n, (r, ids) in enumerate(seen.values(), 1):
             devices = r.devices or ("",)
             share = r.bytes // len(devices)  # how a buffer on several devices splits is not saved
@@ -682,8 +578,7 @@ class Timeline:
             raise TidyjaxTypeError(f"section() takes a str label, got {type(label).__name__}.")
         with self:
             with _lock:
-                if self._pending:
-                    self._settle()
+                self._settle()
                 self._next += 1
                 number = self._next
                 self._mark(SCOPE_ENTER, label, label, number)
@@ -739,12 +634,16 @@ class Timeline:
         each plain array alive. Does nothing while not recording or with ``arrays=False``."""
         with _lock:
             if self._depth:
-                if self._pending:
-                    self._settle()
-                self._check_deleted_buffers()
-            if self._depth and self._array_mark is not None:
-                self._see_arrays()
-                self._check_deleted()
+                self._look()
+
+    def _look(self) -> None:
+        """Catch up (under ``_lock``, recording): the buffers just added, those deleted behind
+        tidyjax's back, and the plain arrays made, dropped or deleted since the last look."""
+        self._settle()
+        self._check_deleted_buffers()
+        if self._array_mark is not None:
+            self._see_arrays()
+            self._check_deleted()
 
     def _start(self) -> None:
         if self._loaded:
@@ -766,55 +665,54 @@ class Timeline:
                 self._check_deleted()  # the plain arrays dropped or deleted while stopped
             _recording.append(self)
             _registry.observers.append(self)
-            # The scopes open here now: drawn from the start.
-            opened = []
+            opened = []  # the scopes open here now: drawn from the start
             scope = CURRENT.get()
             while scope is not None:
                 opened.append(scope)
                 scope = scope.parent
             for scope in reversed(opened):
                 if id(scope) not in self._scopes:
-                    self.event("scope_enter", scope)
+                    self.event(SCOPE_ENTER, scope)
         # What is alive now, read outside our lock: the registry's lock is taken there, and a
         # collection inside that lock may report to us.
         found = holders(books()[0])
         with _lock:
-            now = time.perf_counter()
-            alive = {id(rec) for rec, _ in found}
-            for key in before:  # freed or collected while not recording
-                entry = self._live.get(key)
-                if entry is None:
-                    continue
-                gone = key not in alive or entry[0].dead is not None or entry[0].array() is None
-                if gone and not (entry[3] and self._leave(entry, entry[0])):
-                    self._free(entry, now)
-            for rec, ts in found:
-                if id(rec) not in self._live and rec.dead is None:
-                    ids = tuple(sorted(t._id for t in ts))
-                    twin = self._twin(rec) if _registry._groups else None
-                    if twin is not None:  # records over one buffer (see _settle)
-                        self._share(twin, rec, 0)
-                        twin[2].extend(i for i in ids if i not in twin[2])
-                    else:
-                        self._alloc(rec, now, ids)
+            self._reconcile(before, found)
             self._forget_failed()  # a buffer that failed before: not counted from the start
             if _variable._variables:
                 self._name_variables()
+
+    def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
+        """What changed while not recording: the buffers of ``before`` (ids of records) freed or
+        collected since, and those alive now (``found``: record, its Tensors) not recorded."""
+        now = time.perf_counter()
+        alive = {id(rec) for rec, _ in found}
+        for key in before:
+            entry = self._live.get(key)
+            if entry is None:
+                continue
+            gone = key not in alive or entry[0].dead is not None or entry[0].array() is None
+            if gone and not (entry[3] and self._leave(entry, entry[0])):
+                self._free(entry, now)
+        for rec, ts in found:
+            if id(rec) not in self._live and rec.dead is None:
+                ids = tuple(sorted(t._id for t in ts))
+                twin = self._twin(rec) if _registry._groups else None
+                if twin is not None:  # records over one buffer (see _settle)
+                    self._share(twin, rec, 0)
+                    twin[2].extend(i for i in ids if i not in twin[2])
+                else:
+                    self._alloc(rec, now, ids)
 
     def _stop(self) -> None:
         with _lock:
             if self._depth == 0:
                 raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
-                if self._pending:
-                    self._settle()
-                self._check_deleted_buffers()
+                self._look()
+                self._array_mark = None
                 if _variable._variables:
                     self._name_variables()
-                if self._array_mark is not None:
-                    self._see_arrays()
-                    self._check_deleted()
-                    self._array_mark = None
                 for scope, number in list(self._scopes.values()):
                     self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
                 self._scopes.clear()
@@ -841,66 +739,63 @@ class Timeline:
                 if kind == "buffer_freed":
                     self._adopt_pending(obj)
                 self._settle()
-            if kind == "buffer_added":
-                arr = obj()
-                if getattr(arr, "committed", False):  # it may view a recorded buffer
-                    self._pending.append((obj, time.perf_counter(), tensor))
-                else:
-                    self._added(obj, time.perf_counter(), tensor)
+            if kind == "buffer_added" and getattr(obj(), "committed", False):
+                self._pending.append((obj, time.perf_counter(), tensor))  # over a recorded one?
+            elif kind == "buffer_added":
+                self._added(obj, time.perf_counter(), tensor)
             elif kind == "tensor_removed":
                 # The last Tensor on an array nothing of tidyjax frees (see _memory.released):
                 # the array is plain again if it outlives the Tensor (decided at the next event:
                 # dropped together, the array is collected first).
                 self._pending.append((obj, time.perf_counter(), _LET_GO))
-            elif kind == "buffer_freed" or kind == "buffer_collected":
-                entry = self._live.get(id(obj))
-                if entry is not None and not (entry[3] and self._leave(entry, obj)):
-                    now = time.perf_counter()
-                    a = entry[1]
-                    if a.scope == "<variable>" or (self._names and a.buffer in self._names):
-                        self._vars_dirty = True  # a Variable's buffer (an assign's old value)
-                    # a caller's array lives on, plain again (with the views of its buffer)
-                    self._free(entry, now, obj.arrays() if not obj.owned else ())
+            elif kind in ("buffer_freed", "buffer_collected"):
+                self._freed(obj)
             elif kind == "tensor_added":
-                entry = self._live.get(id(obj))
-                if entry is not None:
-                    if tensor and tensor not in entry[2]:
-                        entry[2].append(tensor)
-                    if obj.more:
-                        self._watch_arrays(obj)
-                elif obj.dead is None and obj.array() is not None:
-                    self._added(obj, time.perf_counter(), tensor)  # a caller's array again
-            elif kind == "scope_enter":
-                if self._array_mark is not None:
-                    self._see_arrays()
+                self._tensor_added(obj, tensor)
+            elif kind in (SCOPE_ENTER, SCOPE_EXIT):
+                self._scope(kind, obj)
+
+    def _freed(self, rec: Any) -> None:
+        """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
+        entry = self._live.get(id(rec))
+        if entry is None or (entry[3] and self._leave(entry, rec)):
+            return
+        a = entry[1]
+        if a.scope == "<variable>" or a.buffer in self._names:
+            self._vars_dirty = True  # a Variable's buffer (an assign's old value)
+        # a caller's array lives on, plain again (with the views of its buffer)
+        self._free(entry, time.perf_counter(), rec.arrays() if not rec.owned else ())
+
+    def _tensor_added(self, rec: Any, tensor: int) -> None:
+        """A Tensor was made on ``rec``: one more holder, or a caller's array tidyjax's again."""
+        entry = self._live.get(id(rec))
+        if entry is None:
+            if rec.dead is None and rec.array() is not None:
+                self._added(rec, time.perf_counter(), tensor)
+            return
+        if tensor and tensor not in entry[2]:
+            entry[2].append(tensor)
+        if rec.more:
+            self._watch_arrays(rec)
+
+    def _scope(self, kind: str, scope: Any) -> None:
+        """``scope`` entered or exited: its event, after the plain arrays made before it."""
+        self._see_arrays()
+        if kind == SCOPE_ENTER:
+            number = self._next = self._next + 1
+            self._scopes[id(scope)] = (scope, number)
+        else:
+            if _variable._variables and self._variables_moved():
+                self._name_variables()
+            opened, number = self._scopes.pop(id(scope), (None, 0))
+            if opened is not scope:  # entered before the recording started
                 number = self._next = self._next + 1
-                self._scopes[id(obj)] = (obj, number)
-                self._mark(SCOPE_ENTER, obj.path, obj.name or "<tidy>", number)
-            elif kind == "scope_exit":
-                if self._array_mark is not None:
-                    self._see_arrays()
-                if _variable._variables and self._variables_moved():
-                    self._name_variables()
-                found = self._scopes.pop(id(obj), None)
-                if found is not None and found[0] is obj:
-                    number = found[1]
-                else:
-                    number = self._next = self._next + 1
-                self._mark(SCOPE_EXIT, obj.path, obj.name or "<tidy>", number)
+        self._mark(kind, scope.path, scope.name or "<tidy>", number)
 
     def _mark(self, kind: str, path: str, name: str, number: int) -> None:
-        """Record a scope event now: `_append` for an event of no bytes, inlined."""
-        t = time.perf_counter()
-        if t < self._last:  # a handler ran inside another one (a collection)
-            t = self._last
-        self._last = t
-        events = self._events
-        if len(events) >= self.max_events:
-            self._drop()
-        events.append(
-            _event(TimelineEvent, (kind, t, 0, "", None, path, (), "", (), number, name, ()))
-        )
-        self._seq += 1
+        """Record a scope event now."""
+        ev = (kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name, ())
+        self._append(_event(TimelineEvent, ev), 0)
 
     def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
         arr = rec()
@@ -913,20 +808,13 @@ class Timeline:
             layout = _layouts.get(key)
         except Exception:  # an array kind without these: described the long way
             key, layout = None, None
-        if layout is None:
-            layout = _layout(rec, arr, key)
-        nbytes, device, per_device, shape, dtype = layout
+        nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr, key)
         if rec.nbytes < 0:
             rec.nbytes = nbytes
         self._next += 1
-        site, stack = _site_of(arr)
-        if stack and id(stack) not in self._stack_ids:
-            self._add_stack(site, stack)
-        owner = rec.scope
-        owner = _owner(owner) if owner is None or owner is KEPT or owner is VARIABLE else owner.path
         ev = _event(TimelineEvent, (
-            ALLOC, now, nbytes, device, site, owner, shape, dtype, ids, self._next, "",
-            per_device,
+            ALLOC, now, nbytes, device, self._site(arr), _owner(rec), shape, dtype, ids,
+            self._next, "", per_device,
         ))  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
         todo = self._addr_todo
@@ -937,22 +825,22 @@ class Timeline:
             self._watch_arrays(rec)
         self._append(ev, nbytes)
 
-    def _add_stack(self, site: Site | None, stack: tuple[Site, ...]) -> None:
-        """Keep ``stack`` (a cached tuple: its id is seen once) among ``site``'s, at most 3."""
-        self._stack_ids.add(id(stack))
-        if site is None:
-            return
-        stacks = self._stacks.setdefault(site, [])
-        if len(stacks) < 3 and stack not in stacks:
-            stacks.append(stack)
+    def _site(self, arr: Any) -> Site | None:
+        """The creation site of ``arr``; its short stack (a cached tuple: its id is seen once)
+        kept among the site's, at most 3."""
+        site, stack = _site_of(arr)
+        if stack and id(stack) not in self._stack_ids:
+            self._stack_ids.add(id(stack))
+            stacks = [] if site is None else self._stacks.setdefault(site, [])
+            if len(stacks) < 3 and stack not in stacks:
+                stacks.append(stack)
+        return site
 
     def _variables_moved(self) -> bool:
-        """Whether a Variable may hold a buffer not named yet (under ``_lock``): a Variable was
-        made or dropped, a Variable's buffer was freed (one allocated for a Variable, or named
-        at a lookup: an ``assign`` frees the old value), or a buffer recorded since the last
-        lookup is a Variable's now. O(buffers recorded since
-        that look and still alive), not O(Variables): a scope exit pays the lookup of every
-        Variable only after Variables changed."""
+        """Whether a Variable may hold a buffer not named yet (under ``_lock``): Variables were
+        made or dropped, a Variable's buffer was freed (an ``assign`` frees the old value), or a
+        buffer recorded since the last lookup is a Variable's: O(those buffers), not O(Variables).
+        """
         if self._vars_dirty or len(_variable._variables) != self._vars_seen:
             return True
         upto = self._named_upto
@@ -992,49 +880,39 @@ class Timeline:
                 del self._live[id(r)]
             if self._watch:
                 self._watch.pop(id(r), None)
-        owner = rec.scope
-        owner = _owner(owner) if owner is None or owner is KEPT or owner is VARIABLE else owner.path
-        # a's fields by position: kind, time, bytes, device, site, scope, shape, dtype, tensors,
-        # buffer, name, per_device (a NamedTuple's names cost a lookup each)
+        # a's fields by position (a NamedTuple's names cost a lookup each)
         ev = _event(TimelineEvent, (
-            FREE, now, a[2], a[3], a[4], owner, a[6], a[7], tuple(ids), a[9], "", a[11],
+            FREE, now, a[2], a[3], a[4], _owner(rec), a[6], a[7], tuple(ids), a[9], "", a[11],
         ))  # fmt: skip
         self._append(ev, -a[2])
         if self._views:  # raw objects over a buffer that lived on: plain arrays now
             survivors = [*survivors, *self._pop_views(entry)]
-        if survivors and self._array_mark is not None:
-            self._plain_again(list(survivors), now)
+        plain = None  # the survivors: one plain array, the others its views
+        for arr in survivors if self._array_mark is not None else ():
+            if plain is None:
+                plain = self._add_plain(arr, now)
+            elif not arr.is_deleted():
+                self._add_view(plain, arr)
 
-    # -- records over one buffer, raw objects over a recorded one ---------------------------
-    #
-    # A raw ``jax.device_put`` of a Tensor to where it already is gives a second array object
-    # over its buffer, which gets a record of its own (a *suspect* of ``_registry``). Such a
-    # record is committed to its device: a committed buffer just added waits in ``_pending``
-    # until the next event (or a look, a read), when `_settle` decides whether it is a new
-    # buffer (an allocation) or one already recorded (the records then share one entry, and
-    # the buffer is freed with the last of them). Raw objects no record knows over a buffer
-    # already recorded, or plain, are *views* of its entry (`_join_view`): no allocation.
+    # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
 
-    def _added(self, rec: Any, now: float, tensor: int) -> None:
-        """A new record: its allocation. A plain array seen before (or a view of one) moves
-        over to it: the plain array and its views become the new entry's views; a view of a
-        recorded buffer makes it one more record on that entry."""
+    def _added(self, rec: Any, now: float, tensor: int, plain: list[Any] | None = None) -> None:
+        """A new record: its allocation. A plain array seen before (or a view of one, or
+        ``plain``: the plain entry over its buffer) moves over to it: the plain array and its
+        views become the new entry's views; a view of a recorded buffer makes it one more record
+        on that entry."""
+        entries = [] if plain is None else [plain]
+        for entry in map(self._entry_of, rec.arrays() if self._plain or self._view_of else ()):
+            if entry is not None and entry[1].scope != UNTRACKED:  # a view of a recorded buffer
+                self._share(entry, rec, tensor)
+                return
+            entries += [] if entry is None else [entry]
         moved: list[Any] = []
-        if self._plain or self._view_of:
-            for arr in rec.arrays():
-                entry = self._plain.get(id(arr))
-                if entry is None or entry[0]() is not arr:
-                    got = self._view_of.get(id(arr))
-                    entry = got[1] if got is not None and got[0]() is arr else None
-                if entry is None:
-                    continue
-                if entry[1].scope != UNTRACKED:  # a view of a recorded buffer
-                    self._share(entry, rec, tensor)
-                    return
-                first = entry[0]()
-                if first is not None and self._plain.get(id(first)) is entry:
-                    moved += [first, *self._pop_views(entry)]
-                    self._free_plain(id(first), entry, now)
+        for entry in entries:
+            first = entry[0]()
+            if first is not None and self._plain.get(id(first)) is entry:
+                moved += [first, *self._pop_views(entry)]
+                self._free_plain(id(first), entry, now)
         self._alloc(rec, now, (tensor,) if tensor else ())
         entry = self._live.get(id(rec))
         if entry is None or not moved:
@@ -1044,38 +922,35 @@ class Timeline:
             if all(obj is not a for a in own) and _registry.lookup(obj) is None:
                 self._add_view(entry, obj)
 
+    def _entry_of(self, arr: Any) -> list[Any] | None:
+        """The plain entry of ``arr``, or the entry ``arr`` is a view of, or None."""
+        entry = self._plain.get(id(arr))
+        if entry is not None and entry[0]() is arr:
+            return entry
+        got = self._view_of.get(id(arr))
+        return got[1] if got is not None and got[0]() is arr else None
+
     def _settle(self) -> None:
         """Record the committed buffers just added (under ``_lock``): each is an allocation,
-        or, over a buffer already recorded, one more record on its entry."""
+        or, over a buffer already recorded, one more record on its entry; over a plain array's
+        (a raw device_put's record of it), the buffer is tidyjax's now, as memory() counts it."""
+        if not self._pending:
+            return
         pending, self._pending = self._pending, []
         window = len(pending) + 16
         for rec, now, tensor in pending:
             if tensor == _LET_GO:
                 self._let_go(rec, now)
-                continue
-            if id(rec) in self._live:
-                continue  # adopted meanwhile (_adopt_pending)
-            entry = self._twin(rec, window)
-            if entry is not None:
-                self._share(entry, rec, tensor)
-                continue
-            plain = None
-            if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
-                plain = self._plain_twin(rec)
-            if plain is None:
-                self._added(rec, now, tensor)
-                continue
-            # A plain array over the same buffer (rec is a raw device_put's record of it):
-            # the buffer is tidyjax's now, as memory() counts it; the plain array and its
-            # views are the new entry's views, plain again when the record goes.
-            pkey, old, objects = plain
-            self._pop_views(old)
-            self._free_plain(pkey, old, now)
-            self._added(rec, now, tensor)
-            entry = self._live.get(id(rec))
-            for obj in objects:
-                if entry is not None and _registry.lookup(obj) is None:
-                    self._add_view(entry, obj)
+            elif id(rec) not in self._live:  # else adopted meanwhile (_adopt_pending)
+                entry = self._twin(rec, window)
+                if entry is not None:
+                    self._share(entry, rec, tensor)
+                    continue
+                plain = None
+                if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
+                    plain = self._find(rec.array())
+                untracked = plain is not None and plain[1].scope == UNTRACKED
+                self._added(rec, now, tensor, plain if untracked else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
@@ -1162,19 +1037,6 @@ class Timeline:
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
 
-    def _plain_twin(self, rec: Any) -> tuple[int, list[Any], list[Any]] | None:
-        """The plain entry over ``rec``'s buffer (its key, the entry, its array objects), or
-        None."""
-        plain = self._find(rec.array())
-        if plain is None or plain[1].scope != UNTRACKED:
-            return None
-        first = plain[0]()
-        if first is None:
-            return None
-        views = self._views.get(id(plain))
-        more = [v for v in (r() for _, r in views[1]) if v is not None] if views else []
-        return id(first), plain, [first, *more]
-
     def _leave(self, entry: list[Any], rec: Any) -> bool:
         """``rec`` leaves its shared entry (freed, dropped or collected); whether another
         record over the buffer still holds it (then nothing is freed)."""
@@ -1208,16 +1070,6 @@ class Timeline:
             same_kind = a is not None and a.shape == arr.shape and a.dtype == arr.dtype
             if same_kind and not a.is_deleted() and _registry.same_buffer_key(a) == key:
                 self._share(entry, other, tensor)
-
-    def _plain_again(self, arrays: list[Any], now: float) -> None:
-        """Array objects over one buffer that tidyjax no longer records: one plain array, the
-        others its views."""
-        entry = None
-        for arr in arrays:
-            if entry is None:
-                entry = self._add_plain(arr, now)
-            elif not arr.is_deleted():
-                self._add_view(entry, arr)
 
     def _add_view(self, entry: list[Any], arr: Any) -> None:
         """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
@@ -1272,8 +1124,7 @@ class Timeline:
 
         The mark moves to the list of live arrays it read, so an array made meanwhile by
         another thread is found at the next look; with nothing made since, the mark stays."""
-        if self._pending:
-            self._settle()
+        self._settle()
         mark = self._array_mark
         if mark is None:
             return
@@ -1313,12 +1164,9 @@ class Timeline:
                 return None  # freed already, or a Tensor's: the registry reports it
             nbytes = 0 if failed(arr) else local_nbytes(arr)
             device, per_device = _placement(arr, nbytes)
-            site, stack = _site_of(arr)
-            if stack and id(stack) not in self._stack_ids:
-                self._add_stack(site, stack)
             ev = TimelineEvent(
-                ALLOC, now, nbytes, device, site, UNTRACKED, _shape(arr),
-                _dtype_name(arr.dtype), (), self._next + 1, "", per_device,
+                ALLOC, now, nbytes, device, self._site(arr), UNTRACKED, _same(tuple(arr.shape)),
+                _name(arr.dtype), (), self._next + 1, "", per_device,
             )  # fmt: skip
             ref = weakref.ref(arr, functools.partial(self._plain_collected, key))
         except Exception:  # not an array tidyjax can describe (no weak reference, no dtype)

@@ -34,10 +34,11 @@ import contextlib
 import gc
 import gzip
 import json
+import operator
 import os
 import pathlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ._errors import TidyjaxValueError
@@ -48,14 +49,11 @@ __all__ = [
     "ALLOC",
     "FORMAT",
     "FREE",
-    "KINDS",
+    "HEADER",
     "Mark",
     "SCOPE_ENTER",
     "SCOPE_EXIT",
     "UNTRACKED",
-    "VERSION",
-    "COUNT_LIMIT",
-    "TIME_LIMIT",
     "Codec",
     "TimelineEvent",
     "check",
@@ -66,7 +64,6 @@ __all__ = [
     "is_unix_time",
     "short",
     "decode_extras",
-    "decode_marks",
     "encode",
     "read",
     "write",
@@ -78,6 +75,7 @@ ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_ex
 #: The scope of a plain jax.Array's events: no Tensor holds it, tidyjax never frees it.
 UNTRACKED = "<untracked>"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
+_SIGNED = (ALLOC, FREE)
 FORMAT, VERSION = "tidyjax.timeline", 1
 #: Counts (bytes, buffer numbers, ids, line numbers) are ints from 0 below this (64 bits).
 COUNT_LIMIT = 2**63
@@ -109,6 +107,10 @@ def short(value: Any) -> str:
 def is_count(x: Any) -> bool:
     """``x`` is an int (not a bool) from 0 below `COUNT_LIMIT`."""
     return type(x) is int and 0 <= x < COUNT_LIMIT
+
+
+def _count_or_none(x: Any) -> bool:
+    return x is None or is_count(x)
 
 
 def is_clock(x: Any) -> bool:
@@ -247,56 +249,37 @@ class Codec:
         self.metas: dict[tuple[Any, ...], int] = {}
         self.placements: dict[tuple[tuple[str, int], ...], int] = {}
         self._keep: list[Any] = []  # the sites whose ids key `metas`
-        # read side
-        self.meta_list: list[tuple[str, Site | None, tuple[int, ...], str]] = []
+        # the rows of ``metas`` (as written, or as read), and the read side's other tables
+        self.meta_list: list[Any] = []
         self.placement_list: list[tuple[tuple[str, int], ...]] = []
         self.string_list: list[str] = []
         self.site_list: list[Site] = []
 
     def _s(self, x: str) -> int:
-        i = self.strings.get(x)
-        if i is None:
-            i = self.strings[x] = len(self.strings)
-        return i
+        return self.strings.setdefault(x, len(self.strings))
 
     def encode(self, events: list[TimelineEvent]) -> dict[str, list[Any]]:
-        cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
-        kind, time_, nbytes, meta, scope, tensors, buffer, name, placement = cols.values()
-        s, metas, placements = self._s, self.metas, self.placements
+        s, metas, p = self._s, self.metas, self.placements
+        rows = []
         for ev in events:
             key = (ev.device, id(ev.site), ev.shape, ev.dtype)
             m = metas.get(key)
             if m is None:
-                site = ev.site
-                si = -1
-                if site is not None:
-                    si = self.sites.setdefault((site, site.detail), len(self.sites))
-                    self._keep.append(site)
+                si = -1 if ev.site is None else self.site_index(ev.site)
                 m = metas[key] = len(metas)
-                self.meta_list.append((s(ev.device), si, list(ev.shape), s(ev.dtype)))  # type: ignore[arg-type]
-            pd = ev.per_device
-            if len(pd) == 1 and pd[0][0] == ev.device and pd[0][1] == ev.bytes:
-                pl = -1
-            else:
-                pl = placements.get(pd, -1)
-                if pl < 0:
-                    pl = placements[pd] = len(placements)
-            kind.append(s(ev.kind))
-            time_.append(ev.time)
-            nbytes.append(ev.bytes)
-            meta.append(m)
-            scope.append(s(ev.scope))
-            tensors.append(",".join(map(str, ev.tensors)))
-            buffer.append(ev.buffer)
-            name.append(s(ev.name))
-            placement.append(pl)
-        return cols
+                self.meta_list.append((s(ev.device), si, list(ev.shape), s(ev.dtype)))
+            pd, ids = ev.per_device, ",".join(map(str, ev.tensors))
+            pl = -1 if pd == ((ev.device, ev.bytes),) else p.setdefault(pd, len(p))
+            rows.append(
+                (s(ev.kind), ev.time, ev.bytes, m, s(ev.scope), ids, ev.buffer, s(ev.name), pl)
+            )
+        columns = zip(*rows, strict=True) if rows else [()] * len(_COLUMNS)
+        return {c: list(column) for c, column in zip(_COLUMNS, columns, strict=True)}
 
     def site_index(self, site: Site) -> int:
         """``site``'s row in the ``sites`` table, added if new."""
-        i = self.sites.setdefault((site, site.detail), len(self.sites))
         self._keep.append(site)
-        return i
+        return self.sites.setdefault((site, site.detail), len(self.sites))
 
     def tables(self) -> dict[str, Any]:
         s = self._s
@@ -321,20 +304,7 @@ class Codec:
         if not all(type(x) is str for x in strings):
             raise ValueError('"strings" holds something other than strings')
         sites = codec.site_list = [_site(row) for row in _rows(data, "sites")]
-        metas = codec.meta_list
-        for row in _rows(data, "metas"):
-            if type(row) not in _SEQ or len(row) != 4:
-                raise ValueError(
-                    f'a row of "metas" is {short(row)}, not [device, site, shape, dtype]'
-                )
-            d, si, shape, dt = row
-            if not (_index(d, strings) and _index(dt, strings)):
-                raise ValueError('a row of "metas" names a device or dtype not in "strings"')
-            if not (si == -1 or _index(si, sites)):
-                raise ValueError(f'a row of "metas" names the site {short(si)}, not in "sites"')
-            if type(shape) not in _SEQ or not all(is_count(n) for n in shape):
-                raise ValueError(f'a row of "metas" has the shape {short(shape)}')
-            metas.append((strings[d], None if si < 0 else sites[si], tuple(shape), strings[dt]))
+        codec.meta_list = [_meta_row(row, strings, sites) for row in _rows(data, "metas")]
         for pd in _rows(data, "placements"):
             if type(pd) not in _SEQ or not all(
                 type(x) in _SEQ and len(x) == 2 and _index(x[0], strings) and is_count(x[1])
@@ -359,76 +329,70 @@ class Codec:
         for c, column in zip(_COLUMNS, columns, strict=True):
             if type(column) not in _SEQ:
                 raise TidyjaxValueError(f"{malformed} column {c!r} is {short(column)}, not a list.")
-        n = len(columns[0])
+        n, times = len(columns[0]), cols["time"]
         if any(len(c) != n for c in columns):
             raise TidyjaxValueError(f"{malformed} columns differ in length.")
+        checks = self._checks()
+        i = min(_first(ok, cols[c]) for c, (ok, _) in checks.items())
+        if i < n:  # the first check the event fails
+            c, expected = next((c, x) for c, (ok, x) in checks.items() if not ok(cols[c][i]))
+            bad = f"its {c} {short(cols[c][i])} is not {expected}"
+        elif what == "event" and (i := _first(operator.le, [0.0, *times], times)) < n:
+            bad = f"its time {times[i]!r} is before the event before it ({times[i - 1]!r})"
+        if i < n:
+            raise TidyjaxValueError(f"{where}: {what} {i} is malformed ({bad}).")
         strings, metas, placements = self.string_list, self.meta_list, self.placement_list
-        ns, nmetas, nplacements = len(strings), len(metas), len(placements)
-        ordered = what == "event"  # recorded in time order; base and peak events by buffer
-        last = 0.0
         one: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}
         out = []
-        i = 0
-        try:
-            for i, (k, t, b, m, sc, ids, buf, nm, pl) in enumerate(zip(*columns, strict=True)):  # noqa: B007 - i names the bad event
-                if not (
-                    type(k) is int and 0 <= k < ns
-                    and type(sc) is int and 0 <= sc < ns
-                    and type(nm) is int and 0 <= nm < ns
-                ):  # fmt: skip
-                    raise ValueError(_not_indexes(("kind", k), ("scope", sc), ("name", nm), ns))
-                kind = strings[k]
-                if kind not in KINDS:
-                    raise ValueError(f"unknown event kind {short(kind)}")
-                if type(t) is not float or not 0.0 <= t < TIME_LIMIT:
-                    raise ValueError(f"its time is {short(t)}, not a perf_counter reading")
-                if ordered and t < last:
-                    raise ValueError(f"its time {t!r} is before the event before it ({last!r})")
-                last = t
-                if not is_count(b):
-                    raise ValueError(f"its bytes {short(b)} is not an int from 0")
-                if not is_count(buf):
-                    raise ValueError(f"its buffer {short(buf)} is not an int from 0")
-                if type(m) is not int or not 0 <= m < nmetas:
-                    raise ValueError(f'its meta {short(m)} is not an index into "metas"')
-                if type(pl) is not int or not -1 <= pl < nplacements:
-                    raise ValueError(f'its placement {short(pl)} is neither -1 nor in "placements"')
-                tensors = _ids(ids)
-                device, site, shape, dtype = metas[m]
-                if pl < 0:
-                    key = (device, b)
-                    pd = one.get(key)
-                    if pd is None:
-                        pd = one[key] = (key,)
-                else:
-                    pd = placements[pl]
-                out.append(TimelineEvent(
-                    kind, t, b, device, site, strings[sc], shape, dtype, tensors, buf,
-                    strings[nm], pd,
-                ))  # fmt: skip
-        except (TypeError, ValueError, IndexError, AttributeError) as e:
-            raise TidyjaxValueError(f"{where}: {what} {i} is malformed ({e}).") from e
+        for k, t, b, m, sc, ids, buf, nm, pl in zip(*columns, strict=True):
+            device, site, shape, dtype = metas[m]
+            pd = placements[pl] if pl >= 0 else one.setdefault((device, b), ((device, b),))
+            out.append(TimelineEvent(
+                strings[k], t, b, device, site, strings[sc], shape, dtype,
+                tuple(map(int, ids.split(","))) if ids else (), buf, strings[nm], pd,
+            ))  # fmt: skip
         return out
 
+    def _checks(self) -> dict[str, tuple[Callable[[Any], bool], str]]:
+        """Each column's check, in the order an event's values are checked, and what it holds."""
+        strings, ns = self.string_list, len(self.string_list)
+        in_strings = (_below(ns), 'an index into "strings"')
+        return {
+            "kind": (
+                lambda k: type(k) is int and 0 <= k < ns and strings[k] in KINDS,
+                'an index into "strings" of an event kind',
+            ),
+            "scope": in_strings,
+            "name": in_strings,
+            "time": (_is_time, "a perf_counter reading"),
+            "bytes": (is_count, "an int from 0"),
+            "buffer": (is_count, "an int from 0"),
+            "meta": (_below(len(self.meta_list)), 'an index into "metas"'),
+            "placement": (_below(len(self.placement_list), -1), '-1 or an index into "placements"'),
+            "tensors": (_is_ids, "Tensor ids joined by ','"),
+        }
 
-def _not_indexes(*fields: Any) -> str:
-    """What is wrong with an event's indexes into the strings: ``(name, value)`` pairs, then
-    the number of strings."""
-    *pairs, n = fields
-    bad = [f"{name} {short(i)}" for name, i in pairs if type(i) is not int or not 0 <= i < n]
-    return f'its {" and ".join(bad)} {"is" if len(bad) == 1 else "are"} not in "strings"'
+
+def _first(ok: Callable[..., bool], *columns: list[Any]) -> int:
+    """The first row where ``ok`` fails (``len(columns[-1])``: none)."""
+    return next((i for i, good in enumerate(map(ok, *columns)) if not good), len(columns[-1]))
 
 
-def _ids(ids: Any) -> tuple[int, ...]:
-    """The Tensor ids of an event's ``tensors`` column: decimal ids joined by ``","``."""
-    if type(ids) is not str:
-        raise ValueError(f"its tensors are {short(ids)}, not ids joined by ','")
-    if not ids:
-        return ()
-    parts = ids.split(",")
-    if not all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts):
-        raise ValueError(f"its tensors are {short(ids)}, not ids joined by ','")
-    return tuple(map(int, parts))
+def _below(n: int, low: int = 0) -> Callable[[Any], bool]:
+    """A check that a value is an int from ``low`` below ``n`` (an index into a table)."""
+    return lambda i: type(i) is int and low <= i < n
+
+
+def _is_time(t: Any) -> bool:
+    """``t`` is an event's time: a float from 0 below `TIME_LIMIT` (as ``perf_counter`` reads)."""
+    return type(t) is float and 0.0 <= t < TIME_LIMIT
+
+
+def _is_ids(ids: Any) -> bool:
+    """``ids`` is an event's ``tensors``: decimal Tensor ids joined by ``","``."""
+    return type(ids) is str and (
+        not ids or all(p.isascii() and p.isdigit() and len(p) < 19 for p in ids.split(","))
+    )
 
 
 def _rows(data: dict[str, Any], key: str) -> list[Any]:
@@ -442,6 +406,20 @@ def _rows(data: dict[str, Any], key: str) -> list[Any]:
 def _index(i: Any, table: list[Any]) -> bool:
     """``i`` is the index of a row of ``table`` (a negative int is not)."""
     return type(i) is int and 0 <= i < len(table)
+
+
+def _meta_row(row: Any, strings: list[str], sites: list[Site]) -> tuple[Any, ...]:
+    """A row of ``metas``: (device, site or None, shape, dtype)."""
+    if type(row) not in _SEQ or len(row) != 4:
+        raise ValueError(f'a row of "metas" is {short(row)}, not [device, site, shape, dtype]')
+    d, si, shape, dt = row
+    if not (_index(d, strings) and _index(dt, strings)):
+        raise ValueError('a row of "metas" names a device or dtype not in "strings"')
+    if not (si == -1 or _index(si, sites)):
+        raise ValueError(f'a row of "metas" names the site {short(si)}, not in "sites"')
+    if type(shape) not in _SEQ or not all(is_count(n) for n in shape):
+        raise ValueError(f'a row of "metas" has the shape {short(shape)}')
+    return strings[d], None if si < 0 else sites[si], tuple(shape), strings[dt]
 
 
 def _site_row(site: Site) -> list[Any]:
@@ -505,52 +483,46 @@ def encode(
 
 def decode_extras(
     data: dict[str, Any], codec: Codec
-) -> tuple[dict[Site, list[tuple[Site, ...]]], dict[int, str]]:
-    """The ``stacks`` and ``names`` of `encode`'s data (empty when the file has none).
+) -> tuple[dict[Site, list[tuple[Site, ...]]], dict[int, str], list[Mark]]:
+    """The ``stacks``, ``names`` and ``marks`` (in time order) of `encode`'s data (empty when
+    the file has none).
 
     Raises:
         ValueError: a row is not as `encode` writes it.
     """
-    stacks: dict[Site, list[tuple[Site, ...]]] = {}
-    for row in _optional(data, "stacks"):
-        if type(row) not in _SEQ or not row or not _index(row[0], codec.site_list):
+    sites = codec.site_list
+    stacks = {}
+    for row in _extra(data, "stacks"):
+        if not _index(row[0], sites):
             raise ValueError('a row of "stacks" does not start with an index into "sites"')
-        if not all(type(st) in _SEQ and all(_is_frame(f) for f in st) for st in row[1:]):
-            raise ValueError('a stack in "stacks" is not [[file, line, function], ...]')
-        stacks[codec.site_list[row[0]]] = [tuple(Site(*f) for f in st) for st in row[1:]]
-    names = {}
-    for row in _optional(data, "names"):
-        if not (type(row) in _SEQ and len(row) == 2 and is_count(row[0]) and type(row[1]) is str):
-            raise ValueError(f'a row of "names" is {short(row)}, not [buffer, name]')
-        names[row[0]] = row[1]
-    return stacks, names
+        stacks[sites[row[0]]] = [tuple(Site(*f) for f in st) for st in row[1:]]
+    marks = [Mark(float(t), label, b) for t, label, b in _extra(data, "marks")]
+    return stacks, dict(_extra(data, "names")), sorted(marks, key=lambda m: m.time)
 
 
-def decode_marks(data: dict[str, Any]) -> list[Mark]:
-    """The ``marks`` of `encode`'s data, in time order (none when the file has none).
-
-    Raises:
-        ValueError: a mark is not ``[time, label, bytes or null]``.
-    """
-    marks = []
-    for row in _optional(data, "marks"):
-        if (
-            type(row) not in _SEQ or len(row) != 3 or not is_clock(row[0])
-            or type(row[1]) is not str or not (row[2] is None or is_count(row[2]))
-        ):  # fmt: skip
-            raise ValueError(f'a row of "marks" is {short(row)}, not [time, label, bytes or null]')
-        marks.append(Mark(float(row[0]), row[1], row[2]))
-    return sorted(marks, key=lambda m: m.time)
-
-
-def _optional(data: dict[str, Any], key: str) -> list[Any]:
-    """The table ``data[key]`` that older files lack: a list, or none when missing or null."""
-    rows = data.get(key)
-    if rows is None:
-        return []
-    if type(rows) not in _SEQ:
-        raise ValueError(f"{key!r} is {short(rows)}, not a list")
+def _extra(data: dict[str, Any], key: str) -> list[Any]:
+    """The rows of the table ``data[key]`` that older files lack (none when missing or null),
+    each checked."""
+    rows = [] if data.get(key) is None else _rows(data, key)
+    ok, expected = _EXTRAS[key]
+    for row in rows:
+        if type(row) not in _SEQ or not ok(row):
+            raise ValueError(f'a row of "{key}" is {short(row)}, not {expected}')
     return rows
+
+
+#: The rows of the tables `_extra` reads: what each must be, and that in words.
+_EXTRAS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stacks": (
+        lambda r: len(r) > 0 and all(type(st) in _SEQ and all(map(_is_frame, st)) for st in r[1:]),
+        "[site, [[file, line, function], ...], ...]",
+    ),
+    "names": (lambda r: len(r) == 2 and is_count(r[0]) and type(r[1]) is str, "[buffer, name]"),
+    "marks": (
+        lambda r: len(r) == 3 and is_clock(r[0]) and type(r[1]) is str and _count_or_none(r[2]),
+        "[time, label, bytes or null]",
+    ),
+}
 
 
 #: The header's fields, what each must be, and what that is in words. Each is checked when
@@ -559,14 +531,16 @@ _HEADER: dict[str, tuple[Any, str]] = {
     "started_at": (lambda x: x is None or is_unix_time(x), "null or a Unix time"),
     "start_time": (lambda x: x is None or is_clock(x), "null or a perf_counter reading"),
     "stop_time": (lambda x: x is None or is_clock(x), "null or a perf_counter reading"),
-    "peak_time": (is_clock, "a perf_counter reading"),
     "max_events": (lambda x: is_count(x) and x >= 1, "an int from 1"),
     "dropped": (is_count, "an int from 0"),
     "peak_bytes": (is_count, "an int from 0"),
+    "peak_time": (is_clock, "a perf_counter reading"),
     "events": (lambda x: type(x) is dict, "an object of columns"),
     "base": (lambda x: type(x) is dict, "an object of columns"),
     "peak_live": (lambda x: x is None or type(x) is dict, "null or an object of columns"),
 }
+#: The timeline's own numbers, which `encode` writes first, in this order.
+HEADER = tuple(_HEADER)[:7]
 
 
 def check(data: Any, where: str) -> dict[str, Any]:
@@ -637,19 +611,13 @@ def _shares(ev: TimelineEvent) -> Iterable[tuple[str, int]]:
     return ev.per_device or ((ev.device or "device", ev.bytes),)
 
 
-def _meta(name: str, tid: int, value: Any) -> dict[str, Any]:
-    return {"name": name, "ph": "M", "pid": _PID, "tid": tid, "args": {"name": value}}
-
-
 def _counters(
     base: list[TimelineEvent], events: list[TimelineEvent], t0: float, start: float
 ) -> list[dict[str, Any]]:
     """The counter events: each device's bytes after every change, one value per moment."""
-    devices: dict[str, int] = {}
-    for ev in [*base, *events]:
-        if ev.kind in (ALLOC, FREE):
-            for d, _ in _shares(ev):
-                devices.setdefault(d, 0)
+    changes = [(start, 1, ev) for ev in base]  # what dropped events left alive, at the start
+    changes += [(ev.time, 1 if ev.kind == ALLOC else -1, ev) for ev in events if ev.kind in _SIGNED]
+    devices = dict.fromkeys((d for _, _, ev in changes for d, _ in _shares(ev)), 0)
     total = "all devices" if len(devices) > 1 else None
     out: list[dict[str, Any]] = []
     last: dict[str, dict[str, Any]] = {}  # track -> its latest counter event
@@ -664,19 +632,10 @@ def _counters(
         last[track] = ev
         out.append(ev)
 
-    for ev in base:
-        for d, b in _shares(ev):
-            devices[d] += b
-    ts0 = _us(start, t0)
-    for d, b in devices.items():
-        put(d, ts0, b)
-    if total:
-        put(total, ts0, sum(devices.values()))
-    for ev in events:
-        if ev.kind not in (ALLOC, FREE):
-            continue
-        sign = 1 if ev.kind == ALLOC else -1
-        ts = _us(ev.time, t0)
+    for track in [*devices, total] if total else devices:
+        put(track, _us(start, t0), 0)
+    for t, sign, ev in changes:
+        ts = _us(t, t0)
         for d, b in _shares(ev):
             devices[d] += sign * b
             put(d, ts, devices[d])
@@ -732,7 +691,7 @@ def _lane(lanes: list[list[float]], start: float, end: float) -> int:
 def _instants(events: list[TimelineEvent], t0: float) -> list[dict[str, Any]]:
     out = []
     for ev in events:
-        if ev.kind not in (ALLOC, FREE):
+        if ev.kind not in _SIGNED:
             continue
         what = f"{ev.dtype}{list(ev.shape)}".replace(" ", "")
         out.append({
@@ -776,18 +735,17 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
     end = tl.stop_time if tl.stop_time is not None else (events[-1].time if events else t0)
     end = max(end, events[-1].time) if events else end
     threads = _scope_slices(events, t0, start, end)
-    trace: list[dict[str, Any]] = [
-        _meta("process_name", 0, "tidyjax memory"),
-        {"name": "process_sort_index", "ph": "M", "pid": _PID, "tid": 0, "args": {"sort_index": 0}},
-    ]
-    names = [(_TID_BUFFERS, "buffers")] if buffers else []
+    names = [("process", 0, "tidyjax memory")]
+    names += [("thread", _TID_BUFFERS, "buffers")] if buffers else []
     names += [
-        (_TID_SCOPES + i, "scopes" if i == 0 else f"scopes {i + 1}") for i in range(len(threads))
+        ("thread", _TID_SCOPES + i, f"scopes {i + 1}" if i else "scopes")
+        for i in range(len(threads))
     ]
-    for tid, name in names:
-        trace.append(_meta("thread_name", tid, name))
-        trace.append({"name": "thread_sort_index", "ph": "M", "pid": _PID, "tid": tid,
-                      "args": {"sort_index": tid}})  # fmt: skip
+    trace = [
+        {"name": f"{what}_{key}", "ph": "M", "pid": _PID, "tid": tid, "args": {key: value}}
+        for what, tid, name in names
+        for key, value in (("name", name), ("sort_index", tid))
+    ]
     trace += _counters(base, events, t0, start)
     for slices in threads:
         trace += slices

@@ -27,7 +27,7 @@ from typing import Any
 
 from ._format import esc, fmt_bytes
 
-__all__ = ["elapsed", "fragment", "page"]
+__all__ = ["alive_after", "elapsed", "fragment", "page"]
 
 #: The columns per device the page embeds for its script to draw and zoom into.
 FINE_COLUMNS = 20_000
@@ -229,17 +229,17 @@ class _Chart:
         self.at = None if self.moment else at
         self.peak_times = [events[i].time if i >= 0 else self.t0 for i in self.peak_index]
         if self.at is None:
-            self.live = _alive_after(base, events, self.peak_index)
+            self.live = alive_after(base, events, self.peak_index)
         else:
             before = bisect.bisect_right(times, at.time) - 1
-            self.live = _alive_after(base, events, [before]) * len(self.devices)
+            self.live = alive_after(base, events, [before]) * len(self.devices)
 
     def fpos(self, event: float) -> float:
         """An event position as a fine-column position."""
         return event * self.fine / max(self.n, 1)
 
 
-def _alive_after(base: list[Any], events: list[Any], indexes: list[int]) -> list[list[Any]]:
+def alive_after(base: list[Any], events: list[Any], indexes: list[int]) -> list[list[Any]]:
     """For each of ``indexes``, what was alive after ``events[index]`` (-1: before), one replay."""
     live = {ev.buffer: ev for ev in base}
     found, want = {-1: list(live.values())}, set(indexes)
