@@ -1,20 +1,15 @@
 """What only IPython's output history holds: the reachability walk behind ``%%tidy``, auto mode
 and ``%tidyjax free``, the placeholders that replace freed outputs, and the deletion of raw
-arrays the history alone holds.
+arrays the history alone holds. The history is read from a shell's attributes, never from
+IPython (not imported here: a test drives this module with a stand-in shell).
 
-The history is read from a shell object's attributes (``user_ns``, ``user_ns_hidden``,
-``displayhook``, ``InteractiveTB``, ``SyntaxTB``, ``last_execution_result``,
-``history_manager``), never from IPython itself: this module does not import IPython, and a
-test drives it with a stand-in shell.
-
-How "only the history holds it" is decided: a walk of ``gc.get_referents`` from IPython's
-history (bounded: it skips modules, module namespaces, classes, the user namespace and IPython's
-own objects) finds the objects below it. An object is held from outside when its reference count
-exceeds the references the walk counted from the history and from the other objects below it
-(the test CPython's cycle collector makes); what such an object reaches is held too. What the
-history reaches and nothing else holds is freed. So a value any user name reaches is kept
-whatever the path (even through a NumPy object array, which the collector cannot see into), and
-an array that a jit cache, a module or a C++ object also holds is never deleted.
+A walk of ``gc.get_referents`` from the history (skipping modules, module namespaces, classes,
+the user namespace and IPython's own objects) finds the objects below it. One whose reference
+count exceeds the references counted from the history and the other objects below it is held
+from outside, and so is all it reaches; what the history reaches and nothing else holds is
+freed. So a value any user name reaches is kept whatever the path (even through a NumPy object
+array, which the cycle collector cannot see into), and an array that a jit cache, a module or a
+C++ object also holds is never deleted.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ import gc
 import re
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 import jax
@@ -34,28 +29,24 @@ from ._arrays import ArrayImpl, describe, local_nbytes
 from ._errors import DisposedError, Reason
 from ._tensor import Tensor
 
-__all__ = ["Decision", "FreedOutput", "History", "Seen", "delete_unshared", "freed_reason"]
+__all__ = ["Decision", "FreedOutput", "Seen", "delete_unshared", "freed_reason"]
 
-# IPython's names for its history and its own helpers: never a user's value.
-_HISTORY = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
-# History names that are IPython's books, not outputs: ``Out`` is walked whole, the rest hold
-# strings, paths and functions.
-_BOOKS = frozenset({"In", "Out", "_ih", "_oh", "_dh", "exit", "quit", "get_ipython"})
+# IPython's history names in a namespace (``_``, ``__``, ``_N``, ``_i``, ``_iN``): never a
+# user's value. ``Out`` is walked whole; ``In``, ``_ih``, ``_oh``, ``_dh`` hold only IPython's
+# books.
+_HISTORY = re.compile(r"_+|_i+|_i?\d+")
 # The most objects a walk of the history visits: beyond it, what is not yet counted counts as
 # held (nothing is freed wrongly; some may be freed at a later cell). Keeps a cell's end fast
 # when the history shows very large structures.
 _MAX_NODES = 1_000_000
 
-
-# -- what only IPython's history holds --------------------------------------------------------
+# ``%%tidy``'s part of the history: the ids of the values it may free, its ``Out`` keys.
+Part = tuple[set[int], set[Any]]
 
 
 def _referents(obj: Any) -> list[Any]:
-    """The objects ``obj`` holds a reference to, one entry per reference.
-
-    NumPy arrays are not tracked by the garbage collector, so their references are added here:
-    a view holds its base, an object array its elements.
-    """
+    """The objects ``obj`` holds a reference to, one entry per reference; for a NumPy array
+    (which the collector does not track) its base, or an object array's elements."""
     refs = gc.get_referents(obj)
     if isinstance(obj, np.ndarray):
         if obj.base is not None:
@@ -72,39 +63,33 @@ def _walkable(obj: Any) -> bool:
     return gc.is_tracked(obj) and not isinstance(obj, (types.ModuleType, type))
 
 
-def _module_dicts() -> set[int]:
-    """Ids of every module's namespace: a walk stops there (functions lead to them)."""
-    return {id(d) for m in list(sys.modules.values()) if (d := getattr(m, "__dict__", None))}
-
-
-def _owners(shell: Any) -> tuple[tuple[Any, tuple[str, ...]], ...]:
-    """The objects whose attributes are history (read from instance dicts: only references
-    that really exist count)."""
-    return (
+def _slots(shell: Any) -> list[tuple[Any, str, Any]]:
+    """Every single reference the history holds, as ``(where, name, value)``: ``where`` is
+    ``"Out"`` (``name`` the entry's key), a namespace dict (``_``, ``__``, ``___``, ``_N``), an
+    attribute's owner (the display hook, a traceback printer, ``sys``; read from its instance
+    dict: only references that really exist count)."""
+    out = shell.user_ns.get("Out")
+    slots: list[tuple[Any, str, Any]] = []
+    if isinstance(out, dict):
+        slots += [("Out", n, v) for n, v in out.items()]
+    for space in (shell.user_ns, shell.user_ns_hidden):
+        slots += [(space, k, v) for k, v in space.items() if _HISTORY.fullmatch(k)]
+    for owner, names in (
         (shell.displayhook, ("_", "__", "___")),
         (shell.InteractiveTB, ("tb",)),
         (shell.SyntaxTB, ("tb",)),
         (sys, ("last_value", "last_traceback", "last_exc")),
-    )
-
-
-def _slots(shell: Any) -> list[tuple[Any, str, Any]]:
-    """Every single reference the history holds, as ``(where, name, value)``: ``where`` is
-    ``"Out"`` (``name`` the entry's key), a namespace dict (``_``, ``__``, ``___``, ``_N``), an
-    attribute's owner (the display hook, a traceback printer, ``sys``)."""
-    ns, hidden = shell.user_ns, shell.user_ns_hidden
-    slots: list[tuple[Any, str, Any]] = []
-    out = ns.get("Out")
-    if isinstance(out, dict):
-        slots.extend(("Out", n, v) for n, v in out.items())
-    for space in (ns, hidden):
-        slots.extend(
-            (space, k, v) for k, v in space.items() if _HISTORY.match(k) and k not in _BOOKS
-        )
-    for owner, names in _owners(shell):
+    ):
         attrs = getattr(owner, "__dict__", {})
-        slots.extend((owner, n, attrs[n]) for n in names if n in attrs)
+        slots += [(owner, n, attrs[n]) for n in names if n in attrs]
     return slots
+
+
+def _label(where: Any, name: Any) -> str:
+    """A slot as the user would write it: ``Out[3]``, a name, else the stored traceback."""
+    if where == "Out":
+        return f"Out[{name}]"
+    return name if isinstance(where, dict) else "the stored traceback"
 
 
 class Seen:
@@ -114,11 +99,9 @@ class Seen:
     showed only moves from ``_`` to ``__``)."""
 
     def __init__(self, shell: Any) -> None:
-        slots = _slots(shell)
-        self.ids = {id(v) for _, _, v in slots}
-        self.keys = {n for where, n, _ in slots if where == "Out"}
+        self.ids = {id(v) for _, _, v in _slots(shell)}
 
-    def own(self, shell: Any) -> tuple[set[int], set[Any]]:
+    def own(self, shell: Any) -> Part:
         """The ids of the values the cell added to the history, and its ``Out`` keys."""
         slots = _slots(shell)
         ids = {id(v) for _, _, v in slots if id(v) not in self.ids}
@@ -126,59 +109,47 @@ class Seen:
         return ids, keys
 
 
-class History:
-    """IPython's own references to values: the ones that must not keep a value alive.
+def _history(
+    shell: Any, results: Iterable[Any], part: Part | None
+) -> tuple[list[Any], list[Any], set[int]]:
+    """IPython's own references to values, the ones that must not keep a value alive, as
+    ``(roots, values, skip)``. ``roots`` are all history (``Out``, the cells'
+    ``ExecutionResult``s): every reference they hold counts. ``values`` are single references
+    from a place that also holds other things (``_slots``). ``skip``: ids a walk never enters.
 
-    ``roots`` are objects that are all history (``Out``, the cells' ``ExecutionResult``s): every
-    reference they hold counts. ``values`` are single references from a place that also holds
-    other things: one per ``_``/``__``/``___``/``_N`` entry of the user and hidden namespaces, per
-    display-hook attribute, per ``sys.last_*`` and per stored traceback.
-
-    ``part``: count only part of the history, as ``%%tidy`` does: ``(ids, keys)``, the ids of the
-    values it may free and the ``Out`` keys that are its to free (its own cell's and earlier
-    ``%%tidy`` cells'). Then ``Out`` is no root: only its entries under ``keys`` count, ``_N``
-    only for those keys, ``sys.last_*`` and the tracebacks only when the cell made them (their
-    ids are in ``ids``), ``_``/``__``/``___`` when they show one of those values. A reference the
-    walk does not count is a holder: what another cell's output also shows is kept.
+    ``part``: count only part of the history, as ``%%tidy`` does: ``(ids, keys)``, the ids of
+    the values it may free and the ``Out`` keys that are its to free (its own cell's and
+    earlier ``%%tidy`` cells'). Then ``Out`` is no root: only its entries under ``keys`` count,
+    ``_N`` only for those keys, ``sys.last_*`` and the tracebacks only when the cell made them
+    (their ids are in ``ids``), ``_``/``__``/``___`` when they show one of those values. A
+    reference the walk does not count is a holder: what another cell's output shows is kept.
     """
-
-    def __init__(
-        self, shell: Any, results: Iterable[Any], part: tuple[set[int], set[Any]] | None = None
-    ) -> None:
-        ns, hidden = shell.user_ns, shell.user_ns_hidden
-        out = ns.get("Out")
-        roots: dict[int, Any] = {}
-        tops = (out, shell.last_execution_result) if part is None else ()
-        for root in (*tops, *results):
-            if root is not None:
-                roots[id(root)] = root  # once each: a root counted twice would count refs twice
-        self.roots = list(roots.values())
-        self.values: list[Any] = []
-        if part is None:
-            self.values.extend(v for where, _, v in _slots(shell) if where != "Out")
-        else:
-            ids, keys = part
-            if isinstance(out, dict):
-                ids = ids | {id(out[n]) for n in keys if n in out}
-            for where, name, value in _slots(shell):
-                if where == "Out":
-                    wanted = name in keys
-                elif isinstance(where, dict) and name[1:].isdigit():
-                    wanted = int(name[1:]) in keys
-                else:
-                    wanted = id(value) in ids
-                if wanted:
-                    self.values.append(value)
-        self.skip = {
-            id(ns),
-            id(hidden),
-            id(shell),
-            id(shell.displayhook),
-            id(shell.history_manager),
-            id(ns.get("In")),
-            id(out),
-            *roots,
-        }
+    ns = shell.user_ns
+    out = ns.get("Out")
+    tops = (out, shell.last_execution_result) if part is None else ()
+    # once each: a root counted twice would count its references twice
+    roots = list({id(r): r for r in (*tops, *results) if r is not None}.values())
+    values: list[Any] = []
+    if part is None:
+        values = [v for where, _, v in _slots(shell) if where != "Out"]
+    else:
+        ids, keys = part
+        if isinstance(out, dict):
+            ids = ids | {id(out[n]) for n in keys if n in out}
+        for where, name, value in _slots(shell):
+            if where == "Out":
+                wanted = name in keys
+            elif isinstance(where, dict) and name[1:].isdigit():
+                wanted = int(name[1:]) in keys
+            else:
+                wanted = id(value) in ids
+            if wanted:
+                values.append(value)
+    hidden, hook, manager = shell.user_ns_hidden, shell.displayhook, shell.history_manager
+    skip = {id(ns), id(hidden), id(shell), id(hook), id(manager), id(ns.get("In")), id(out)}
+    skip |= {id(r) for r in roots}
+    skip |= {id(d) for m in list(sys.modules.values()) if (d := getattr(m, "__dict__", None))}
+    return roots, values, skip
 
 
 def _freeable(obj: Any) -> bool:
@@ -187,21 +158,22 @@ def _freeable(obj: Any) -> bool:
     Variable. (The cell's own Tensors are decided with the cell's scope.)"""
     if type(obj) is ArrayImpl:
         return _registry.lookup(obj) is None and not obj.is_deleted()
-    if isinstance(obj, Tensor):
-        rec = obj._rec
-        return (
-            rec is not None
-            and rec is not _registry.UNTRACKED
-            and rec.dead is None
-            and rec.scope is None
-            and getattr(obj, "_var", None) is None
-            and not getattr(obj, "_kept", False)
-        )
-    return False
+    rec = obj._rec if isinstance(obj, Tensor) else None
+    return (
+        rec is not None
+        and rec is not _registry.UNTRACKED
+        and rec.dead is None
+        and rec.scope is None
+        and getattr(obj, "_var", None) is None
+        and not getattr(obj, "_kept", False)
+    )
 
 
 class Decision:
-    """What only IPython's history holds, and the graph below the history that showed it."""
+    """What only IPython's history holds (``free``, ids of ``nodes``), and the graph below the
+    history that showed it. ``created``: the cell's own Tensors (held only by this dict), by
+    id. ``inert``: ``Out`` entries (key -> id of the value) known to hold nothing to free and
+    nothing held elsewhere, not walked again; updated here. ``part``: see ``_history``."""
 
     def __init__(
         self,
@@ -209,22 +181,16 @@ class Decision:
         created: dict[int, Tensor],
         results: Iterable[Any],
         inert: dict[Any, int],
-        part: tuple[set[int], set[Any]] | None = None,
+        part: Part | None = None,
     ) -> None:
-        """``created``: the cell's own Tensors (held only by this dict), by id. ``inert``:
-        ``Out`` entries (key -> id of the value) known to hold nothing to free and nothing held
-        elsewhere, which are not walked again; updated here. ``part``: the part of the history
-        to count (see ``History``); None: all of it."""
         gc.collect(1)  # young unreachable cycles would count as holders
-        history = History(shell, results, part)
         self.shell = shell
-        self.roots = history.roots
         self.nodes: dict[int, Any] = {}
         self.expanded: set[int] = set()
         out = shell.user_ns.get("Out")
         out = out if isinstance(out, dict) else {}
         frozen = {id(v) for n, v in out.items() if inert.get(n) == id(v)}
-        inner = self._walk(history, history.skip | _module_dicts(), created, frozen)
+        inner = self._walk(_history(shell, results, part), created, frozen)
         held = self._held_outside(inner, created)
         self.free = {
             key
@@ -233,35 +199,37 @@ class Decision:
         }
         walked = out.keys() if part is None else part[1]  # the other entries: as they were
         for n, v in out.items():
-            if n in walked:
-                if id(v) in frozen or self._inert(id(v), held, created):
-                    inert[n] = id(v)
-                else:
-                    inert.pop(n, None)
+            if n in walked and (id(v) in frozen or self._inert(v, held, created)):
+                inert[n] = id(v)
+            elif n in walked:
+                inert.pop(n, None)
         for n in [n for n in inert if n not in out]:
             del inert[n]
 
-    def _inert(self, key: int, held: set[int], created: dict[int, Tensor]) -> bool:
-        """Whether the node ``key`` and all below it were walked, are held by the history alone
-        and hold nothing to free: nothing there can change but through the history itself."""
-        nodes, expanded = self.nodes, self.expanded
+    def _below(self, value: Any) -> Iterator[Any]:
+        """``value`` and every object the walked graph shows below it, once each."""
         seen: set[int] = set()
-        stack = [key]
+        stack = [value]
         while stack:
-            k = stack.pop()
-            if k in seen:
-                continue
-            seen.add(k)
-            if k not in nodes:
-                continue  # not walkable: holds nothing
-            obj = nodes[k]
-            if k in held or k not in expanded or k in created or _freeable(obj):
+            obj = stack.pop()
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                yield obj
+                if id(obj) in self.expanded:  # what was never walked holds nothing walked
+                    stack.extend(_referents(obj))
+
+    def _inert(self, value: Any, held: set[int], created: dict[int, Tensor]) -> bool:
+        """Whether ``value`` and all below it were walked, are held by the history alone and
+        hold nothing to free: nothing there can change but through the history itself."""
+        nodes, expanded = self.nodes, self.expanded
+        for obj in self._below(value):
+            k = id(obj)
+            if k in nodes and (k not in expanded or k in held or k in created or _freeable(obj)):
                 return False
-            stack.extend(id(r) for r in _referents(obj))
         return True
 
     def _walk(
-        self, history: History, skip: set[int], created: dict[int, Tensor], frozen: set[int]
+        self, history: tuple[list[Any], list[Any], set[int]], created: Any, frozen: set[int]
     ) -> dict[int, int]:
         """Fill ``self.nodes`` with what the history reaches; return, per node, how many
         references to it the history and the expanded nodes hold.
@@ -270,7 +238,8 @@ class Decision:
         that something else also holds is held, and so is all it reaches, so its insides need
         no walk: a large structure that a user name and ``Out`` both show costs one step.
         """
-        nodes = self.nodes
+        nodes, expanded = self.nodes, self.expanded
+        self.roots, values, skip = history
         inner: dict[int, int] = {}
         dirty: set[int] = set()  # nodes counted again since they were last looked at
 
@@ -283,95 +252,59 @@ class Decision:
             inner[key] = inner.get(key, 0) + 1
             dirty.add(key)
 
-        _count_history(history, count)
-        expanded = self.expanded
-        dirty -= frozen  # counted, never walked: nothing below them to free
-        while dirty:
-            ready = self._all_counted(dirty - expanded, inner, created)
+        for root in self.roots:
+            _expand(root, count)
+        while values:  # no name of ours refers to a value afterwards
+            count(values.pop())
+        while dirty := dirty - frozen:  # frozen: counted, never walked (nothing below to free)
+            surplus = self._surplus(dirty - expanded, inner, created)
             dirty.clear()
-            for key in ready:
+            for key in [k for k, n in surplus.items() if n == 0]:  # every reference counted
                 expanded.add(key)
                 _expand(nodes[key], count)
-            dirty -= frozen
         return inner
 
-    def _all_counted(
-        self, keys: set[int], inner: dict[int, int], created: dict[int, Tensor]
-    ) -> list[int]:
-        """The nodes among ``keys`` whose every reference is counted in ``inner``."""
+    def _surplus(self, keys: Iterable[int], inner: dict[int, int], created: Any) -> dict[int, int]:
+        """Per node in ``keys``: its references beyond those counted in ``inner``, by
+        ``created`` and by ourselves (calibrated on a probe that one name holds)."""
         nodes = self.nodes
-        probe: list[Any] = []  # one reference (this name): calibrates our own references
+        probe: list[Any] = []
         nodes[id(probe)] = probe
-        ours = -1
-        ready = []
+        refs: dict[int, int] = {}
         for key in [id(probe), *keys]:
             obj = nodes[key]
-            n = sys.getrefcount(obj)
-            if ours < 0:
-                ours = n - 1
-            elif n - ours - (key in created) == inner[key]:
-                ready.append(key)
-        del nodes[id(probe)]
-        return ready
+            refs[key] = sys.getrefcount(obj) - inner.get(key, 0) - (key in created)
+        del obj, nodes[id(probe)]
+        ours = refs.pop(id(probe)) - 1
+        return {key: n - ours for key, n in refs.items()}
 
-    def _held_outside(self, inner: dict[int, int], created: dict[int, Tensor]) -> set[int]:
-        """Ids of the nodes that something outside the walked graph refers to, and of all the
-        nodes those reach: the references counted fall short of the reference count."""
+    def _held_outside(self, inner: dict[int, int], created: Any) -> set[int]:
+        """Ids of the nodes that something outside the walked graph refers to (the references
+        counted fall short of the reference count), and of all the nodes those reach."""
         nodes = self.nodes
-        probe: list[Any] = []  # one known reference (this name): calibrates our own references
-        nodes[id(probe)] = probe
-        surplus: dict[int, int] = {}
-        for key in list(nodes):
-            obj = nodes[key]
-            surplus[key] = sys.getrefcount(obj) - inner.get(key, 0) - (key in created)
-        del obj
-        ours = surplus.pop(id(probe)) - 1
-        del nodes[id(probe)]
-        held = {key for key, n in surplus.items() if n != ours}  # fewer refs: play safe too
+        surplus = self._surplus(list(nodes), inner, created)
+        held = {key for key, n in surplus.items() if n}  # fewer refs: play safe too
         stack = [nodes[k] for k in held]
         while stack:
             for ref in _referents(stack.pop()):
-                key = id(ref)
-                if key in nodes and key not in held:
-                    held.add(key)
+                if id(ref) in nodes and id(ref) not in held:
+                    held.add(id(ref))
                     stack.append(ref)
         return held
 
     def labels(self, targets: set[int]) -> dict[int, str]:
         """For each id in ``targets`` the history entry that showed it, as the user would
         write it: ``Out[3]`` first, else a name (``__``), else the stored traceback."""
-        found: dict[int, str] = {}
-        if not targets:
-            return found
-        seen: set[int] = set()
-
-        def mark(value: Any, label: str) -> None:
-            stack = [value]
-            while stack:
-                obj = stack.pop()
-                key = id(obj)
-                if key in seen:
-                    continue
-                seen.add(key)
-                if key in targets:
-                    found.setdefault(key, label)
-                if key in self.expanded:
-                    stack.extend(_referents(obj))
-
         slots = sorted(_slots(self.shell), key=lambda s: s[0] != "Out")
-        for where, name, value in slots:
-            if where == "Out":
-                mark(value, f"Out[{name}]")
-            elif isinstance(where, dict):
-                mark(value, name)
-            else:
-                mark(value, "the stored traceback")
-            seen.clear()  # another entry may reach what this one reached first
+        entries = [(_label(where, name), value) for where, name, value in slots]
+        entries += [("the output history", ref) for r in self.roots for ref in _referents(r)]
+        found: dict[int, str] = {}
+        for label, value in entries:
             if len(found) == len(targets):
                 break
-        for root in self.roots:
-            for ref in _referents(root):
-                mark(ref, "the output history")
+            for obj in self._below(value):
+                if id(obj) in targets:
+                    found.setdefault(id(obj), label)
         return found
 
     def drop_history_of(self, freed: set[int], who: str) -> None:
@@ -380,71 +313,29 @@ class Decision:
         ``who``: what freed it (``%%tidy at the end of In[3]``), for the placeholder's error."""
         if not freed:
             return
-        memo: dict[int, bool] = {}
-        placeholders: dict[int, FreedOutput] = {}
-        shell = self.shell
-        ns, hidden = shell.user_ns, shell.user_ns_hidden
-        out = ns.get("Out")
-        out = out if isinstance(out, dict) else {}
+        hook = self.shell.displayhook
+        slots = [s for s in _slots(self.shell) if s[0] in ("Out", hook) or isinstance(s[0], dict)]
         named: dict[int, str] = {}  # a value's label: its Out entry, else its first name
-        for where, name, value in _slots(shell):
+        for where, name, value in sorted(slots, key=lambda s: s[0] != "Out"):
+            if where is not hook:
+                named.setdefault(id(value), _label(where, name))
+        slots += [(r, "result", r.result) for r in self.roots if hasattr(r, "result")]
+        placeholders: dict[int, FreedOutput | None] = {}
+        for where, name, value in slots:
+            if value is None:
+                continue
+            if id(value) not in placeholders:
+                stale = any(id(o) in freed for o in self._below(value))
+                label = named.get(id(value), "an output")
+                placeholders[id(value)] = FreedOutput(value, label, who) if stale else None
+            if (placeholder := placeholders[id(value)]) is None:
+                continue
             if where == "Out":
-                named.setdefault(id(value), f"Out[{name}]")
-        for where, name, value in _slots(shell):
-            if isinstance(where, dict):
-                named.setdefault(id(value), name)
-
-        def stale(value: Any) -> bool:
-            key = id(value)
-            if key not in memo:
-                memo[key] = self._reaches(value, freed)
-                if memo[key]:
-                    label = named.get(key, "an output")
-                    placeholders[key] = FreedOutput(value, label, who)
-            return memo[key]
-
-        for n, value in list(out.items()):
-            if stale(value):
-                out[n] = placeholders[id(value)]
-        for space in (ns, hidden):
-            for name, value in list(space.items()):
-                if _HISTORY.match(name) and name not in _BOOKS and stale(value):
-                    space[name] = placeholders[id(value)]
-        hook = shell.displayhook
-        for name in ("_", "__", "___"):
-            value = hook.__dict__.get(name)
-            if value is not None and stale(value):
-                setattr(hook, name, placeholders[id(value)])
-        for root in self.roots:
-            value = getattr(root, "result", None)
-            if value is not None and stale(value):
-                root.result = placeholders[id(value)]
-
-    def _reaches(self, value: Any, freed: set[int]) -> bool:
-        """Whether ``value`` reaches a freed array through the walked graph."""
-        seen: set[int] = set()
-        stack = [value]
-        while stack:
-            obj = stack.pop()
-            key = id(obj)
-            if key in freed:
-                return True
-            if key in seen or key not in self.expanded:
-                continue  # what was never walked holds nothing freed
-            seen.add(key)
-            stack.extend(_referents(obj))
-        return False
-
-
-def _count_history(history: History, count: Any) -> None:
-    """Count each reference the history holds (in a function of its own: no name of ours
-    still refers to one afterwards)."""
-    for root in history.roots:
-        for ref in _referents(root):
-            count(ref)
-    for value in history.values:
-        count(value)
-    history.values.clear()  # our own references
+                self.shell.user_ns["Out"][name] = placeholder
+            elif isinstance(where, dict):
+                where[name] = placeholder
+            else:
+                setattr(where, name, placeholder)
 
 
 def _expand(obj: Any, count: Any) -> None:
@@ -489,23 +380,20 @@ class FreedOutput:
     def __repr__(self) -> str:
         return f"<{self.what}: jax arrays deleted by tidyjax, held only by the output history>"
 
-    def _error(self) -> DisposedError:
+    def _raise(self, *args: Any, **kwargs: Any) -> NoReturn:
         label = self.label
         if label.startswith("Out["):
             label += f" (_{label[4:-1]})"
-        return DisposedError(
+        raise DisposedError(
             f"{label} ({self.what}) was freed by {self.who}, because only IPython's output "
             f"history held its jax arrays: they are deleted and {self.label} is a placeholder. "
             + _KEEP_SHOWN.format("")
         )
 
-    def _raise(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise self._error()
-
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # protocol probes (_repr_html_, __array_priority__): absent
             raise AttributeError(name)
-        raise self._error()
+        self._raise()
 
     __array__ = __getitem__ = __iter__ = __call__ = _raise
     __float__ = __int__ = __index__ = __complex__ = _raise
@@ -518,28 +406,8 @@ class FreedOutput:
     __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _raise
 
 
-def _flatten_freed(placeholder: FreedOutput) -> NoReturn:
-    raise placeholder._error()
-
-
-def _unflatten_freed(aux: Any, children: Any) -> FreedOutput:
-    return FreedOutput(None)  # never reached: flattening one raises
-
-
 # A JAX function given a placeholder flattens it (as a pytree) first: that raises its error.
-jax.tree_util.register_pytree_node(FreedOutput, _flatten_freed, _unflatten_freed)
-
-
-# -- deleting raw arrays ----------------------------------------------------------------------
-
-
-def _live_arrays() -> list[Any]:
-    return [
-        a
-        for platform in {d.platform for d in jax.local_devices()}
-        for a in jax.live_arrays(platform)
-        if not a.is_deleted()
-    ]
+jax.tree_util.register_pytree_node(FreedOutput, FreedOutput._raise, lambda *_: FreedOutput(None))
 
 
 def delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
@@ -550,7 +418,6 @@ def delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
     whose computation failed. A view that no Python object refers to (JAX's own, such as the
     one showing an array makes, held by the array it views) does not count.
     """
-    doomed = {id(a) for a in arrays}
     ready = []
     for arr in arrays:
         try:
@@ -558,37 +425,35 @@ def delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
         except Exception:  # a failed computation: nothing of ours to free
             continue
         ready.append(arr)
-    sharers: dict[Any, list[Any]] = {}
-    for other in _live_arrays():
-        if id(other) not in doomed:
-            for address in _registry.same_buffer_key(other) or ():
-                sharers.setdefault(address, []).append(other)
-    other = None  # no reference of ours outside the lists `_in_use` is told about
+    doomed = {id(a) for a in arrays}
     keys = {id(a): _registry.same_buffer_key(a) for a in ready}
-    shared = {k: [o for p in key or () for o in sharers.get(p, ())] for k, key in keys.items()}
-    views = {id(o): o for found in shared.values() for o in found}
-    used = _in_use(views, mine=[sharers, *sharers.values(), shared, *shared.values()])
-    del sharers, views
+    wanted = {address for key in keys.values() for address in key or ()}
+    sharers: dict[Any, list[Any]] = {}  # address -> the other live arrays over it
+    for platform in {d.platform for d in jax.local_devices()}:
+        for other in jax.live_arrays(platform):
+            if id(other) not in doomed and not other.is_deleted():
+                for address in wanted.intersection(_registry.same_buffer_key(other) or ()):
+                    sharers.setdefault(address, []).append(other)
+    other = None  # no reference of ours outside the lists `_in_use` is told about
+    busy = _in_use(sharers)
     deleted: set[int] = set()
     nbytes = 0
     for arr in ready:
-        if keys[id(arr)] is None or any(used[id(v)] for v in shared[id(arr)]):
-            continue
-        nbytes += local_nbytes(arr)
-        arr.delete()
-        deleted.add(id(arr))
+        if keys[id(arr)] is not None and busy.isdisjoint(keys[id(arr)]):
+            nbytes += local_nbytes(arr)
+            arr.delete()
+            deleted.add(id(arr))
     return deleted, nbytes
 
 
-def _in_use(views: dict[int, Any], mine: list[Any]) -> dict[int, bool]:
-    """For each view (by id): whether tidyjax records it or a Python object refers to it."""
+def _in_use(sharers: dict[Any, list[Any]]) -> set[Any]:
+    """The addresses whose arrays tidyjax records or a Python object refers to."""
+    views = {id(o): o for found in sharers.values() for o in found}
     if not views:
-        return {}
-    skip = {id(views), *(id(m) for m in mine)}
-    used = {k: _registry.lookup(v) is not None for k, v in views.items()}
+        return set()
+    skip = {id(views), id(sharers), *map(id, sharers.values())}
+    used = {k for k, v in views.items() if _registry.lookup(v) is not None}
     for ref in gc.get_referrers(*views.values()):
         if id(ref) not in skip:
-            for r in gc.get_referents(ref):
-                if id(r) in used:
-                    used[id(r)] = True
-    return used
+            used.update(id(r) for r in gc.get_referents(ref) if id(r) in views)
+    return {address for address, found in sharers.items() if any(id(o) in used for o in found)}

@@ -1,9 +1,7 @@
-"""Collective reports over every process of a ``jax.distributed`` job.
-
-tidyjax adds nothing distributed of its own: each process tracks its own Tensors, and a report
-over all processes is a collective that every process calls, like any JAX collective. The
-per-process reports travel through the key-value store of JAX's distributed client (the one
-``jax.distributed.initialize`` starts), which waits with a timeout, so a process that never
+"""Collective reports over every process of a ``jax.distributed`` job: each process tracks its
+own Tensors, and a report over all of them is a collective every process calls, like any JAX
+collective. The reports travel through the key-value store of JAX's distributed client (the
+one ``jax.distributed.initialize`` starts), which waits with a timeout, so a process that never
 calls yields a `CollectiveError` naming it instead of a silent hang.
 """
 

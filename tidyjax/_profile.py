@@ -9,26 +9,29 @@ running thread or task (a ``ContextVar``).
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import inspect
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+import traceback
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 
-from . import _format, _html, _ops, _registry
-from ._arrays import CONCRETE, failed
+from . import _html, _ops, _registry
+from ._arrays import CONCRETE
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
-from ._format import count
+from ._format import count, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
 from ._memory import memory, released
-from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site
+from ._sites import Site, site_of_frames
 from ._tensor import Tensor
 from ._trees import tensors_in
 
@@ -101,12 +104,11 @@ class ProfileInfo:
     """
 
     __slots__ = (
-        "_done",
         "_kernels",
         "_live_end",
         "_outs",
-        "_start_bytes",
         "_start_tensors",
+        "bytes_before",
         "new_bytes",
         "new_tensors",
         "peak_bytes",
@@ -115,11 +117,9 @@ class ProfileInfo:
 
     def __init__(self) -> None:
         self._kernels: list[KernelRecord] = []
-        # the new buffers of each op, until the end decides which are still alive
-        self._outs: list[list[Any]] = []
-        self._live_end: list[int] = []  # per op: its new bytes still alive at the end
-        self._done = False
-        self._start_bytes = self._start_tensors = 0
+        self._outs: list[list[Any]] = []  # per op: its new buffers, until the end weighs them
+        self._live_end: list[int] | None = None  # per op: its new bytes alive at the end
+        self.bytes_before = self._start_tensors = 0
         self.new_bytes = self.new_tensors = self.peak_bytes = 0
         self.result: Any = None
 
@@ -132,12 +132,8 @@ class ProfileInfo:
         return list(dict.fromkeys(k.name for k in self._kernels))
 
     @property
-    def bytes_before(self) -> int:
-        return self._start_bytes
-
-    @property
     def peak_bytes_during(self) -> int:
-        return self.peak_bytes - self._start_bytes
+        return self.peak_bytes - self.bytes_before
 
     @property
     def bytes_allocated(self) -> int:
@@ -156,30 +152,30 @@ class ProfileInfo:
         )
 
     def __str__(self) -> str:
-        lines = _headline(self).splitlines()
         stats = _per_kernel(self)
-        if stats:
-            lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
-                         f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  "
-                         "called at")  # fmt: skip
-            lines += [
-                f"  {s.name:16s} {s.calls:>6d} {_ms(s.first_ms):>21s} "
-                f"{_ms(s.rest_ms) if s.calls > 1 else '-':>12s} "
-                f"{_fmt_bytes(s.allocated):>10s} {_fmt_bytes(s.live_end):>10s}  {_sites(s)}"
-                for s in stats
-            ]
-            lines.append(f"  per op{_log_note(len(self._kernels))}:")
-            live = _live_at_end(self)
-            for i, k in _log(self._kernels):
-                if k is None:
-                    lines.append(f"    ... {count(i, 'op')} not shown ...")
-                    continue
-                lines.append(
-                    f"    {i:>5d} {k.name:16s} allocated {_fmt_bytes(k.bytes_allocated):>10s}, "
-                    f"{_fmt_bytes(live[i - 1])} live at end; total "
-                    f"{_fmt_bytes(k.total_bytes_snapshot):>10s} {_ms(k.wall_time_ms):>11s}  "
-                    f"{k.input_shapes} -> {k.output_shapes}  {_site(k.site)}"
-                )
+        if not stats:
+            return _headline(self)
+        lines = [_headline(self)]
+        lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
+                     f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  "
+                     "called at")  # fmt: skip
+        lines += [
+            f"  {s.name:16s} {s.calls:>6d} {_ms(s.first_ms):>21s} "
+            f"{_ms(s.rest_ms) if s.calls > 1 else '-':>12s} "
+            f"{_fmt_bytes(s.allocated):>10s} {_fmt_bytes(s.live_end):>10s}  {s.sites}"
+            for s in stats
+        ]
+        lines.append(f"  per op{_log_note(len(self._kernels))}:")
+        for i, k, live in _log(self):
+            if k is None:
+                lines.append(f"    ... {count(i, 'op')} not shown ...")
+                continue
+            lines.append(
+                f"    {i:>5d} {k.name:16s} allocated {_fmt_bytes(k.bytes_allocated):>10s}, "
+                f"{_fmt_bytes(live)} live at end; total "
+                f"{_fmt_bytes(k.total_bytes_snapshot):>10s} {_ms(k.wall_time_ms):>11s}  "
+                f"{k.input_shapes} -> {k.output_shapes}  {_site(k.site)}"
+            )
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -191,7 +187,7 @@ class ProfileInfo:
     # -- with-form -------------------------------------------------------------------------
 
     def __enter__(self) -> ProfileInfo:
-        if self._done or self in _OPEN.get():
+        if self._live_end is not None or self in _OPEN.get():
             raise TidyjaxTypeError("a ProfileInfo is filled once; call profile() again.")
         _observer.open(self)
         return self
@@ -204,17 +200,14 @@ class ProfileInfo:
 LOG_EDGE = 50
 
 
-@dataclasses.dataclass(slots=True)
-class _KernelStat:
+class _KernelStat(NamedTuple):
     name: str
     calls: int
     first_ms: float  # the first call: compiling happens there
     rest_ms: float  # every later call together
     allocated: int  # bytes of the new buffers its calls made
     live_end: int  # of those, the bytes still alive at the end
-    net_bytes: int
-    net_tensors: int
-    sites: dict[Site | None, int]  # where it was called, with how many calls
+    sites: str  # its most frequent call site, and how many others it was called from
 
 
 #: The column of bytes an op made that are still alive when the profile ends.
@@ -223,54 +216,46 @@ _END = "still live at end"
 
 def _live_at_end(p: ProfileInfo) -> list[int]:
     """Per op, its new bytes still alive: fixed at the end, read now while still open."""
-    if p._done:
+    if p._live_end is not None:
         return p._live_end
-    return [_alive_bytes(recs) for recs in p._outs]
-
-
-def _alive_bytes(recs: list[Any]) -> int:
-    return sum(r.size() for r in recs if r.dead is None and (r() is not None or r.more))
+    return [
+        sum(r.size() for r in recs if r.dead is None and (r() is not None or r.more))
+        for recs in p._outs
+    ]
 
 
 def _per_kernel(p: ProfileInfo) -> list[_KernelStat]:
     """One row per kernel, the most time first."""
-    out: dict[str, _KernelStat] = {}
+    calls: dict[str, list[tuple[KernelRecord, int]]] = {}
     for k, live in zip(p._kernels, _live_at_end(p), strict=False):
-        s = out.get(k.name)
-        if s is None:
-            s = out[k.name] = _KernelStat(k.name, 0, k.wall_time_ms, 0.0, 0, 0, 0, 0, {})
-        else:
-            s.rest_ms += k.wall_time_ms
-        s.calls += 1
-        s.allocated += k.bytes_allocated
-        s.live_end += live
-        s.net_bytes += k.bytes_added
-        s.net_tensors += k.tensors_added
-        s.sites[k.site] = s.sites.get(k.site, 0) + 1
-    return sorted(out.values(), key=lambda s: -(s.first_ms + s.rest_ms))
+        calls.setdefault(k.name, []).append((k, live))
+    stats = []
+    for name, ks in calls.items():
+        sites = collections.Counter(k.site for k, _ in ks)
+        more = f" (+{count(len(sites) - 1, 'other site')})" if len(sites) > 1 else ""
+        rest, nbytes = sum(k.wall_time_ms for k, _ in ks[1:]), sum(k.bytes_allocated for k, _ in ks)
+        site = _site(sites.most_common(1)[0][0]) + more
+        stats.append(
+            _KernelStat(
+                name, len(ks), ks[0][0].wall_time_ms, rest, nbytes, sum(n for _, n in ks), site
+            )
+        )
+    return sorted(stats, key=lambda s: -(s.first_ms + s.rest_ms))
 
 
 def _site(site: Site | None) -> str:
     return str(site) if site is not None else "?"
 
 
-def _sites(s: _KernelStat) -> str:
-    """The kernel's most frequent call site, and how many others it was called from."""
-    top = max(s.sites.items(), key=lambda kv: kv[1])[0]
-    more = len(s.sites) - 1
-    return _site(top) + (f" (+{count(more, 'other site')})" if more else "")
-
-
-def _log(kernels: list[KernelRecord]) -> list[tuple[int, KernelRecord | None]]:
-    """The ops to list, numbered from 1; ``(n, None)`` stands for ``n`` ops left out."""
-    n = len(kernels)
-    if n <= 2 * LOG_EDGE:
-        return list(enumerate(kernels, 1))
-    return [
-        *enumerate(kernels[:LOG_EDGE], 1),
-        (n - 2 * LOG_EDGE, None),
-        *enumerate(kernels[-LOG_EDGE:], n - LOG_EDGE + 1),
-    ]
+def _log(p: ProfileInfo) -> list[tuple[int, KernelRecord | None, int]]:
+    """The ops to list, numbered from 1, with their bytes live at the end; ``(n, None, 0)``
+    stands for ``n`` ops left out."""
+    live = _live_at_end(p)
+    rows: list[tuple[int, KernelRecord | None, int]]
+    rows = [(i, k, live[i - 1]) for i, k in enumerate(p._kernels[: len(live)], 1)]
+    if len(rows) <= 2 * LOG_EDGE:
+        return rows
+    return [*rows[:LOG_EDGE], (len(rows) - 2 * LOG_EDGE, None, 0), *rows[-LOG_EDGE:]]
 
 
 def _log_note(n: int) -> str:
@@ -292,7 +277,7 @@ def _headline(p: ProfileInfo) -> str:
         f"{_fmt_bytes(p.bytes_live_at_end)} of it still live at the end\n"
         f"peak {_fmt_bytes(p.peak_bytes)} = {_fmt_bytes(p.bytes_before)} before + "
         f"{_fmt_bytes(p.peak_bytes_during)} during; net change "
-        f"{_format.signed_bytes(p.new_bytes)}, {p.new_tensors:+d} "
+        f"{signed_bytes(p.new_bytes)}, {p.new_tensors:+d} "
         f"{'tensor' if abs(p.new_tensors) == 1 else 'tensors'}"
     )
 
@@ -300,7 +285,6 @@ def _headline(p: ProfileInfo) -> str:
 @_html.never_raises
 def _profile_html(p: ProfileInfo) -> str:
     """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
-    esc = _format.esc
     first, second = _headline(p).split("\n")
     head = _html.line("<b>profile</b>: ", esc(first)) + _html.line(esc(second))
     stats = _per_kernel(p)
@@ -312,18 +296,17 @@ def _profile_html(p: ProfileInfo) -> str:
         [(esc(s.name), s.calls, esc(_ms(s.first_ms)),
           esc(_ms(s.rest_ms)) if s.calls > 1 else "",
           esc(_ms(s.rest_ms / (s.calls - 1))) if s.calls > 1 else "",
-          esc(_fmt_bytes(s.allocated)), esc(_fmt_bytes(s.live_end)), esc(_sites(s)))
+          esc(_fmt_bytes(s.allocated)), esc(_fmt_bytes(s.live_end)), esc(s.sites))
          for s in stats],
         numeric=range(1, 7),
     )  # fmt: skip
     rows: list[tuple[object, ...]] = []
-    live = _live_at_end(p)
-    for i, k in _log(p._kernels):
+    for i, k, live in _log(p):
         if k is None:
             rows.append(("", _html.dim(f"... {count(i, 'op')} not shown ...")))
             continue
         rows.append((i, esc(k.name), esc(_fmt_bytes(k.bytes_allocated)),
-                     esc(_fmt_bytes(live[i - 1])), esc(_fmt_bytes(k.total_bytes_snapshot)),
+                     esc(_fmt_bytes(live)), esc(_fmt_bytes(k.total_bytes_snapshot)),
                      k.total_tensors_snapshot, esc(k.input_shapes), esc(k.output_shapes),
                      f"{k.wall_time_ms:.3f}", esc(_site(k.site))))  # fmt: skip
     log = _html.table(
@@ -348,12 +331,11 @@ class _Observer:
         self.lock = threading.RLock()
         self.open_profiles: list[ProfileInfo] = []
         self.bytes = self.tensors = 0
-        # per thread: the list collecting the buffers the running op makes (an op's buffers
-        # are recorded in the thread that runs it)
+        # per thread: the list collecting the buffers the running op makes
         self.sink = threading.local()
         # Committed buffers just added, their bytes not counted yet: each may be a second
         # record over a buffer already counted (a raw device_put to where it is). Decided
-        # once the registry has grouped such records (`_settle`): before any free, and at any
+        # (`_settle`) once the registry has grouped such records: before any free, at any
         # event while the registry has no suspect left; an op's own outputs at its end.
         self.pending: list[Any] = []
         # id(record) -> the records over its buffer (2 or more), whose bytes count once
@@ -361,8 +343,6 @@ class _Observer:
         # id(record) -> record: a caller's own array no Tensor holds (not counted; see
         # _memory.released) until a Tensor holds it again
         self.released: dict[int, Any] = {}
-
-    # -- opening and closing --------------------------------------------------------------
 
     def open(self, p: ProfileInfo) -> None:
         with self.lock:
@@ -376,8 +356,8 @@ class _Observer:
                 _registry.observers.append(self)
                 _ops.set_kernel_hook(_run_kernel)
             self.open_profiles.append(p)
-            p._start_bytes, p._start_tensors = self.bytes, self.tensors
-            p.peak_bytes = self.bytes
+            p.bytes_before = p.peak_bytes = self.bytes
+            p._start_tensors = self.tensors
         _tokens[id(p)] = _OPEN.set((*_OPEN.get(), p))
 
     def close(self, p: ProfileInfo) -> None:
@@ -393,26 +373,23 @@ class _Observer:
         with self.lock:
             if self.pending:
                 self._settle()
-            self.bytes, self.tensors = m.num_bytes, m.num_tensors
-            self._grow()
+            self.tensors = m.num_tensors
+            self._add(m.num_bytes - self.bytes)
             if p in self.open_profiles:
                 self.open_profiles.remove(p)
-            p.new_bytes = self.bytes - p._start_bytes
+            p.new_bytes = self.bytes - p.bytes_before
             p.new_tensors = self.tensors - p._start_tensors
-            p._live_end = [_alive_bytes(recs) for recs in p._outs]
+            p._live_end = _live_at_end(p)
             p._outs = []  # the records go: only their bytes were needed
-            p._done = True
             if not self.open_profiles:
                 _registry.observers.remove(self)
                 _ops.set_kernel_hook(None)
 
-    # -- registry events ------------------------------------------------------------------
-
-    def _grow(self) -> None:
-        b = self.bytes
+    def _add(self, nbytes: int) -> None:
+        """Count ``nbytes`` more; the open profiles' and scopes' peaks follow."""
+        b = self.bytes = self.bytes + nbytes
         for p in self.open_profiles:
-            if b > p.peak_bytes:
-                p.peak_bytes = b
+            p.peak_bytes = max(p.peak_bytes, b)
         scope = CURRENT.get()
         while scope is not None:
             scope.note_peak(b)
@@ -436,13 +413,11 @@ class _Observer:
                 if getattr(rec(), "committed", False):  # it may view a counted buffer
                     self.pending.append(rec)
                 else:
-                    self.bytes += rec.size()
-                    self._grow()
+                    self._add(rec.size())
             elif kind == "tensor_added":
                 self.tensors += 1
                 if self.released.pop(id(rec), None) is rec:  # a caller's array, held again
-                    self.bytes += rec.size()
-                    self._grow()
+                    self._add(rec.size())
             elif kind == "tensor_removed":
                 self.tensors -= 1
                 if released(rec) and self.released.get(id(rec)) is not rec:
@@ -458,7 +433,7 @@ class _Observer:
     def _uncount(self, rec: Any) -> None:
         """``rec`` no longer counts: its bytes go, unless another record over its buffer
         still holds it (or they were never counted: a buffer just added)."""
-        if self.pending and any(r is rec for r in self.pending):
+        if any(r is rec for r in self.pending):
             self.pending = [r for r in self.pending if r is not rec]
             return
         members = self.shared.pop(id(rec), None)
@@ -481,8 +456,7 @@ class _Observer:
             self.pending = [r for r in pending if id(r) not in outputs]
             for rec in pending:
                 if id(rec) in outputs:
-                    self.bytes += rec.size()
-                    self._grow()
+                    self._add(rec.size())
             return
         self.pending = []
         waiting = {id(r) for r in pending}
@@ -492,8 +466,7 @@ class _Observer:
                 continue  # adopted meanwhile (_adopt_pending)
             twin = self._twin(rec, waiting)
             if twin is None:
-                self.bytes += rec.size()
-                self._grow()
+                self._add(rec.size())
             else:
                 self._share(twin, rec)
 
@@ -512,22 +485,11 @@ class _Observer:
             )
 
         group = _registry._groups.get(id(rec)) if _registry._groups else None
-        for other in group or ():
-            if counted(other):
-                return other
-        if rec.dead is None:
-            return None
-        arr = rec.array()
-        key = _buffer_key(arr, wait=True) if arr is not None else None
-        if key is None:
-            return None
-        for other in list(_registry._buffers.values()):
-            a = other.array()
-            if a is None or a.shape != arr.shape or a.dtype != arr.dtype or not counted(other):
-                continue
-            if _buffer_key(a, wait=False) == key:
-                return other
-        return None
+        twin = next((r for r in group or () if counted(r)), None)
+        if twin is not None or rec.dead is None:
+            return twin
+        others = [r for r in list(_registry._buffers.values()) if counted(r)]
+        return next(_same_buffer(rec.array(), others, wait=True), None)
 
     def _share(self, twin: Any, rec: Any) -> None:
         members = self.shared.get(id(twin))
@@ -540,25 +502,19 @@ class _Observer:
     def _adopt_pending(self, rec: Any) -> None:
         """Before ``rec``'s free: a record just added over its buffer takes the buffer on
         (``rec`` dropped from its group while its buffer lives on)."""
-        arr = rec.array()
-        key = _buffer_key(arr, wait=False) if arr is not None else None
-        if key is None:
-            return
-        for other in self.pending:
-            a = other.array()
-            same_kind = a is not None and a.shape == arr.shape and a.dtype == arr.dtype
-            if same_kind and _buffer_key(a, wait=False) == key:
-                self._share(rec, other)
+        for other in _same_buffer(rec.array(), self.pending, wait=False):
+            self._share(rec, other)
 
 
-def _buffer_key(arr: Any, wait: bool) -> Any:
-    """``arr``'s buffer addresses, or None (deleted, failed, or not ready without ``wait``)."""
-    try:
-        if arr.is_deleted() or failed(arr, wait=wait):  # waited for: ready after this
-            return None
-    except Exception:  # deleted meanwhile
-        return None
-    return _registry.same_buffer_key(arr)
+def _same_buffer(arr: Any, records: Iterable[Any], wait: bool) -> Iterator[Any]:
+    """The records whose arrays share ``arr``'s buffer (None: no array, no record); reads
+    ``arr``'s address (waiting for it with ``wait``), then those of its shape and dtype."""
+    key = _registry._address(arr, wait=wait) if arr is not None else None
+    for other in records if key is not None else ():
+        a = other.array()
+        same_kind = a is not None and (a.shape, a.dtype) == (arr.shape, arr.dtype)
+        if same_kind and _registry._address(a, wait=False) == key:
+            yield other
 
 
 _observer = _Observer()
@@ -579,7 +535,13 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     if not profiles:
         return fn(*args, **kwargs)
     obs = _observer
-    site = _caller_site()
+    # the user's frame calling the op: outside tidyjax, JAX and installed code (_sites)
+    site = site_of_frames(
+        types.SimpleNamespace(
+            file_name=f.f_code.co_filename, line_num=n, function_name=f.f_code.co_name
+        )
+        for f, n in traceback.walk_stack(sys._getframe(1))
+    )
     made: list[Any] = []
     outer = getattr(obs.sink, "recs", None)  # an op inside an op: both get its buffers
     obs.sink.recs = made
@@ -614,23 +576,6 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         p._kernels.append(record)
         p._outs.append(made)
     return out
-
-
-def _caller_site() -> Site | None:
-    """The user's frame calling the op: the first outside tidyjax, JAX and installed code
-    (the first installed one, such as a library's, is its detail)."""
-    frame: Any = sys._getframe(2)
-    detail: Site | None = None
-    while frame is not None:
-        file = frame.f_code.co_filename
-        if not file.startswith(LIBRARY_FOLDERS):
-            here = Site(file, frame.f_lineno, frame.f_code.co_name)
-            if not file.startswith(INSTALLED_FOLDERS):
-                return Site(here.file, here.line, here.function, detail)
-            if detail is None:
-                detail = here
-        frame = frame.f_back
-    return detail
 
 
 def profile(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) -> ProfileInfo:

@@ -9,6 +9,7 @@ path in it: ``model.layers[0].kernel``. Nothing is tracked, kept or freed becaus
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import weakref
@@ -49,21 +50,18 @@ def watch(obj: T, name: str) -> T:
     again under a name in use replaces that entry (a re-run notebook cell makes a new object
     under the same name); watching an object again under its own name does nothing.
 
-    An object is reported under one name. Watching an object that is already watched under
-    another name raises rather than renaming it: two names for one object are most often two
-    variables that turned out to hold the same object (``ema = params`` where a copy was meant),
-    and moving the name silently would make the first one vanish from every report. To rename
-    it, unwatch it first: ``tidyjax.unwatch("old"); tidyjax.watch(obj, "new")``.
+    An object is reported under one name: watching it under another raises rather than
+    renaming it, since two names for one object are most often two variables that turned out
+    to hold the same object (``ema = params`` where a copy was meant). To rename it, unwatch it
+    first: ``tidyjax.unwatch("old"); tidyjax.watch(obj, "new")``.
 
-    At each report, the arrays ``obj`` holds then are counted, always as a count with its
-    bytes: ``memory().watched[name]`` is their bytes and ``memory().watched_arrays[name]`` their
-    number (each buffer once), and they no longer count as untracked; an out-of-memory report
-    lists the same figures in a section of its own (``OOMReport.watched``), apart from the
-    Tensors' headline. ``live_tensors()`` lists each under its path
-    (``model.layers[0].kernel``), and its headline counts them apart too (``3 live tensors,
-    12 B; 2 watched arrays, 4.0 MiB``). Tensors inside ``obj`` get that name too and stay
-    counted as Tensors (in ``num_bytes``; reports say they are also counted there). Watching
-    costs nothing per operation.
+    At each report, the arrays ``obj`` holds then are counted (each buffer once):
+    ``memory().watched[name]`` is their bytes, ``memory().watched_arrays[name]`` their number,
+    and they no longer count as untracked; an out-of-memory report lists them apart
+    (``OOMReport.watched``). ``live_tensors()`` lists each under its path
+    (``model.layers[0].kernel``) and counts them apart in its headline (``3 live tensors, 12 B;
+    2 watched arrays, 4.0 MiB``). Tensors inside ``obj`` get that name too and stay counted as
+    Tensors (in ``num_bytes``). Watching costs nothing per operation.
 
     Returns:
         ``obj``, so that ``model = tidyjax.watch(Model(...), "model")`` reads naturally.
@@ -85,56 +83,56 @@ def watch(obj: T, name: str) -> T:
     try:
         ref: Callable[[], Any] = weakref.ref(obj)
     except TypeError:  # dicts, lists, tuples: held until unwatch()
-        ref = _Strong(obj)
+        ref = itertools.repeat(obj).__next__  # a strong reference, called as a weak one
     with _lock:
         for old, r in _watched.items():
-            if r() is obj:
-                if old == name:
-                    return obj  # watched under this name already
+            if r() is obj and old != name:
                 raise TidyjaxValueError(
                     f"watch() got an object already watched as {old!r}: an object is reported "
                     f"under one name, so it cannot also be {name!r}. To rename it, call "
                     f"tidyjax.unwatch({old!r}) first; to watch another object as {name!r}, "
                     f"pass that object (this one is the object watched as {old!r})."
                 )
-        _watched.pop(name, None)
-        _watched[name] = ref
-        _names.add(name)
+        if name not in _watched or _watched[name]() is not obj:  # else: watched so already
+            _watched.pop(name, None)
+            _watched[name] = ref
+            _names.add(name)
     return obj
 
 
 def _check_watch_args(obj: Any, name: Any) -> None:
-    """Raise `watch`'s TidyjaxTypeError for a bad name or an object that cannot hold arrays."""
+    """Raise `watch`'s TidyjaxTypeError for a bad name or an object that cannot hold arrays:
+    None, a number, a string, an object JAX sees as one leaf that is neither an array nor a
+    Flax NNX object (which need not be a pytree)."""
     if not isinstance(name, str) or not name:
         raise TidyjaxTypeError(
             f"watch() takes a name (a non-empty str) as its second argument, got {name!r}: "
             f'write tidyjax.watch(obj, "model").'
         )
-    if not _may_hold_arrays(obj):
-        why = (
-            "which holds none"
-            if obj is None or isinstance(obj, _SCALARS)
-            else "which JAX sees as one leaf: register its class as a pytree, or watch the "
-            "dict or module holding its arrays"
-        )
-        raise TidyjaxTypeError(
-            "watch() takes an object that holds arrays (a pytree such as a dict or list of "
-            "arrays, an Equinox module or an optax state; a Flax NNX module or optimizer; a "
-            f"jax.Array or Tensor), got {type(obj).__name__} {_format.clip(obj)}, {why}."
-        )
-
-
-def _may_hold_arrays(obj: Any) -> bool:
-    """False for what can never hold an array: None, a number, a string, an object JAX sees as
-    one leaf that is neither an array nor a Flax NNX object (which need not be a pytree)."""
     if obj is None or isinstance(obj, _SCALARS):
-        return False
-    if isinstance(obj, (Tensor, jax.Array, np.ndarray)):
-        return True
+        why = "which holds none"
+    elif (
+        isinstance(obj, (Tensor, jax.Array, np.ndarray))
+        or _is_nnx(obj)
+        or not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(obj, is_leaf=is_tensor))
+    ):
+        return
+    else:
+        why = (
+            "which JAX sees as one leaf: register its class as a pytree, or watch the dict or "
+            "module holding its arrays"
+        )
+    raise TidyjaxTypeError(
+        "watch() takes an object that holds arrays (a pytree such as a dict or list of "
+        "arrays, an Equinox module or an optax state; a Flax NNX module or optimizer; a "
+        f"jax.Array or Tensor), got {type(obj).__name__} {_format.clip(obj)}, {why}."
+    )
+
+
+def _is_nnx(obj: Any) -> bool:
+    """Whether ``obj`` is a Flax NNX object (without importing Flax)."""
     nnx_graph = sys.modules.get("flax.nnx.graph")
-    if nnx_graph is not None and nnx_graph.is_graph_node(obj):
-        return True
-    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(obj, is_leaf=is_tensor))
+    return nnx_graph is not None and bool(nnx_graph.is_graph_node(obj))
 
 
 def unwatch(obj: Any) -> None:
@@ -152,24 +150,12 @@ def unwatch(obj: Any) -> None:
         ]
         for name in names:
             del _watched[name]
-        if isinstance(obj, str) and not names and obj not in _names:
+        if isinstance(obj, str) and obj not in _names:
             now = [n for n, r in _watched.items() if r() is not None]
             raise TidyjaxValueError(
                 f"unwatch() got {obj!r}, a name that was never watched; the watched names are "
                 f"{', '.join(map(repr, now)) if now else 'none'}."
             )
-
-
-class _Strong:
-    """A strong reference with ``weakref.ref``'s call interface."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
 
 
 def watched() -> dict[str, list[tuple[str, Any]]]:
@@ -178,63 +164,42 @@ def watched() -> dict[str, list[tuple[str, Any]]]:
     Arrays are concrete and not deleted, each object once per name (a Tensor contributes its
     array). Entries whose weakly held object is gone are dropped. Called by reports only.
     """
-    if not _watched:
-        return {}
     with _lock:
-        entries = list(_watched.items())
-        for name, ref in entries:
-            if ref() is None:
-                del _watched[name]
+        for name in [n for n, ref in _watched.items() if ref() is None]:
+            del _watched[name]
+        objects = [(name, obj) for name, ref in _watched.items() if (obj := ref()) is not None]
     out: dict[str, list[tuple[str, Any]]] = {}
-    for name, ref in entries:
-        obj = ref()
-        if obj is None:
-            continue
-        seen: set[int] = set()
-        found = []
+    for name, obj in objects:
+        found: dict[int, tuple[str, Any]] = {}
         for path, leaf in _leaves(obj, name):
             arr = leaf._array if isinstance(leaf, Tensor) else leaf
-            if type(arr) in CONCRETE and id(arr) not in seen and not _deleted(arr):
-                seen.add(id(arr))
-                found.append((path, arr))
-        out[name] = found
+            if type(arr) in CONCRETE and not base_array(arr).is_deleted():
+                found.setdefault(id(arr), (path, arr))
+        out[name] = list(found.values())
     return out
 
 
-def _deleted(arr: Any) -> bool:
-    return bool(base_array(arr).is_deleted())
-
-
 def _leaves(obj: Any, name: str) -> Iterable[tuple[str, Any]]:
-    """``(path, leaf)`` for every leaf of ``obj``, Tensors as leaves."""
-    nnx_graph = sys.modules.get("flax.nnx.graph")
-    if nnx_graph is not None and nnx_graph.is_graph_node(obj):
-        # NNX objects need not be pytrees (``pytree=False``); their state is the one view of
-        # every Variable, shared ones once, with paths as NNX prints them.
-        from flax import nnx
-
-        for path, var in nnx.to_flat_state(nnx.state(obj)):
-            prefix = name + "".join(_key(k) for k in path)
-            value = _value(var) if isinstance(var, nnx.Variable) else var
-            yield from _flat(value, prefix)
-    else:
+    """``(path, leaf)`` for every leaf of ``obj``, Tensors as leaves. An NNX object need not be
+    a pytree (``pytree=False``): its state is the one view of every Variable, shared ones once,
+    with paths as NNX prints them."""
+    if not _is_nnx(obj):
         yield from _flat(obj, name)
+        return
+    from flax import nnx
+
+    for path, var in nnx.to_flat_state(nnx.state(obj)):
+        prefix = name + "".join(f".{k}" if _is_attr(k) else f"[{k!r}]" for k in path)
+        if isinstance(var, nnx.Variable):  # get_value() from flax 0.12 (where .value warns)
+            var = var.get_value() if hasattr(var, "get_value") else var.value
+        yield from _flat(var, prefix)
 
 
-def _value(var: Any) -> Any:
-    """An NNX Variable's value: ``get_value()`` from flax 0.12 (where ``.value`` warns)."""
-    get = getattr(var, "get_value", None)
-    return get() if get is not None else var.value
+def _is_attr(k: Any) -> bool:
+    return isinstance(k, str) and k.isidentifier()
 
 
 def _flat(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=is_tensor)
     for path, leaf in leaves:
         yield prefix + jax.tree_util.keystr(path), leaf
-
-
-def _key(k: Any) -> str:
-    """One step of an NNX state path: ``.kernel`` for an attribute name, ``[0]`` for an index."""
-    if isinstance(k, str) and k.isidentifier():
-        return f".{k}"
-    return f"[{k!r}]"
