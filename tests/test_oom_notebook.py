@@ -72,7 +72,8 @@ def test_the_report_as_html_is_a_holders_table_with_bars():
 
 
 def test_the_html_escapes_and_never_raises():
-    holder = _oom.OOMHolder("<b>x.py</b>:1 in f", "s<1>", 10, 1, {"float32[1]": 1}, True)
+    site = tj.Site("<b>x.py</b>", 1, "f")
+    holder = tj.SiteStat(site, "tensor", 1, 10, {"float32[1]": 1}, scope="s<1>")
     report = _oom.OOMReport(
         "f(<x>)", 8, 10, 0, 0, None, None, None, (holder,), (), (), "RESOURCE_EXHAUSTED & <y>"
     )

@@ -22,8 +22,7 @@ import pytest
 import tidyjax as tj
 import tidyjax.numpy as tnp
 from tidyjax import _oom, _registry
-from tidyjax._oom import OOMWatched
-from tidyjax._records import Site, TensorRecord, summary
+from tidyjax._census import Site, TensorRecord, WatchedUsage, statistics, summary
 from tidyjax._watch import _watched
 
 HUGE = (10**13,)  # float32: 40 TB, more than any machine has
@@ -81,7 +80,7 @@ def test_oom_headline_counts_the_tensors_and_their_bytes_and_watched_arrays_apar
     assert all(h.scope != "<watched>" for h in report.holders)  # no watched row among them
 
     # The watched section: the same figures as memory(), a count with its bytes.
-    assert report.watched == (OOMWatched("params", 2, W_BYTES + B_BYTES, 0, 0),)
+    assert report.watched == (WatchedUsage("params", 2, W_BYTES + B_BYTES, 0, 0),)
     assert report.watched_bytes == info.watched["params"] == W_BYTES + B_BYTES
     assert report.watched_arrays == info.watched_arrays["params"] == 2
     assert "Watched (tidyjax.watch; tidyjax frees none of it): 4.0 MiB in 2 arrays:" in lines
@@ -116,7 +115,7 @@ def test_a_tensor_inside_a_watched_object_is_a_tensor_and_the_watched_row_says_s
     assert dict(info.watched_arrays) == {"params": 2}
     assert (info.num_tensors, info.num_bytes) == (1, 8)
     report = _oom_report()
-    assert report.watched == (OOMWatched("params", 2, 72, 1, 8),)
+    assert report.watched == (WatchedUsage("params", 2, 72, 1, 8),)
     lines = str(report).splitlines()
     assert lines[1].startswith("tidyjax holds 8 B in 1 tensor;")
     assert "  'params': 72 B in 2 arrays (1 tensor, 8 B, of them also counted above)" in lines
@@ -166,7 +165,7 @@ def test_live_tensors_and_snapshots_count_watched_arrays_apart_with_their_bytes(
     stats = snap.statistics()
     watched_rows = [s for s in stats if s.watched]
     tensor_rows = [s for s in stats if not s.watched]
-    assert len(watched_rows) == 1 and watched_rows[0].site.endswith(" (watched)")
+    assert len(watched_rows) == 1 and watched_rows[0].kind == "watched"
     assert (watched_rows[0].count, watched_rows[0].bytes) == (2, W_BYTES + B_BYTES)
     assert ": 2 watched arrays, 4.0 MiB [" in str(watched_rows[0])
     assert (sum(s.count for s in tensor_rows), sum(s.bytes for s in tensor_rows)) == (3, 12)
@@ -196,7 +195,7 @@ def test_rows_add_up_to_their_totals_when_one_buffer_has_holders_at_two_sites():
     assert sum(s.count for s in stats) == 3
     assert sum(s.bytes for s in stats) == 440
     assert str(snap).splitlines()[0] == "3 live tensors, 440 B"
-    rows = _oom._rows(records, tracked=True)
+    rows = statistics(records, ("scope", "site"))
     assert sum(h.count for h in rows) == 3 and sum(h.bytes for h in rows) == 440
 
 
@@ -521,7 +520,7 @@ def test_a_buffer_only_its_raw_array_holds_is_tidyjaxs_in_every_report():
     assert summary([record]) == "0 live tensors, 0 B; 1 escaped array, 3.9 KiB"
     snap = tj.snapshot(untracked=False)
     (row,) = snap.statistics()
-    assert row.site.endswith(" (escaped)") and "1 escaped array, 3.9 KiB" in str(row)
+    assert row.kind == "escaped" and "1 escaped array, 3.9 KiB" in str(row)
     kinds = [(e.kind, e.scope) for e in tl.events if e.kind in ("alloc", "free")]
     assert kinds == [("alloc", ""), ("free", ""), ("alloc", "")]
     tj.dispose(raw)

@@ -22,12 +22,13 @@ import jax
 
 from . import _format, _html, _ops, _registry
 from ._arrays import CONCRETE, failed
+from ._census import released
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
 from ._format import count
 from ._format import fmt_bytes as _fmt_bytes
-from ._memory import memory, released
+from ._memory import memory
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Site
 from ._tensor import Tensor
 from ._trees import tensors_in
