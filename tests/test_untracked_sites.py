@@ -65,10 +65,7 @@ def test_memory_names_the_untracked_arrays_sites_per_device_with_count_and_bytes
     # text, repr and the page name the user's line
     text = str(info)
     assert f"    {device}: {HERE}:{_line_of('SITE:big')} in test_memory_names" in text
-    assert (
-        f"{HERE}:{_line_of('SITE:make_raw')} in make_raw: 3 untracked arrays, 2.9 KiB"
-        in text
-    )
+    assert f"{HERE}:{_line_of('SITE:make_raw')} in make_raw: 3 untracked arrays, 2.9 KiB" in text
     assert (row.kind, row.device, row.count, row.bytes) == ("untracked", device, 3, 3000)
     page = info._repr_html_()
     assert "untracked arrays made at" in page
@@ -161,7 +158,9 @@ def test_a_diff_shows_the_plain_arrays_that_grew_at_a_user_line(tmp_path):
     text = str(after)
     head, rest = text.split("untracked (jax arrays tidyjax does not own), by creation site:")
     assert "in test_a_diff_shows" in head and "(untracked)" not in head
-    assert f"{key.removesuffix(' (untracked)')}: 4 untracked arrays, 3.9 KiB [float32[250] ×4]" in rest  # noqa: RUF001
+    assert (
+        f"{key.removesuffix(' (untracked)')}: 4 untracked arrays, 3.9 KiB [float32[250] ×4]" in rest
+    )  # noqa: RUF001
     assert "untracked array" in repr(after) and "(untracked)" in after._repr_html_()
     stats = after.statistics()
     assert not stats[0].untracked and stats[-1].untracked
