@@ -158,9 +158,8 @@ def test_a_diff_shows_the_plain_arrays_that_grew_at_a_user_line(tmp_path):
     text = str(after)
     head, rest = text.split("untracked (jax arrays tidyjax does not own), by creation site:")
     assert "in test_a_diff_shows" in head and "(untracked)" not in head
-    assert (
-        f"{key.removesuffix(' (untracked)')}: 4 untracked arrays, 3.9 KiB [float32[250] ×4]" in rest
-    )  # noqa: RUF001
+    site = key.removesuffix(" (untracked)")
+    assert f"{site}: 4 untracked arrays, 3.9 KiB [float32[250] ×4]" in rest  # noqa: RUF001
     assert "untracked array" in repr(after) and "(untracked)" in after._repr_html_()
     stats = after.statistics()
     assert not stats[0].untracked and stats[-1].untracked
