@@ -248,50 +248,28 @@ class OOMReport:
         return sum(w.arrays for w in self.watched)
 
     def __str__(self) -> str:
-        fmt = fmt_bytes
-        asked = "" if self.requested is None else f" could not allocate {fmt(self.requested)}"
-        if "RESOURCE_EXHAUSTED" not in self.jax_message:  # an op read an array that had failed
-            asked += " (an earlier computation it depends on failed)"
         at = f", called at {self.called_at}" if self.called_at else ""
-        lines = [f"Out of memory: {self.what}{asked}{at}. JAX said: {self.jax_message.strip()}"]
-        if self.limit is not None:
-            lines.append(
-                f"Device {self.device}: {fmt(self.in_use or 0)} in use of {fmt(self.limit)} "
-                "(all of JAX)."
-            )
+        lines = [
+            f"Out of memory: {self.what}{_asked(self)}{at}. JAX said: {self.jax_message.strip()}"
+        ]
+        lines += _device_line(self)
         tracked = [h for h in self.holders if h.tracked]
-        lines.append(
-            f"tidyjax holds {fmt(self.tracked_bytes)} in {count(self.tensors, 'tensor')}"
-            + ("; the largest, by creation site and scope:" if tracked else ".")
-        )
-        lines += [f"  {h}" for h in tracked[:TOP]]
-        if len(tracked) > TOP:
-            lines.append(f"  ... and {count(len(tracked) - TOP, 'more site')}")
+        lines += _section(
+            f"tidyjax holds {fmt_bytes(self.tracked_bytes)} in {count(self.tensors, 'tensor')}",
+            "; the largest, by creation site and scope:", tracked,
+        )  # fmt: skip
         if self.watched:
             lines.append(
-                f"Watched (tidyjax.watch; tidyjax frees none of it): {fmt(self.watched_bytes)} "
-                f"in {count(self.watched_arrays, 'array')}:"
+                f"Watched (tidyjax.watch; tidyjax frees none of it): "
+                f"{fmt_bytes(self.watched_bytes)} in {count(self.watched_arrays, 'array')}:"
             )
             lines += [f"  {w}" for w in self.watched]
-        untracked = [h for h in self.holders if not h.tracked]
-        lines.append(
-            f"Untracked (jax arrays tidyjax does not own): {fmt(self.untracked_bytes)} in "
-            f"{count(self.untracked_arrays, 'array')}"
-            + ("; the largest, by creation site:" if untracked else ".")
-        )
-        lines += [f"  {h}" for h in untracked[:TOP]]
-        if len(untracked) > TOP:
-            lines.append(f"  ... and {count(len(untracked) - TOP, 'more site')}")
-        if self.failed:
-            lines.append(
-                f"Not counted: {count(len(self.failed), 'array')} whose computation failed, "
-                f"holding no memory: {', '.join(self.failed[:TOP])}."
-            )
-        if self.donated:
-            lines.append(_donated_text(self.donated))
-        if self.files:
-            lines.append(f"The open timeline was saved: {', '.join(self.files)}.")
-        lines += self.problems
+        lines += _section(
+            f"Untracked (jax arrays tidyjax does not own): {fmt_bytes(self.untracked_bytes)} in "
+            f"{count(self.untracked_arrays, 'array')}",
+            "; the largest, by creation site:", [h for h in self.holders if not h.tracked],
+        )  # fmt: skip
+        lines += _notes(self)
         lines.append(
             "To fit: free the largest holders above (dispose them, or return less from the scope "
             "that holds them), wrap untracked arrays with tidyjax.adopt() so a scope frees them, "
@@ -306,11 +284,46 @@ class OOMReport:
         return _report_html(self)
 
 
-def _donated_text(donated: tuple[str, ...]) -> str:
-    return (
-        f"Donated and consumed although the call failed (JAX deletes a donated buffer when the "
-        f"call starts): {', '.join(donated)}; their Tensors are disposed."
-    )
+def _asked(r: OOMReport) -> str:
+    asked = "" if r.requested is None else f" could not allocate {fmt_bytes(r.requested)}"
+    if "RESOURCE_EXHAUSTED" not in r.jax_message:  # an op read an array that had failed
+        asked += " (an earlier computation it depends on failed)"
+    return asked
+
+
+def _device_line(r: OOMReport) -> list[str]:
+    if r.limit is None:
+        return []
+    return [
+        f"Device {r.device}: {fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit)} (all of JAX)."
+    ]
+
+
+def _section(head: str, more: str, rows: list[SiteStat]) -> list[str]:
+    """A headline, the ``TOP`` largest rows under it, and how many more."""
+    lines = [head + (more if rows else "."), *(f"  {h}" for h in rows[:TOP])]
+    if len(rows) > TOP:
+        lines.append(f"  ... and {count(len(rows) - TOP, 'more site')}")
+    return lines
+
+
+def _notes(r: OOMReport) -> list[str]:
+    """What else the report says: arrays not counted, donated inputs consumed, files saved,
+    what went wrong while reporting."""
+    notes = []
+    if r.failed:
+        notes.append(
+            f"Not counted: {count(len(r.failed), 'array')} whose computation failed, "
+            f"holding no memory: {', '.join(r.failed[:TOP])}."
+        )
+    if r.donated:
+        notes.append(
+            "Donated and consumed although the call failed (JAX deletes a donated buffer when "
+            f"the call starts): {', '.join(r.donated)}; their Tensors are disposed."
+        )
+    if r.files:
+        notes.append(f"The open timeline was saved: {', '.join(r.files)}.")
+    return notes + list(r.problems)
 
 
 _HTML_SCOPES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
@@ -347,35 +360,21 @@ def _holders_table(holders: Sequence[SiteStat], top: int = TOP) -> str:
 @_html.never_raises
 def _report_html(r: OOMReport) -> str:
     """The report as a notebook shows it: the request, then a holders table with bars."""
-    fmt = fmt_bytes
-    asked = "" if r.requested is None else f" could not allocate <b>{esc(fmt(r.requested))}</b>"
-    if "RESOURCE_EXHAUSTED" not in r.jax_message:
-        asked += esc(" (an earlier computation it depends on failed)")
+    asked = esc(_asked(r))
+    if r.requested is not None:  # the bytes in bold
+        size = esc(fmt_bytes(r.requested))
+        asked = asked.replace(size, f"<b>{size}</b>", 1)
     at = _html.dim(f" at {r.called_at}") if r.called_at else ""
     parts = [_html.line(_html.bad("Out of memory"), f": <code>{esc(r.what)}</code>", asked, at)]
-    if r.limit is not None:
-        parts.append(_html.line(esc(
-            f"Device {r.device}: {fmt(r.in_use or 0)} in use of {fmt(r.limit)} (all of JAX)."
-        )))  # fmt: skip
     summary = (
-        f"tidyjax holds {fmt(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
-        f"{fmt(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
+        f"tidyjax holds {fmt_bytes(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
+        f"{fmt_bytes(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
     )
     if r.watched:
-        summary += f"; watched: {fmt(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
-    parts.append(_html.line(esc(summary + ".")))
+        summary += f"; watched: {fmt_bytes(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
+    parts += [_html.line(esc(text)) for text in (*_device_line(r), summary + ".")]
     parts.append(_holders_table(r.holders))
-    parts += [_html.line(esc(f"Watched {w}")) for w in r.watched]
-    if r.failed:
-        parts.append(_html.line(_html.dim(
-            f"Not counted: {count(len(r.failed), 'array')} whose computation failed, holding "
-            f"no memory: {', '.join(r.failed[:TOP])}."
-        )))  # fmt: skip
-    if r.donated:
-        parts.append(_html.line(esc(_donated_text(r.donated))))
-    if r.files:
-        parts.append(_html.line(esc(f"The open timeline was saved: {', '.join(r.files)}.")))
-    parts += [_html.line(esc(p)) for p in r.problems]
+    parts += [_html.line(esc(text)) for text in (*(f"Watched {w}" for w in r.watched), *_notes(r))]
     parts.append(_html.line(_html.dim(
         "To fit: free the largest holders above, wrap untracked arrays with tidyjax.adopt(), or "
         "make this request smaller."
@@ -423,29 +422,15 @@ def _holders_report() -> OOMReport:
 
     c = census()  # what memory() counts, read once: its sections agree
     broken = {r.buffer for r in c.rows if r.failed}
-    records = c.records()
     # The Tensors only: a watched raw array is in the watched section, counted there.
-    tracked = [
-        r
-        for r in records
-        if r.scope not in ("<watched>", "<untracked>") and r._buffer not in broken
-    ]
+    raws = ("<watched>", "<untracked>")
+    tracked = [r for r in c.records() if r.scope not in raws and r._buffer not in broken]
     raw = [r.array for r in c.of("untracked")]
     temporaries = _call_temporaries(_reporting.get(), raw, tuple(c.of("untracked")))
     untracked = [untracked_record(a) for a in raw if id(a) not in temporaries]
-    failed_raw = [
-        f"{describe(a)} ({fmt_bytes(int(a.nbytes))})"
-        for platform in {d.platform for d in jax.local_devices()}
-        for a in jax.live_arrays(platform)
-        if _registry.lookup(a) is None and failed(a)
-    ]
     tensor_rows = statistics(tracked, ("scope", "site"))
     untracked_rows = statistics(untracked, ("scope", "site"))
-    device = limit = in_use = None
-    stats = [(d, s) for d in jax.local_devices() if (s := _stats(d)).get("bytes_limit")]
-    if stats:
-        dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
-        device, limit, in_use = str(dev), int(s["bytes_limit"]), int(s.get("bytes_in_use", 0))
+    device, limit, in_use = _fullest_device()
     return OOMReport(
         what="",
         requested=None,
@@ -456,25 +441,40 @@ def _holders_report() -> OOMReport:
         limit=limit,
         in_use=in_use,
         holders=tuple(tensor_rows + untracked_rows),
-        failed=tuple(
-            [
-                f"{describe(r.array)} ({fmt_bytes(r.rec.size())})"
-                for r in c.rows
-                if r.failed and r.rec
-            ]
-            + failed_raw
-        ),
+        failed=_failed(c),
         files=(),
         jax_message="",
         watched=tuple(c.usage),
     )
 
 
-def _stats(dev: Any) -> dict[str, Any]:
-    try:
-        return dict(dev.memory_stats() or {})
-    except Exception:  # some backends raise instead of returning None
-        return {}
+def _failed(c: Any) -> tuple[str, ...]:
+    """The arrays alive whose computation failed (they hold nothing), described."""
+    mine = [
+        f"{describe(r.array)} ({fmt_bytes(r.rec.size())})" for r in c.rows if r.failed and r.rec
+    ]
+    return tuple(mine) + tuple(
+        f"{describe(a)} ({fmt_bytes(int(a.nbytes))})"
+        for platform in {d.platform for d in jax.local_devices()}
+        for a in jax.live_arrays(platform)
+        if _registry.lookup(a) is None and failed(a)
+    )
+
+
+def _fullest_device() -> tuple[str | None, int | None, int | None]:
+    """The device with the most memory in use, its limit and its use, where the backend says."""
+    stats = []
+    for dev in jax.local_devices():
+        try:
+            s = dict(dev.memory_stats() or {})
+        except Exception:  # some backends raise instead of returning None
+            s = {}
+        if s.get("bytes_limit"):
+            stats.append((dev, s))
+    if not stats:
+        return None, None, None
+    dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
+    return str(dev), int(s["bytes_limit"]), int(s.get("bytes_in_use", 0))
 
 
 # -- what the failed call itself holds ---------------------------------------------------------
