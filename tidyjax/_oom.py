@@ -294,9 +294,8 @@ def _asked(r: OOMReport) -> str:
 def _device_line(r: OOMReport) -> list[str]:
     if r.limit is None:
         return []
-    return [
-        f"Device {r.device}: {fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit)} (all of JAX)."
-    ]
+    use = f"{fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit)}"
+    return [f"Device {r.device}: {use} (all of JAX)."]
 
 
 def _section(head: str, more: str, rows: list[SiteStat]) -> list[str]:
