@@ -186,8 +186,8 @@ def test_memory_names_the_three_largest_holders_per_device(holders):
     text = str(m)
     assert f"1. {top[0].site}" in text and "2. watched 'model': 2 watched arrays" in text
     head, rows = _tables(m._repr_html_())[1]
-    assert head == ["device", "largest holders (top 3)", "kind", "count", "bytes"]
-    assert [r[1:] for r in rows] == [
+    assert head == ["device", "largest holders (top 3)", "kind", "count", "bytes", "shapes"]
+    assert [r[1:5] for r in rows] == [
         [str(top[0].site), "tensor", "1", "256.0 KiB"],
         ["watched 'model'", "watched", "2", "196.0 KiB"],
         [f"{top[2].site} (untracked)", "untracked", "1", "128.0 KiB"],

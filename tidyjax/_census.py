@@ -20,7 +20,7 @@ import dataclasses
 import gc
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,7 +28,7 @@ import jax
 from . import _html, _registry
 from ._arrays import failed, local_nbytes, shard_bytes
 from ._errors import check_flag
-from ._format import count, describe, esc, fmt_bytes
+from ._format import count, describe, esc, fmt_bytes, signed_bytes
 from ._jaxdoors import base_array
 from ._registry import KEPT
 from ._sites import LIBRARY_FOLDERS, Site, creation_site, library_frame
@@ -60,6 +60,7 @@ __all__ = [
     "one_per_buffer",
     "released",
     "site_label",
+    "site_table",
     "statistics",
     "summary",
     "top_per_device",
@@ -419,7 +420,7 @@ class SiteStat:
         return site_label(self.site, self.kind)
 
     def __str__(self) -> str:
-        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
+        shapes = _shapes(self.shapes)
         where = self.label if self.name is not None else site_label(self.site)  # noun: the kind
         text = f"{where}: {count(self.count, _NOUNS[self.kind])}, {fmt_bytes(self.bytes)}"
         text += f" [{shapes}]" if shapes else ""
@@ -446,6 +447,57 @@ def site_label(site: Site | None, kind: str = "tensor") -> str:
 
 
 _SCOPES = {"": ", outside every scope", "<kept>": ", kept", "<variable>": ", a Variable"}
+
+
+#: How a table names a scope marker.
+_SCOPE_NAMES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
+
+
+def site_table(
+    rows: Sequence[Any],
+    site: str = "created at",
+    bars: bool = False,
+    more: Callable[[Any], str] | None = None,
+) -> str:
+    """`SiteStat` (or ``SiteDiff``) rows as the one table every report shows: the device, the
+    kind and the scope where the rows have them, the site (its library frame dim beside it,
+    and ``more(row)``), the count and the bytes (with their changes; a bar each with
+    ``bars``), the shapes."""
+    cols: list[tuple[str, list[str]]] = []
+
+    def has(f: str) -> bool:
+        return any(getattr(r, f, None) is not None for r in rows)
+
+    if has("device"):
+        cols.append(("device", [esc(r.device) for r in rows]))
+    cols.append((site, [esc(r.label) + _via(r.site) + (more(r) if more else "") for r in rows]))
+    if len({r.kind for r in rows}) > 1:
+        cols.append(("kind", [esc(r.kind) for r in rows]))
+    if has("scope"):
+        cols.append(("scope", [esc(_SCOPE_NAMES.get(r.scope, r.scope or "")) for r in rows]))
+    cols.append(("count", [str(r.count) for r in rows]))
+    if has("count_diff"):
+        cols.append(("change", [f"{r.count_diff:+d}" for r in rows]))
+    cols.append(("bytes", [esc(fmt_bytes(r.bytes)) for r in rows]))
+    if has("bytes_diff"):
+        cols.append(("change", [esc(signed_bytes(r.bytes_diff)) for r in rows]))
+    if bars:
+        most = max((r.bytes for r in rows), default=0) or 1
+        cols.append(("", [_html.bar(r.bytes / most) for r in rows]))
+    if has("shapes"):
+        cols.append(("shapes", [esc(_shapes(r.shapes)) for r in rows]))
+    numeric = {i for i, (h, _) in enumerate(cols) if h in ("count", "change", "bytes")}
+    body = [list(cells) for cells in zip(*(c for _, c in cols), strict=True)]
+    return _html.table([h for h, _ in cols], body, numeric)
+
+
+def _via(site: Site | None) -> str:
+    lib = site.detail if site is not None else None
+    return _html.dim(f" via {library_frame(lib)}") if lib is not None else ""
+
+
+def _shapes(shapes: Mapping[str, int]) -> str:
+    return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in shapes.items())  # noqa: RUF001
 
 
 def statistics(

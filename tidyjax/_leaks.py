@@ -34,6 +34,7 @@ from ._census import (
     held,
     one_per_buffer,
     site_label,
+    site_table,
     statistics,
     tensor_records,
     untracked_record,
@@ -41,12 +42,11 @@ from ._census import (
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError, check_flag
 from ._format import count as _count
-from ._format import esc
 from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site, library_frame
+from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site
 from ._snapshot import stats_html
 from ._tensor import _ids
 from ._trees import _gather
@@ -161,32 +161,17 @@ def _bytes(records: Iterable[TensorRecord]) -> int:
 
 @_html.never_raises
 def _report_html(report: LeakReport) -> str:
-    tensors, arrays = _by_site(report.tensors), _by_site(report.arrays)
+    by_site = {"tensor": _by_site(report.tensors), "untracked": _by_site(report.arrays)}
 
-    def through(records: list[TensorRecord]) -> str:
-        return "".join(_html.dim(f" through {c}") for c in _chains(records))
+    def through(g: SiteStat) -> str:
+        chains = _chains(by_site[g.kind].get(site_label(g.site), []))
+        return "".join(_html.dim(f" through {c}") for c in chains)
 
-    rows = [
-        (esc(g.label) + through(tensors.get(site_label(g.site), [])), "tensors", g.count,
-         esc(_fmt_bytes(g.bytes)), esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
-        for g in report.groups
-    ] + [
-        (esc(site_label(g.site)) + _via(g.site) + through(arrays.get(site_label(g.site), [])),
-         "untracked arrays", g.count,
-         esc(_fmt_bytes(g.bytes)), esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
-        for g in report.array_groups
-    ]  # fmt: skip
-    header = ["created at", "kind", "count", "bytes", "shapes"]
     return _html.box(
         _html.bad(f"leak: {report._headline()}"),
-        _html.table(header, rows, numeric={2, 3}),
+        site_table(report.groups + report.array_groups, more=through),
         _html.line(_html.dim(_advice(report))),
     )
-
-
-def _via(site: Site | None) -> str:
-    lib = site.detail if site is not None else None
-    return _html.dim(f" via {library_frame(lib)}") if lib is not None else ""
 
 
 def _advice(report: LeakReport) -> str:

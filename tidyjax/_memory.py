@@ -11,12 +11,11 @@ from typing import Any
 import jax
 
 from . import _format, _html
-from ._census import Census, SiteStat, census, statistics, top_per_device
+from ._census import Census, SiteStat, census, site_table, statistics, top_per_device
 from ._errors import check_flag
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._sites import library_frame
 
 __all__ = ["ALARM_BYTES", "ALARM_SHARE", "DEVICE_TOP", "TOP_SITES", "MemoryInfo", "memory"]
 
@@ -230,9 +229,7 @@ def _memory_html(m: MemoryInfo) -> str:
         return _html.box(*parts, *_reasons(m))
     header, rows = _device_table(m)
     numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
-    return _html.box(
-        *parts, _html.table(header, rows, numeric), *_top_html(m), *_sites_html(m), *_reasons(m)
-    )
+    return _html.box(*parts, _html.table(header, rows, numeric), *_top_html(m), *_reasons(m))
 
 
 def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
@@ -280,33 +277,12 @@ def _limit_cells(s: Mapping[str, int] | None, peaks: bool) -> list[str]:
 
 
 def _top_html(m: MemoryInfo) -> list[str]:
-    """The largest holders on each device: what holds the memory, not only how much."""
-    if not m.top_sites:
-        return []
-    rows = [
-        [_format.esc(t.device), _format.esc(t.label), _format.esc(t.kind), str(t.count),
-         _format.esc(_fmt_bytes(t.bytes))]
-        for t in m.top_sites
-    ]  # fmt: skip
-    header = ["device", f"largest holders (top {DEVICE_TOP})", "kind", "count", "bytes"]
-    return [_html.table(header, rows, {3, 4})]
-
-
-def _sites_html(m: MemoryInfo) -> list[str]:
-    """The untracked arrays' largest creation sites per device, as a table (none if none)."""
-    if not m.untracked_sites:
-        return []
-    detail = any(u.site is not None and u.site.detail is not None for u in m.untracked_sites)
-    rows = []
-    for u in m.untracked_sites:
-        site = _format.esc(u.site) if u.site is not None else _html.dim("unknown")
-        row = [site, _format.esc(u.device), str(u.count), _format.esc(_fmt_bytes(u.bytes))]
-        if detail:
-            lib = u.site.detail if u.site is not None else None
-            row.append(_html.dim(_format.esc(library_frame(lib))) if lib is not None else "")
-        rows.append(row)
-    header = ["untracked arrays made at", "device", "arrays", "bytes"] + ["in library"] * detail
-    return [_html.table(header, rows, {2, 3})]
+    """The largest holders on each device (what holds the memory, not only how much), then the
+    untracked arrays' largest creation sites (none if not scanned)."""
+    tables = [site_table(m.top_sites, f"largest holders (top {DEVICE_TOP})")] * bool(m.top_sites)
+    if m.untracked_sites:
+        tables.append(site_table(m.untracked_sites, "untracked arrays made at"))
+    return tables
 
 
 def _reasons(m: MemoryInfo) -> list[str]:

@@ -325,34 +325,17 @@ def _notes(r: OOMReport) -> list[str]:
     return notes + list(r.problems)
 
 
-_HTML_SCOPES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
-
-
 def _holders_table(holders: Sequence[SiteStat], top: int = TOP) -> str:
     """The ``top`` largest tracked and untracked rows as a table with bars, and how many more."""
-    tracked = [h for h in holders if h.tracked]
-    untracked = [h for h in holders if not h.tracked]
-    shown = tracked[:top] + untracked[:top]
+    from ._census import site_table
+
+    tracked = [h for h in holders if h.tracked][:top]
+    shown = tracked + [h for h in holders if not h.tracked][:top]
     if not shown:
         return ""
-    most = max(h.bytes for h in shown) or 1
-    rows = [
-        (
-            esc(fmt_bytes(h.bytes)),
-            _html.bar(h.bytes / most),
-            esc(h.count),
-            esc(h.label),
-            esc(_HTML_SCOPES.get(h.scope or "", h.scope)) if h.tracked else _html.dim("-"),
-            "tidyjax" if h.tracked else _html.dim("untracked"),
-            esc(", ".join(f"{k} ×{n}" if n > 1 else k for k, n in h.shapes.items())),  # noqa: RUF001
-        )
-        for h in shown
-    ]
-    header = ("bytes", "", "arrays", "created at", "scope", "tracked", "shapes")
-    text = _html.table(header, rows, numeric=(0, 2))
-    more = len(tracked) + len(untracked) - len(shown)
-    if more > 0:
-        text += _html.line(_html.dim(f"... and {count(more, 'more site')}"))
+    text = site_table(shown, bars=True)
+    if len(holders) > len(shown):
+        text += _html.line(_html.dim(f"... and {count(len(holders) - len(shown), 'more site')}"))
     return text
 
 

@@ -20,12 +20,13 @@ from ._census import (
     TensorRecord,
     census,
     site_label,
+    site_table,
     statistics,
     summary,
 )
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import count as _count
-from ._format import esc, signed_bytes
+from ._format import esc
 from ._format import fmt_bytes as _fmt_bytes
 
 __all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot", "stats_html"]
@@ -98,8 +99,11 @@ class Snapshot:
     def _repr_html_(self) -> str:
         stats = self.statistics()
         title = summary(self.records + self.untracked)
-        return stats_html(title, [s for s in stats if not s.untracked]) + _untracked_html(
-            [s for s in stats if s.untracked]
+        untracked = [s for s in stats if s.untracked]
+        return stats_html(title, [s for s in stats if not s.untracked]) + (
+            _html.box(_html.line(_html.dim(_UNTRACKED_NOTE)), site_table(untracked))
+            if untracked
+            else ""
         )
 
     def __str__(self) -> str:
@@ -223,51 +227,24 @@ class SiteDiffList(list[SiteDiff]):
 def _diffs_html(diffs: list[SiteDiff]) -> str:
     if not diffs:
         return _html.box("<b>no change</b> between the snapshots")
-    head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
-    parts = [head]
+    parts = [f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"]
     for untracked in (False, True):
-        rows = [
-            (esc(d.label), d.count, f"{d.count_diff:+d}", esc(_fmt_bytes(d.bytes)),
-             esc(signed_bytes(d.bytes_diff)))
-            for d in diffs if d.untracked == untracked
-        ]  # fmt: skip
-        if not rows:
-            continue
-        if untracked:
-            parts.append(_html.line(_html.dim(_UNTRACKED_NOTE)))
-        noun = "arrays" if untracked else "tensors"
-        header = ["created at", noun, "change", "bytes", "change"]
-        parts.append(_html.table(header, rows, numeric={1, 2, 3, 4}))
+        rows = [d for d in diffs if d.untracked == untracked]
+        parts += [_html.line(_html.dim(_UNTRACKED_NOTE))] * (untracked and bool(rows))
+        parts += [site_table(rows)] * bool(rows)
     return _html.box(*parts)
 
 
 _UNTRACKED_NOTE = "untracked: jax arrays tidyjax does not own, by the line that made them"
 
 
-@_html.never_raises
-def _untracked_html(stats: list[SiteStat]) -> str:
-    """The untracked arrays' sites, a table apart from the Tensors' (none if none)."""
-    if not stats:
-        return ""
-    rows = [
-        (esc(s.label), s.count, esc(_fmt_bytes(s.bytes)),
-         esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
-        for s in stats
-    ]  # fmt: skip
-    table = _html.table(["created at", "arrays", "bytes", "shapes"], rows, numeric={1, 2})
-    return _html.box(_html.line(_html.dim(_UNTRACKED_NOTE)), table)
-
-
 def stats_html(title: str, stats: list[SiteStat], bad: bool = False, note: str = "") -> str:
+    """A title over `SiteStat` rows (none if none) and a dim note."""
+
     @_html.never_raises
     def build(_: object) -> str:
-        rows = [
-            (esc(s.label), s.count, esc(_fmt_bytes(s.bytes)),
-             esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
-            for s in stats
-        ]  # fmt: skip
         head = _html.bad(title) if bad else f"<b>{esc(title)}</b>"
-        table = _html.table(["created at", "tensors", "bytes", "shapes"], rows, numeric={1, 2})
-        return _html.box(head, table if rows else "", _html.line(_html.dim(note)) if note else "")
+        table = site_table(stats) if stats else ""
+        return _html.box(head, table, _html.line(_html.dim(note)) if note else "")
 
     return build(None)
