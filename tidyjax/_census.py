@@ -463,32 +463,27 @@ def site_table(
     kind and the scope where the rows have them, the site (its library frame dim beside it,
     and ``more(row)``), the count and the bytes (with their changes; a bar each with
     ``bars``), the shapes."""
-    cols: list[tuple[str, list[str]]] = []
+    most = max((r.bytes for r in rows), default=0) or 1
+    cols: list[tuple[str, Any, Callable[[Any], str]]] = [
+        ("device", _has(rows, "device"), lambda r: esc(r.device)),
+        (site, True, lambda r: esc(r.label) + _via(r.site) + (more(r) if more else "")),
+        ("kind", len({r.kind for r in rows}) > 1, lambda r: esc(r.kind)),
+        ("scope", _has(rows, "scope"), lambda r: esc(_SCOPE_NAMES.get(r.scope, r.scope or ""))),
+        ("count", True, lambda r: str(r.count)),
+        ("change", _has(rows, "count_diff"), lambda r: f"{r.count_diff:+d}"),
+        ("bytes", True, lambda r: esc(fmt_bytes(r.bytes))),
+        ("change", _has(rows, "bytes_diff"), lambda r: esc(signed_bytes(r.bytes_diff))),
+        ("", bars, lambda r: _html.bar(r.bytes / most)),
+        ("shapes", _has(rows, "shapes"), lambda r: esc(_shapes(r.shapes))),
+    ]
+    shown = [(h, cell) for h, present, cell in cols if present]
+    numeric = {i for i, (h, _) in enumerate(shown) if h in ("count", "change", "bytes")}
+    body = [[cell(r) for _, cell in shown] for r in rows]
+    return _html.table([h for h, _ in shown], body, numeric)
 
-    def has(f: str) -> bool:
-        return any(getattr(r, f, None) is not None for r in rows)
 
-    if has("device"):
-        cols.append(("device", [esc(r.device) for r in rows]))
-    cols.append((site, [esc(r.label) + _via(r.site) + (more(r) if more else "") for r in rows]))
-    if len({r.kind for r in rows}) > 1:
-        cols.append(("kind", [esc(r.kind) for r in rows]))
-    if has("scope"):
-        cols.append(("scope", [esc(_SCOPE_NAMES.get(r.scope, r.scope or "")) for r in rows]))
-    cols.append(("count", [str(r.count) for r in rows]))
-    if has("count_diff"):
-        cols.append(("change", [f"{r.count_diff:+d}" for r in rows]))
-    cols.append(("bytes", [esc(fmt_bytes(r.bytes)) for r in rows]))
-    if has("bytes_diff"):
-        cols.append(("change", [esc(signed_bytes(r.bytes_diff)) for r in rows]))
-    if bars:
-        most = max((r.bytes for r in rows), default=0) or 1
-        cols.append(("", [_html.bar(r.bytes / most) for r in rows]))
-    if has("shapes"):
-        cols.append(("shapes", [esc(_shapes(r.shapes)) for r in rows]))
-    numeric = {i for i, (h, _) in enumerate(cols) if h in ("count", "change", "bytes")}
-    body = [list(cells) for cells in zip(*(c for _, c in cols), strict=True)]
-    return _html.table([h for h, _ in cols], body, numeric)
+def _has(rows: Sequence[Any], field: str) -> bool:
+    return any(getattr(r, field, None) is not None for r in rows)
 
 
 def _via(site: Site | None) -> str:

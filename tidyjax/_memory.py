@@ -333,17 +333,7 @@ def memory(
         return _all_processes(scan_untracked, timeout)
     c = census(untracked=scan_untracked)
     tracked = c.of("tensor", "escaped")
-    untracked = c.of("untracked")
-    reasons = _why_unreliable(len(c.deleted), untracked)
-    scanned: dict[str, Any] = {}
-    if scan_untracked:
-        scanned = {
-            "untracked_arrays": len(untracked),
-            "untracked_bytes": sum(r.bytes for r in untracked),
-            "untracked_sites": tuple(statistics(untracked, ("device", "site"), TOP_SITES)),
-            "untracked_per_device": MappingProxyType(c.per_device("untracked")),
-            "top_sites": _holders(c),
-        }
+    reasons = _why_unreliable(len(c.deleted), c.of("untracked"))
     return MemoryInfo(
         num_tensors=sum(max(rec.n, 0) for rec in c.recs + c.deleted),
         num_data_buffers=len(tracked) + len(c.deleted),
@@ -351,12 +341,27 @@ def memory(
         bytes_per_device=MappingProxyType(c.per_device("tensor", "escaped")),
         unreliable=bool(reasons),
         reasons=reasons,
-        **{"untracked_arrays": None, "untracked_bytes": None, **scanned},
+        **_scanned(c),
         device_stats=MappingProxyType(_device_stats()),
         watched=MappingProxyType({u.name: u.bytes for u in c.usage}),
         watched_arrays=MappingProxyType({u.name: u.arrays for u in c.usage}),
         watched_per_device=MappingProxyType(c.per_device("watched")),
     )
+
+
+def _scanned(c: Census) -> dict[str, Any]:
+    """The figures of the untracked arrays, and the largest holders: None and empty unless
+    the census scanned for them."""
+    if not c.scanned:
+        return {"untracked_arrays": None, "untracked_bytes": None}
+    untracked = c.of("untracked")
+    return {
+        "untracked_arrays": len(untracked),
+        "untracked_bytes": sum(r.bytes for r in untracked),
+        "untracked_sites": tuple(statistics(untracked, ("device", "site"), TOP_SITES)),
+        "untracked_per_device": MappingProxyType(c.per_device("untracked")),
+        "top_sites": _holders(c),
+    }
 
 
 def _holders(c: Census) -> tuple[SiteStat, ...]:
@@ -406,41 +411,46 @@ _ROWS = ("untracked_sites", "top_sites")
 
 
 def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
-    reports = [
-        _from_json(d)
-        for d in gather("memory", _to_json(memory(scan_untracked=scan_untracked)), timeout)
-    ]
+    local = _to_json(memory(scan_untracked=scan_untracked))
+    reports = [_from_json(d) for d in gather("memory", local, timeout)]
     untracked = [r.untracked_arrays for r in reports]
-    summed: dict[str, Any] = {}
-    for f in (
-        "bytes_per_device",
-        "watched",
-        "watched_arrays",
-        "watched_per_device",
-        "untracked_per_device",
-    ):
-        out: dict[Any, int] = {}
-        for r in reports:
-            for k, b in getattr(r, f).items():
-                out[k] = out.get(k, 0) + b
-        summed[f] = MappingProxyType(out)
+    scanned = None not in untracked
     return MemoryInfo(
         num_tensors=sum(r.num_tensors for r in reports),
         num_data_buffers=sum(r.num_data_buffers for r in reports),
         num_bytes=sum(r.num_bytes for r in reports),
         unreliable=any(r.unreliable for r in reports),
-        reasons=tuple(
-            reason if len(reports) == 1 else f"process {i}: {reason}"
-            for i, r in enumerate(reports)
-            for reason in r.reasons
-        ),
-        untracked_arrays=None if None in untracked else sum(u or 0 for u in untracked),
-        untracked_bytes=None if None in untracked else sum(r.untracked_bytes or 0 for r in reports),
+        reasons=_reasons_of(reports),
+        untracked_arrays=sum(u or 0 for u in untracked) if scanned else None,
+        untracked_bytes=sum(r.untracked_bytes or 0 for r in reports) if scanned else None,
         device_stats=MappingProxyType({d: s for r in reports for d, s in r.device_stats.items()}),
         per_process=tuple(reports),
         **_rows(reports),
-        **summed,
+        **_summed_all(reports),
     )
+
+
+#: The fields summed key by key over the processes.
+_SUMMED = ("bytes_per_device", "watched", "watched_arrays", "watched_per_device",
+           "untracked_per_device")  # fmt: skip
+
+
+def _summed_all(reports: list[MemoryInfo]) -> dict[str, Any]:
+    return {f: MappingProxyType(_summed(reports, f)) for f in _SUMMED}
+
+
+def _summed(reports: list[MemoryInfo], field: str) -> dict[Any, int]:
+    out: dict[Any, int] = {}
+    for r in reports:
+        for k, b in getattr(r, field).items():
+            out[k] = out.get(k, 0) + b
+    return out
+
+
+def _reasons_of(reports: list[MemoryInfo]) -> tuple[str, ...]:
+    if len(reports) == 1:
+        return reports[0].reasons
+    return tuple(f"process {i}: {reason}" for i, r in enumerate(reports) for reason in r.reasons)
 
 
 def _rows(reports: list[MemoryInfo]) -> dict[str, Any]:
