@@ -175,7 +175,7 @@ def test_memory_names_the_three_largest_holders_per_device(holders):
     top = [t for t in m.top_sites if t.device == str(jax.devices()[0])]
     assert len(top) == 3
     assert [(t.kind, t.bytes, t.count) for t in top] == [
-        ("tidyjax", 256 * 1024, 1),
+        ("tensor", 256 * 1024, 1),
         ("watched", 196 * 1024, 2),
         ("untracked", 128 * 1024, 1),
     ]  # the two 32 KiB Tensors of one line (64 KiB) come fourth: not shown
@@ -184,13 +184,13 @@ def test_memory_names_the_three_largest_holders_per_device(holders):
         assert t.site is not None and os.path.basename(t.site.file) == HERE
         assert t.site.line == lines[key]
     text = str(m)
-    assert f"1. {top[0].site}" in text and "2. watched 'model' (watched)" in text
+    assert f"1. {top[0].site}" in text and "2. watched 'model': 2 watched arrays" in text
     head, rows = _tables(m._repr_html_())[1]
-    assert head == ["device", "largest holders (top 3)", "kind", "buffers", "bytes"]
-    assert [r[1:] for r in rows] == [
-        [str(top[0].site), "tidyjax", "1", "256.0 KiB"],
+    assert head == ["device", "largest holders (top 3)", "kind", "count", "bytes", "shapes"]
+    assert [r[1:5] for r in rows] == [
+        [str(top[0].site), "tensor", "1", "256.0 KiB"],
         ["watched 'model'", "watched", "2", "196.0 KiB"],
-        [str(top[2].site), "untracked", "1", "128.0 KiB"],
+        [f"{top[2].site} (untracked)", "untracked", "1", "128.0 KiB"],
     ]
     assert HERE in rows[0][1] and HERE in rows[2][1]
     unscanned = tj.memory(scan_untracked=False)

@@ -37,7 +37,7 @@ import pytest
 
 import tidyjax as tj
 import tidyjax.random as tjr
-from tidyjax._records import Site, TensorRecordList
+from tidyjax._census import Site, TensorRecordList
 from tidyjax._snapshot import SiteDiffList
 
 from .conftest import chromium

@@ -301,7 +301,7 @@ HERE = os.path.basename(__file__)
 def _untracked_here(err: tj.OutOfMemoryError) -> list[dict[str, int]]:
     """The untracked holders the report names at sites of this file (other tests' arrays may
     be alive in this process), by shapes."""
-    rows = [h for h in err.report.holders if not h.tracked and HERE in h.site]
+    rows = [h for h in err.report.holders if not h.tracked and HERE in str(h.site)]
     return sorted((dict(h.shapes) for h in rows), key=str)
 
 

@@ -77,7 +77,7 @@ def test_a_bool_or_a_numpy_bool_is_taken(flag, value, tmp_path):
 def test_every_boolean_keyword_of_the_public_api_is_checked():
     """Each parameter annotated ``bool`` of a public function, class or method exported by
     ``tidyjax`` is in FLAGS (a new flag needs its check, and its row here)."""
-    records = {"TensorRecord", "OOMHolder"}  # named tuples: data, their fields no options
+    records = {"TensorRecord", "SiteStat", "MemoryInfo"}  # data: their fields are no options
     found = set()
     for name in tj.__all__:
         obj = getattr(tj, name)

@@ -82,7 +82,7 @@ def test_check_leaks_reports_the_right_file_and_line():
     (group,) = report.groups
     # the outermost user frame inside the block; the helper that made it is its stack
     name = "test_check_leaks_reports_the_right_file_and_line"
-    assert group.site == f"{HERE}:{_line_of('SITE:leak_call')} in {name}"
+    assert str(group.site) == f"{HERE}:{_line_of('SITE:leak_call')} in {name}"
     assert f"through {HERE}:{_line_of('SITE:make_pair')} in make_pair" in str(report)
     assert group.count == 1 and group.shapes == {"float32[2]": 1}
     assert "1 tensor (8 B) created inside check_leaks() is still alive" in str(err.value)

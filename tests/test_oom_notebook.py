@@ -58,21 +58,22 @@ def test_the_report_as_html_is_a_holders_table_with_bars():
     assert f"at {HERE}:{line_of('small + huge_host()')}" in html
     header = re.search(r"<table><tr>(.*?)</tr>", html).group(1)
     assert re.findall(r"<th[^>]*>([^<]*)</th>", header) == [
-        "bytes", "", "arrays", "created at", "scope", "tracked", "shapes"
+        "created at", "kind", "scope", "count", "bytes", "", "shapes"
     ]  # fmt: skip
     rows = re.findall(r"<tr><td.*?</tr>", html)
     assert len(rows) == 3  # big, small (tracked), raw (untracked)
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in rows]
-    assert cells[0][0] == "256.0 KiB" and cells[0][4] == "train" and cells[0][5] == "tidyjax"
-    assert cells[0][3] == f"{HERE}:{line_of('HTML:big')} in {inspect.currentframe().f_code.co_name}"
-    widths = [int(re.search(r"<div style=\"width:(\d+)px;", c[1]).group(1)) for c in cells]
+    assert cells[0][4] == "256.0 KiB" and cells[0][2] == "train" and cells[0][1] == "tensor"
+    assert cells[0][0] == f"{HERE}:{line_of('HTML:big')} in {inspect.currentframe().f_code.co_name}"
+    widths = [int(re.search(r"<div style=\"width:(\d+)px;", c[5]).group(1)) for c in cells]
     assert widths[0] == 120 and widths[1] == 0 and 0 < widths[2] < 5  # scaled to the largest
-    assert "untracked" in cells[2][5] and cells[2][0] == "4.0 KiB"
+    assert "untracked" in cells[2][1] and cells[2][4] == "4.0 KiB"
     assert "<details><summary>JAX said</summary><pre>RESOURCE_EXHAUSTED" in html
 
 
 def test_the_html_escapes_and_never_raises():
-    holder = _oom.OOMHolder("<b>x.py</b>:1 in f", "s<1>", 10, 1, {"float32[1]": 1}, True)
+    site = tj.Site("<b>x.py</b>", 1, "f")
+    holder = tj.SiteStat(site, "tensor", 1, 10, {"float32[1]": 1}, scope="s<1>")
     report = _oom.OOMReport(
         "f(<x>)", 8, 10, 0, 0, None, None, None, (holder,), (), (), "RESOURCE_EXHAUSTED & <y>"
     )

@@ -22,8 +22,7 @@ import pytest
 import tidyjax as tj
 import tidyjax.numpy as tnp
 from tidyjax import _oom, _registry
-from tidyjax._oom import OOMWatched
-from tidyjax._records import Site, TensorRecord, summary
+from tidyjax._census import Site, TensorRecord, WatchedUsage, statistics, summary
 from tidyjax._watch import _watched
 
 HUGE = (10**13,)  # float32: 40 TB, more than any machine has
@@ -81,7 +80,7 @@ def test_oom_headline_counts_the_tensors_and_their_bytes_and_watched_arrays_apar
     assert all(h.scope != "<watched>" for h in report.holders)  # no watched row among them
 
     # The watched section: the same figures as memory(), a count with its bytes.
-    assert report.watched == (OOMWatched("params", 2, W_BYTES + B_BYTES, 0, 0),)
+    assert report.watched == (WatchedUsage("params", 2, W_BYTES + B_BYTES, 0, 0),)
     assert report.watched_bytes == info.watched["params"] == W_BYTES + B_BYTES
     assert report.watched_arrays == info.watched_arrays["params"] == 2
     assert "Watched (tidyjax.watch; tidyjax frees none of it): 4.0 MiB in 2 arrays:" in lines
@@ -116,7 +115,7 @@ def test_a_tensor_inside_a_watched_object_is_a_tensor_and_the_watched_row_says_s
     assert dict(info.watched_arrays) == {"params": 2}
     assert (info.num_tensors, info.num_bytes) == (1, 8)
     report = _oom_report()
-    assert report.watched == (OOMWatched("params", 2, 72, 1, 8),)
+    assert report.watched == (WatchedUsage("params", 2, 72, 1, 8),)
     lines = str(report).splitlines()
     assert lines[1].startswith("tidyjax holds 8 B in 1 tensor;")
     assert "  'params': 72 B in 2 arrays (1 tensor, 8 B, of them also counted above)" in lines
@@ -166,7 +165,7 @@ def test_live_tensors_and_snapshots_count_watched_arrays_apart_with_their_bytes(
     stats = snap.statistics()
     watched_rows = [s for s in stats if s.watched]
     tensor_rows = [s for s in stats if not s.watched]
-    assert len(watched_rows) == 1 and watched_rows[0].site.endswith(" (watched)")
+    assert len(watched_rows) == 1 and watched_rows[0].kind == "watched"
     assert (watched_rows[0].count, watched_rows[0].bytes) == (2, W_BYTES + B_BYTES)
     assert ": 2 watched arrays, 4.0 MiB [" in str(watched_rows[0])
     assert (sum(s.count for s in tensor_rows), sum(s.bytes for s in tensor_rows)) == (3, 12)
@@ -196,7 +195,7 @@ def test_rows_add_up_to_their_totals_when_one_buffer_has_holders_at_two_sites():
     assert sum(s.count for s in stats) == 3
     assert sum(s.bytes for s in stats) == 440
     assert str(snap).splitlines()[0] == "3 live tensors, 440 B"
-    rows = _oom._rows(records, tracked=True)
+    rows = statistics(records, ("scope", "site"))
     assert sum(h.count for h in rows) == 3 and sum(h.bytes for h in rows) == 440
 
 
@@ -462,6 +461,10 @@ def _kinds(records: list[TensorRecord]) -> tuple[int, int]:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_programs_every_report_agrees_on_each_kinds_bytes(seed, capsys):
+    """Every report reads one census: over random programs (aliases, raw views, Variables,
+    kept, escaped arrays, borrowed arrays, donation, a watched object, plain arrays), memory(),
+    live_tensors(), snapshot() and its statistics, the OOM report, check_leaks, the profile and
+    the timeline's replay give each kind the same bytes, and the same Tensors."""
     rng = random.Random(seed)
     warm = _Program(random.Random(seed))  # compiles what the program runs, fills caches
     for _ in range(12):
@@ -472,6 +475,9 @@ def test_random_programs_every_report_agrees_on_each_kinds_bytes(seed, capsys):
     base_untracked = base.untracked_bytes or 0
     assert base.num_bytes == 0
     program = _Program(rng)
+    watched = {"w": jnp.ones(8), "t": tj.tensor(np.ones(4, np.float32))}  # made before the check
+    tj.watch(watched, "model")
+    checker = tj.check_leaks().__enter__()
     moments = []  # after each step: (time, tidyjax bytes, untracked bytes made since) by memory()
     with tj.timeline() as tl, tj.profile() as prof:
         for _ in range(rng.randint(8, 16)):
@@ -488,20 +494,51 @@ def test_random_programs_every_report_agrees_on_each_kinds_bytes(seed, capsys):
         records = tj.live_tensors(untracked=True)
         snap = tj.snapshot()
         replay = _replay(tl)
+        oom = _oom._holders_report()
+        leaked = checker.leaked()
     capsys.readouterr()
-    assert (prof.new_bytes, prof.new_tensors) == (info.num_bytes, info.num_tensors)
-    assert prof.peak_bytes >= max(nbytes for _, nbytes, _ in moments)
+    tensor_bytes = {r._buffer: r.bytes for r in records if r.id}  # a Tensor's buffer
+    watched_tensor = watched["t"].nbytes
+    assert (prof.new_bytes, prof.new_tensors) == (info.num_bytes - watched_tensor,
+                                                  info.num_tensors - 1)  # fmt: skip
+    assert prof.peak_bytes >= max(nbytes for _, nbytes, _ in moments) - watched_tensor
     untracked = (info.untracked_bytes or 0) - base_untracked
     tracked_records, untracked_records = _kinds(records)
-    assert tracked_records == info.num_bytes == replay[0] == sum(info.bytes_per_device.values())
+    assert tracked_records == info.num_bytes == sum(info.bytes_per_device.values())
+    assert replay[0] == info.num_bytes  # the timeline starts with what is alive
     assert _kinds([*snap.records, *snap.untracked]) == (tracked_records, untracked_records)
     assert untracked_records - base_untracked == untracked == replay[1]
-    # every buffer alive in the process: tidyjax's or untracked, once (none is watched here)
-    assert _distinct_live_bytes() == info.num_bytes + (info.untracked_bytes or 0)
+    # the census's rows, grouped: each kind adds up to its total, each buffer once
+    stats = snap.statistics()
+    assert sum(s.bytes for s in stats if s.tracked) == info.num_bytes
+    assert sum(s.bytes for s in stats if s.untracked) == info.untracked_bytes
+    assert sum(s.count for s in stats if s.kind == "tensor") == info.num_tensors
+    assert sum(s.bytes for s in stats if s.watched) == sum(info.watched_per_device.values())
+    # the OOM report: the same Tensors, bytes, untracked arrays and watched object
+    assert (oom.tensors, oom.tracked_bytes) == (info.num_tensors, info.num_bytes)
+    assert (oom.untracked_arrays, oom.untracked_bytes) == (info.untracked_arrays,
+                                                            info.untracked_bytes)  # fmt: skip
+    assert [(w.name, w.bytes, w.arrays) for w in oom.watched] == [
+        ("model", info.watched["model"], info.watched_arrays["model"])
+    ]
+    # check_leaks: every Tensor made inside is alive (the watched one was made before); the
+    # plain arrays made inside that are alive are the untracked ones and the escaped buffers
+    report = tj.LeakReport(leaked)
+    assert len(report.tensors) == info.num_tensors - 1
+    assert sum({r._buffer: r.bytes for r in report.tensors}.values()) == (
+        sum(tensor_bytes.values()) - watched_tensor
+    )
+    escaped = sum(r.bytes for r in records if r.scope == "<escaped>")
+    assert sum({r._buffer: r.bytes for r in report.arrays}.values()) == untracked + escaped
+    # every buffer alive in the process: tidyjax's, watched or untracked, once
+    watched_raw = sum(info.watched_per_device.values())
+    assert _distinct_live_bytes() == info.num_bytes + watched_raw + (info.untracked_bytes or 0)
     assert info.num_tensors == len([r for r in records if r.id])
     for at, nbytes, untracked_then in moments:  # the replay equals memory() at every moment
         live = tl.live_at(at)
         assert _kinds(live) == (nbytes, untracked_then - base_untracked), at
+    tj.unwatch("model")
+    watched["t"].dispose()
     program.release()
 
 
@@ -521,7 +558,7 @@ def test_a_buffer_only_its_raw_array_holds_is_tidyjaxs_in_every_report():
     assert summary([record]) == "0 live tensors, 0 B; 1 escaped array, 3.9 KiB"
     snap = tj.snapshot(untracked=False)
     (row,) = snap.statistics()
-    assert row.site.endswith(" (escaped)") and "1 escaped array, 3.9 KiB" in str(row)
+    assert row.kind == "escaped" and "1 escaped array, 3.9 KiB" in str(row)
     kinds = [(e.kind, e.scope) for e in tl.events if e.kind in ("alloc", "free")]
     assert kinds == [("alloc", ""), ("free", ""), ("alloc", "")]
     tj.dispose(raw)

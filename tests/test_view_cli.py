@@ -558,7 +558,7 @@ def test_view_of_a_malformed_snapshot_exits_2_with_one_line(tmp_path, capsys):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         f"tidyjax view: {path} is a malformed tidyjax snapshot: tensors[0] is not as written "
-        "by dump() ('int' object has no attribute 'get')."
+        "by dump() ('int' object is not subscriptable)."
     ]
     assert not (tmp_path / "s.html").exists()
     bad = _snapshot_file(tmp_path, [_record(devices=5)], "bad.json")

@@ -8,6 +8,10 @@ from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from . import _interop, _oom
+from ._census import Site as Site
+from ._census import SiteStat as SiteStat
+from ._census import TensorRecord as TensorRecord
+from ._census import live_tensors as live_tensors
 from ._errors import CollectiveError as CollectiveError
 from ._errors import DisposedError as DisposedError
 from ._errors import LeakError as LeakError
@@ -23,10 +27,7 @@ from ._lift import jit as jit
 from ._lift import value_and_grad as value_and_grad
 from ._lift import vmap as vmap
 from ._memory import MemoryInfo as MemoryInfo
-from ._memory import TopSite as TopSite
-from ._memory import UntrackedSite as UntrackedSite
 from ._memory import memory as memory
-from ._oom import OOMHolder as OOMHolder
 from ._oom import OOMReport as OOMReport
 from ._oom import oom_report as oom_report
 from ._ops import install_tensor_methods as _install_tensor_methods
@@ -34,15 +35,11 @@ from ._ops import lift as lift
 from ._profile import KernelRecord as KernelRecord
 from ._profile import ProfileInfo as ProfileInfo
 from ._profile import profile as profile
-from ._records import Site as Site
-from ._records import TensorRecord as TensorRecord
-from ._records import live_tensors as live_tensors
 from ._scope import Scope as Scope
 from ._scope import dispose as dispose
 from ._scope import keep as keep
 from ._scope import tidy as tidy
 from ._snapshot import SiteDiff as SiteDiff
-from ._snapshot import SiteStat as SiteStat
 from ._snapshot import Snapshot as Snapshot
 from ._snapshot import snapshot as snapshot
 from ._tensor import Tensor as Tensor
@@ -80,10 +77,10 @@ __all__ = [
     # JAX interop
     "lift", "jit", "grad", "value_and_grad", "vmap", "is_tensor", "arrays", "tensors",
     # memory and reports
-    "memory", "MemoryInfo", "TopSite", "UntrackedSite", "watch", "unwatch", "profile",
+    "memory", "MemoryInfo", "watch", "unwatch", "profile",
     "ProfileInfo", "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot",
     "SiteStat", "SiteDiff", "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report",
-    "OOMReport", "OOMHolder",
+    "OOMReport",
     # notebooks
     "load_ipython_extension", "unload_ipython_extension",
     # errors

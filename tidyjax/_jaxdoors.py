@@ -51,7 +51,7 @@ distributed``)
 IPython's           a cell's name in       sites show the raw   none                (tests/test_
 ``compiler.         creation sites         ``<ipython-input>``                      inspect.py)
 _filename_map``     (the code stays in
-                    ``_records``)
+                    ``_census``)
 ==================  =====================  ===================  ==================  ===============
 """
 

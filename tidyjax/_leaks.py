@@ -26,19 +26,28 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from . import _html, _registry
-from ._arrays import failed
+from ._census import (
+    UNTRACKED,
+    SiteStat,
+    TensorRecord,
+    books,
+    held,
+    one_per_buffer,
+    site_label,
+    site_table,
+    statistics,
+    tensor_records,
+    untracked_record,
+)
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError, check_flag
 from ._format import count as _count
-from ._format import describe, esc
 from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
-from ._memory import books
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._records import UNTRACKED, TensorRecord, tensor_records, untracked_record
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site
-from ._snapshot import SiteStat, Snapshot, stats_html
+from ._snapshot import stats_html
 from ._tensor import _ids
 from ._trees import _gather
 
@@ -49,57 +58,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 _NOUN = "untracked array"
 
 
-class ArrayStat:
-    """The leaked plain arrays made at one site: how many, their bytes, their shapes, and the
-    library frame that made them when that is not the user's (``detail``)."""
-
-    __slots__ = ("bytes", "count", "detail", "shapes", "site")
-
-    def __init__(
-        self, site: str, count: int, bytes: int, shapes: dict[str, int], detail: str | None
-    ) -> None:
-        self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
-        self.detail = detail
-
-    def __str__(self) -> str:
-        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
-        via = f" (via {self.detail})" if self.detail else ""
-        return f"{self.site}: {_count(self.count, _NOUN)}, {_fmt_bytes(self.bytes)} [{shapes}]{via}"
-
-    def __repr__(self) -> str:
-        return f"ArrayStat({self.site!r}, count={self.count}, bytes={self.bytes})"
-
-
-def _array_groups(records: Iterable[TensorRecord]) -> list[ArrayStat]:
-    groups: dict[str, list[TensorRecord]] = collections.defaultdict(list)
-    for r in records:
-        groups[str(r.site) if r.site is not None else "<unknown site>"].append(r)
-    out = []
-    for site, rs in groups.items():
-        details = {_library_frame(d) for r in rs if r.site and (d := r.site.detail) is not None}
-        detail = ", ".join(sorted(details)) or None
-        nbytes = sum({r._buffer: r.bytes for r in rs}.values())
-        shapes = dict(collections.Counter(describe(r) for r in rs))
-        out.append(ArrayStat(site, len(rs), nbytes, shapes, detail))
-    return sorted(out, key=lambda g: (-g.bytes, -g.count, g.site))
-
-
-def _library_frame(site: Site) -> str:
-    """``flax/nnx/module.py:40 in __call__``: a library frame, its path from the folder of
-    installed code that holds it."""
-    folders = [f for f in INSTALLED_FOLDERS if site.file.startswith(f)]
-    if not folders:
-        return str(site)
-    return f"{site.file[len(max(folders, key=len)) :]}:{site.line} in {site.function}"
-
-
 class LeakReport:
     """What a leak check found alive: Tensors (tracked) and plain jax.Arrays (untracked),
     each grouped by creation site.
 
     ``records`` holds both; a plain array's record has id 0 and scope ``"<untracked>"``.
     ``len(report)`` counts both, ``groups`` the Tensors' sites, ``array_groups`` the plain
-    arrays' sites (``ArrayStat``: count, bytes, shapes, the library frame as ``detail``).
+    arrays' sites (`SiteStat` rows; a site's ``detail`` the library frame that made them).
     """
 
     __slots__ = ("records", "where")
@@ -121,12 +86,12 @@ class LeakReport:
     @property
     def groups(self) -> list[SiteStat]:
         """The leaked Tensors by creation site, largest first."""
-        return Snapshot(self.tensors).statistics()
+        return statistics(self.tensors)
 
     @property
-    def array_groups(self) -> list[ArrayStat]:
+    def array_groups(self) -> list[SiteStat]:
         """The leaked plain arrays by creation site, largest first."""
-        return _array_groups(self.arrays)
+        return statistics(self.arrays)
 
     @property
     def num_bytes(self) -> int:
@@ -162,7 +127,9 @@ class LeakReport:
                                 (self.array_groups, _by_site(self.arrays))):  # fmt: skip
             for g in groups:
                 lines.append(f"  {g}")
-                lines += [f"    through {chain}" for chain in _chains(by_site.get(g.site, []))]
+                lines += [
+                    f"    through {chain}" for chain in _chains(by_site.get(site_label(g.site), []))
+                ]
         lines.append(_advice(self))
         return "\n".join(lines)
 
@@ -194,25 +161,15 @@ def _bytes(records: Iterable[TensorRecord]) -> int:
 
 @_html.never_raises
 def _report_html(report: LeakReport) -> str:
-    tensors, arrays = _by_site(report.tensors), _by_site(report.arrays)
+    by_site = {"tensor": _by_site(report.tensors), "untracked": _by_site(report.arrays)}
 
-    def through(records: list[TensorRecord]) -> str:
-        return "".join(_html.dim(f" through {c}") for c in _chains(records))
+    def through(g: SiteStat) -> str:
+        chains = _chains(by_site[g.kind].get(site_label(g.site), []))
+        return "".join(_html.dim(f" through {c}") for c in chains)
 
-    rows = [
-        (esc(g.site) + through(tensors.get(g.site, [])), "tensors", g.count,
-         esc(_fmt_bytes(g.bytes)), esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
-        for g in report.groups
-    ] + [
-        (esc(g.site) + (_html.dim(f" via {g.detail}") if g.detail else "")
-         + through(arrays.get(g.site, [])), "untracked arrays", g.count,
-         esc(_fmt_bytes(g.bytes)), esc(", ".join(f"{k} ×{n}" for k, n in g.shapes.items())))  # noqa: RUF001
-        for g in report.array_groups
-    ]  # fmt: skip
-    header = ["created at", "kind", "count", "bytes", "shapes"]
     return _html.box(
         _html.bad(f"leak: {report._headline()}"),
-        _html.table(header, rows, numeric={2, 3}),
+        site_table(report.groups + report.array_groups, more=through),
         _html.line(_html.dim(_advice(report))),
     )
 
@@ -308,14 +265,6 @@ def plain_leaks(
     return out
 
 
-def _held(rec: _registry.Buffer) -> bool:
-    """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
-    if rec.n > 0:
-        return True
-    group = _registry._groups.get(id(rec)) if _registry._groups else None
-    return any(r.n > 0 and r.dead is None for r in group or ())
-
-
 def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
     """The arrays made since ``mark`` that no live Tensor holds and ``allowed`` lacks, oldest
     first: those tidyjax does not record, and recorded ones no Tensor holds any more."""
@@ -326,54 +275,23 @@ def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
         if ref is not None and ref() is a:
             continue
         rec = _registry.lookup(a)
-        if rec is None or (rec.dead is None and not _held(rec)):
+        if rec is None or (rec.dead is None and not held(rec)):
             out.append(a)
     if out:  # jax.live_arrays lists a recorded typed key as its words: that is the Tensor
         recs, _ = books()
         words = {
-            id(w) for r in recs if _held(r) for k in r.arrays() if (w := base_array(k)) is not k
+            id(w) for r in recs if held(r) for k in r.arrays() if (w := base_array(k)) is not k
         }
         out = [a for a in out if id(a) not in words]
     return out
 
 
-def _buffer_key(arr: Any) -> Any:
-    """``arr``'s buffer addresses (waited for), or None (deleted, failed, not an array)."""
-    try:
-        if arr.is_deleted() or failed(arr, wait=True):
-            return None
-    except Exception:  # not an array with a buffer
-        return None
-    return _registry.same_buffer_key(arr)
-
-
 def _one_per_buffer(arrays: list[Any], allowed: dict[int, Any]) -> list[Any]:
     """``arrays`` (oldest first) less the objects over a buffer a live Tensor holds or an
     allowed array views, one per buffer (the most shards first, then the oldest)."""
-    if not arrays:
-        return []
-    keys = [(a, _buffer_key(a)) for a in arrays]
-    kinds = {(a.shape, a.dtype) for a, key in keys if key}
-    taken: set[Any] = set()  # buffers already spoken for
-    if kinds:
-        others = [r() for r in allowed.values()]
-        recs, _ = books()
-        others += [a for r in recs if _held(r) for a in r.arrays()]
-        for a in others:
-            if a is not None and (a.shape, a.dtype) in kinds:
-                key = _buffer_key(a)
-                if key:
-                    taken.add(key)
-                    taken.update((p,) for p in key)  # its per-shard views
-    out = []
-    for a, key in sorted(keys, key=lambda pair: -len(pair[1] or ())):
-        if key:
-            if key in taken:
-                continue
-            taken.add(key)
-            taken.update((p,) for p in key)
-        out.append(a)
-    return out
+    recs, _ = books()
+    taken = [r() for r in allowed.values()] + [a for r in recs if held(r) for a in r.arrays()]
+    return one_per_buffer(arrays, taken, wait=True)
 
 
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator

@@ -1,40 +1,23 @@
-"""``memory()``: what tidyjax holds now, and whether that figure can be trusted."""
+"""``memory()``: what tidyjax holds now, and whether that figure can be trusted. Its figures are
+sums over one census (`_census`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import jax
 
-from . import _format, _html, _registry
-from ._arrays import failed, local_nbytes, shard_bytes
+from . import _format, _html
+from ._census import Census, SiteStat, census, site_table, statistics, top_per_device
 from ._errors import check_flag
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
-from ._jaxdoors import base_array
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._sites import INSTALLED_FOLDERS, Site, creation_site
-from ._watch import watched as _watched
 
-__all__ = [
-    "ALARM_BYTES",
-    "ALARM_SHARE",
-    "DEVICE_TOP",
-    "TOP_SITES",
-    "MemoryInfo",
-    "TopSite",
-    "UntrackedSite",
-    "WatchedUsage",
-    "buffer_id",
-    "find_untracked",
-    "memory",
-    "untracked_sites",
-    "watched_ids",
-    "watched_usage",
-]
+__all__ = ["ALARM_BYTES", "ALARM_SHARE", "DEVICE_TOP", "TOP_SITES", "MemoryInfo", "memory"]
 
 #: How many creation sites of untracked arrays ``memory()`` names per device, largest first.
 TOP_SITES = 5
@@ -49,67 +32,11 @@ ALARM_BYTES = 1 << 20
 ALARM_SHARE = 0.01
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class TopSite:
-    """One of the largest holders of memory on a device, as ``memory().top_sites`` lists them.
-
-    Attributes:
-        device: the device, as a string (``"cuda:0"``).
-        kind: ``"tidyjax"`` (Tensors' buffers), ``"watched"`` (arrays of an object given to
-            ``tidyjax.watch`` that no Tensor holds) or ``"untracked"`` (other jax arrays).
-        site: where the arrays were made (the user's line), or None for a watched object or
-            where JAX kept no traceback.
-        name: the watched object's name, for ``kind == "watched"``; else None.
-        count: how many buffers.
-        bytes: their bytes on that device.
-    """
-
-    device: str
-    kind: str
-    site: Site | None
-    name: str | None
-    count: int
-    bytes: int
-
-    @property
-    def label(self) -> str:
-        """What holds the bytes: the site, or the watched object's name."""
-        if self.name is not None:
-            return f"watched {self.name!r}"
-        return str(self.site) if self.site is not None else "<unknown site>"
-
-    def __str__(self) -> str:
-        held = f"{_fmt_bytes(self.bytes)} in {_count(self.count, 'buffer')}"
-        return f"{self.label} ({self.kind}): {held}"
+def _empty() -> Any:
+    return dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class UntrackedSite:
-    """Untracked jax arrays made at one site and held on one device, as
-    ``memory().untracked_sites`` lists them.
-
-    Attributes:
-        device: the device, as a string (``"cuda:0"``).
-        site: the user's line that made them (a [`Site`][tidyjax.Site]; its ``detail`` the library
-            frame, such as ``flax/nnx/...``), or None where JAX kept no traceback.
-        count: how many arrays.
-        bytes: their bytes on that device (a replicated array counts on each device).
-    """
-
-    device: str
-    site: Site | None
-    count: int
-    bytes: int
-
-    def __str__(self) -> str:
-        where = str(self.site) if self.site is not None else "<unknown site>"
-        return f"{where}: {_fmt_bytes(self.bytes)} in {_count(self.count, 'array')}"
-
-    def __repr__(self) -> str:
-        site = str(self.site) if self.site is not None else None
-        return f"UntrackedSite({self.device!r}, {site!r}, count={self.count}, bytes={self.bytes})"
-
-
+@dataclasses.dataclass(frozen=True)
 class MemoryInfo:
     """An immutable snapshot of tidyjax's accounting, as returned by [`memory`][tidyjax.memory].
 
@@ -127,8 +54,8 @@ class MemoryInfo:
             when not scanned).
         untracked_bytes: their bytes (``None`` when not scanned).
         untracked_sites: where those were made: on each device, its `TOP_SITES` largest creation
-            sites as [`UntrackedSite`][tidyjax.UntrackedSite] rows (device, site, count, bytes), by
-            device, then largest first; empty when not scanned.
+            sites as [`SiteStat`][tidyjax.SiteStat] rows (``device``, ``site``, ``count``,
+            ``bytes``), by device, then largest first; empty when not scanned.
         device_stats: ``Device.memory_stats()`` per device where the backend reports it
             (GPU/TPU); empty on CPU.
         per_process: with ``memory(all_processes=True)``, each process's report in
@@ -144,29 +71,11 @@ class MemoryInfo:
         untracked_per_device: the untracked arrays' bytes on each device (empty when not
             scanned).
         total_per_device: on each device, tidyjax's + watched + untracked bytes (property).
-        top_sites: on each device, its `DEVICE_TOP` largest holders as ``TopSite`` rows
-            (Tensors by creation site, watched objects by name, untracked arrays by creation
-            site), by device, then largest first; empty when not scanned.
+        top_sites: on each device, its `DEVICE_TOP` largest holders as
+            [`SiteStat`][tidyjax.SiteStat] rows (Tensors by creation site, watched objects by
+            ``name``, untracked arrays by creation site), by device, then largest first; empty
+            when not scanned.
     """
-
-    __slots__ = (
-        "bytes_per_device",
-        "device_stats",
-        "num_bytes",
-        "num_data_buffers",
-        "num_tensors",
-        "per_process",
-        "reasons",
-        "top_sites",
-        "unreliable",
-        "untracked_arrays",
-        "untracked_bytes",
-        "untracked_per_device",
-        "untracked_sites",
-        "watched",
-        "watched_arrays",
-        "watched_per_device",
-    )
 
     num_tensors: int
     num_data_buffers: int
@@ -176,35 +85,14 @@ class MemoryInfo:
     reasons: tuple[str, ...]
     untracked_arrays: int | None
     untracked_bytes: int | None
-    untracked_sites: tuple[UntrackedSite, ...]
-    device_stats: Mapping[Any, Mapping[str, int]]
-    per_process: tuple[MemoryInfo, ...] | None
-    watched: Mapping[str, int]
-    watched_arrays: Mapping[str, int]
-    watched_per_device: Mapping[Any, int]
-    untracked_per_device: Mapping[Any, int]
-    top_sites: tuple[TopSite, ...]
-
-    def __init__(self, **fields: Any) -> None:
-        fields.setdefault("per_process", None)
-        fields.setdefault("untracked_sites", ())
-        fields.setdefault("watched", MappingProxyType({}))
-        fields.setdefault("watched_arrays", MappingProxyType({}))
-        fields.setdefault("watched_per_device", MappingProxyType({}))
-        fields.setdefault("untracked_per_device", MappingProxyType({}))
-        fields.setdefault("top_sites", ())
-        for name in self.__slots__:
-            object.__setattr__(self, name, fields[name])
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("MemoryInfo is immutable")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MemoryInfo):
-            return NotImplemented
-        return all(
-            getattr(self, n) == getattr(other, n) for n in self.__slots__ if n != "per_process"
-        )
+    untracked_sites: tuple[SiteStat, ...] = ()
+    device_stats: Mapping[Any, Mapping[str, int]] = _empty()
+    per_process: tuple[MemoryInfo, ...] | None = dataclasses.field(default=None, compare=False)
+    watched: Mapping[str, int] = _empty()
+    watched_arrays: Mapping[str, int] = _empty()
+    watched_per_device: Mapping[Any, int] = _empty()
+    untracked_per_device: Mapping[Any, int] = _empty()
+    top_sites: tuple[SiteStat, ...] = ()
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -289,7 +177,7 @@ def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def _top_of(m: MemoryInfo, d: Any) -> list[TopSite]:
+def _top_of(m: MemoryInfo, d: Any) -> list[SiteStat]:
     return [t for t in m.top_sites if t.device == str(d)]
 
 
@@ -334,102 +222,67 @@ def _memory_html(m: MemoryInfo) -> str:
     untracked arrays' row) against the largest of them; JAX's own totals against each
     device's limit. Where watched or untracked arrays add to a device, its total with each
     part; then the largest holders on each device."""
-    head = f"<b>tidyjax memory</b>: {_format.esc(_headline(m))}"
-    stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
-    devices = _devices(m)
-    untracked = m.untracked_arrays or 0
-    parts = [head]
+    parts = [f"<b>tidyjax memory</b>: {_format.esc(_headline(m))}"]
     if not m.bytes_per_device and not m.num_data_buffers:
         parts.append(_html.line("nothing tracked: no live tensors"))
-    if not devices and not untracked and not m.watched:
+    if not _devices(m) and not m.untracked_arrays and not m.watched:
         return _html.box(*parts, *_reasons(m))
-    extra = [*m.watched.values(), (m.untracked_bytes or 0) if untracked else 0]
-    top = max([*m.bytes_per_device.values(), *extra]) or 1
+    header, rows = _device_table(m)
+    numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
+    return _html.box(*parts, _html.table(header, rows, numeric), *_top_html(m), *_reasons(m))
+
+
+def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
+    """The devices' rows, then a row per watched object and one for the untracked arrays."""
+    stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
+    esc, fmt = _format.esc, _fmt_bytes
+    top = max([*m.bytes_per_device.values(), *m.watched.values(), m.untracked_bytes or 0]) or 1
     parted = any(m.watched_per_device.values()) or any(m.untracked_per_device.values())
     peaks = any("peak_bytes_in_use" in s for s in stats.values())
     header = ["device", "tidyjax bytes", ""]
-    if parted:
-        header += ["+ watched", "+ untracked", "= total on device"]
-    if stats:
-        header += ["in use (all of JAX)", "limit", ""]
-        if peaks:
-            header.append("peak (all of JAX)")
+    header += ["+ watched", "+ untracked", "= total on device"] * parted
+    header += (["in use (all of JAX)", "limit", ""] + ["peak (all of JAX)"] * peaks) * bool(stats)
     rows: list[list[str]] = []
-    for d in devices:
+    for d in _devices(m):
         b = m.bytes_per_device.get(d, 0)
-        row = [_format.esc(d), _format.esc(_fmt_bytes(b)), _html.bar(b / top)]
+        row = [esc(d), esc(fmt(b)), _html.bar(b / top)]
         if parted:
             w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
             unscanned = _html.dim("not scanned") if m.untracked_arrays is None else None
-            row += [_format.esc(_fmt_bytes(w)), unscanned or _format.esc(_fmt_bytes(u)),
-                    _format.esc(_fmt_bytes(b + w + u))]  # fmt: skip
+            row += [esc(fmt(w)), unscanned or esc(fmt(u)), esc(fmt(b + w + u))]
         if stats:
-            s = stats.get(d)
-            if s:
-                used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-                row += [_format.esc(f"{_fmt_bytes(used)} ({_share(used, limit)})"),
-                        _format.esc(_fmt_bytes(limit)), _html.bar(used / limit)]  # fmt: skip
-                if peaks:
-                    peak = s.get("peak_bytes_in_use")
-                    row.append("" if peak is None else _format.esc(_fmt_bytes(peak)))
-            else:
-                row += [""] * (4 if peaks else 3)
+            row += _limit_cells(stats.get(d), peaks)
         rows.append(row)
     pad = [""] * (len(header) - 3)
-    for name, b in m.watched.items():
-        n = m.watched_arrays.get(name, 0)
-        label = f"watched {name!r} (tidyjax.watch): {_count(n, 'array')}"
-        rows.append([_format.esc(label), _format.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
-    if untracked:
-        b = m.untracked_bytes or 0
-        label = f"untracked: {_count(untracked, 'jax array')} (not tidyjax)"
-        rows.append([_format.esc(label), _format.esc(_fmt_bytes(b)), _html.bar(b / top), *pad])
-    numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
-    return _html.box(
-        *parts, _html.table(header, rows, numeric), *_top_html(m), *_sites_html(m), *_reasons(m)
-    )
+    extra = [(f"watched {name!r} (tidyjax.watch): {_count(m.watched_arrays.get(name, 0), 'array')}",
+              b) for name, b in m.watched.items()]  # fmt: skip
+    if m.untracked_arrays:
+        extra.append((f"untracked: {_count(m.untracked_arrays, 'jax array')} (not tidyjax)",
+                      m.untracked_bytes or 0))  # fmt: skip
+    rows += [[esc(label), esc(fmt(b)), _html.bar(b / top), *pad] for label, b in extra]
+    return header, rows
+
+
+def _limit_cells(s: Mapping[str, int] | None, peaks: bool) -> list[str]:
+    """JAX's own use on a device against its limit (and its peak), or blanks."""
+    if not s:
+        return [""] * (4 if peaks else 3)
+    used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
+    cells = [_format.esc(f"{_fmt_bytes(used)} ({_share(used, limit)})"),
+             _format.esc(_fmt_bytes(limit)), _html.bar(used / limit)]  # fmt: skip
+    if peaks:
+        peak = s.get("peak_bytes_in_use")
+        cells.append("" if peak is None else _format.esc(_fmt_bytes(peak)))
+    return cells
 
 
 def _top_html(m: MemoryInfo) -> list[str]:
-    """The largest holders on each device: what holds the memory, not only how much."""
-    if not m.top_sites:
-        return []
-    rows = [
-        [_format.esc(t.device), _format.esc(t.label), _format.esc(t.kind), str(t.count),
-         _format.esc(_fmt_bytes(t.bytes))]
-        for t in m.top_sites
-    ]  # fmt: skip
-    header = ["device", f"largest holders (top {DEVICE_TOP})", "kind", "buffers", "bytes"]
-    return [_html.table(header, rows, {3, 4})]
-
-
-def _sites_html(m: MemoryInfo) -> list[str]:
-    """The untracked arrays' largest creation sites per device, as a table (none if none)."""
-    if not m.untracked_sites:
-        return []
-    detail = any(u.site is not None and u.site.detail is not None for u in m.untracked_sites)
-    rows = []
-    for u in m.untracked_sites:
-        site = _format.esc(u.site) if u.site is not None else _html.dim("unknown")
-        row = [site, _format.esc(u.device), str(u.count), _format.esc(_fmt_bytes(u.bytes))]
-        if detail:
-            lib = u.site.detail if u.site is not None else None
-            row.append(_html.dim(_format.esc(library_frame(lib))) if lib is not None else "")
-        rows.append(row)
-    header = ["untracked arrays made at", "device", "arrays", "bytes"]
-    if detail:
-        header.append("in library")
-    return [_html.table(header, rows, {2, 3})]
-
-
-def library_frame(site: Site) -> str:
-    """A library frame (``Site.detail``) named from its package: ``flax/nnx/rnglib.py:12 in
-    __call__``, not the full path into site-packages."""
-    file = site.file
-    folders = [f for f in INSTALLED_FOLDERS if file.startswith(f)]
-    if folders:
-        file = file[len(max(folders, key=len)) :]  # the innermost: site-packages in a venv
-    return f"{file}:{site.line} in {site.function}"
+    """The largest holders on each device (what holds the memory, not only how much), then the
+    untracked arrays' largest creation sites (none if not scanned)."""
+    tables = [site_table(m.top_sites, f"largest holders (top {DEVICE_TOP})")] * bool(m.top_sites)
+    if m.untracked_sites:
+        tables.append(site_table(m.untracked_sites, "untracked arrays made at"))
+    return tables
 
 
 def _reasons(m: MemoryInfo) -> list[str]:
@@ -478,434 +331,154 @@ def memory(
     all_processes = check_flag(all_processes, "all_processes", "memory()")
     if all_processes:
         return _all_processes(scan_untracked, timeout)
-    recs, deleted = books()
-    num_tensors = sum(max(rec.n, 0) for rec in recs + deleted)
-    num_bytes = 0
-    per_device: dict[Any, int] = {}
-    recs = _registry.distinct(recs)  # records over one buffer count once
-    holders = _Holders() if scan_untracked else None
-    for rec in recs:
-        if failed(rec.array()):  # never allocated (aliases share its state): holds nothing
-            continue
-        num_bytes += rec.size()
-        spread = _registry.device_bytes(rec)
-        for dev, b in spread.items():
-            per_device[dev] = per_device.get(dev, 0) + b
-        if holders is not None:
-            holders.add("tidyjax", creation_site(rec.array()), None, spread.items())
-    deleted_outside = len(deleted)
-    watched = _watched()
-    usage = watched_usage(watched)
-    watched_devices = _watched_per_device(watched, holders)
+    c = census(untracked=scan_untracked)
+    tracked = c.of("tensor", "escaped")
+    reasons = _why_unreliable(len(c.deleted), c.of("untracked"))
+    return MemoryInfo(
+        num_tensors=sum(max(rec.n, 0) for rec in c.recs + c.deleted),
+        num_data_buffers=len(tracked) + len(c.deleted),
+        num_bytes=sum(r.bytes for r in tracked),
+        bytes_per_device=MappingProxyType(c.per_device("tensor", "escaped")),
+        unreliable=bool(reasons),
+        reasons=reasons,
+        **_scanned(c),
+        device_stats=MappingProxyType(_device_stats()),
+        watched=MappingProxyType({u.name: u.bytes for u in c.usage}),
+        watched_arrays=MappingProxyType({u.name: u.arrays for u in c.usage}),
+        watched_per_device=MappingProxyType(c.per_device("watched")),
+    )
 
-    reasons: list[str] = []
-    if deleted_outside:
+
+def _scanned(c: Census) -> dict[str, Any]:
+    """The figures of the untracked arrays, and the largest holders: None and empty unless
+    the census scanned for them."""
+    if not c.scanned:
+        return {"untracked_arrays": None, "untracked_bytes": None}
+    untracked = c.of("untracked")
+    return {
+        "untracked_arrays": len(untracked),
+        "untracked_bytes": sum(r.bytes for r in untracked),
+        "untracked_sites": tuple(statistics(untracked, ("device", "site"), TOP_SITES)),
+        "untracked_per_device": MappingProxyType(c.per_device("untracked")),
+        "top_sites": _holders(c),
+    }
+
+
+def _holders(c: Census) -> tuple[SiteStat, ...]:
+    """On each device, its `DEVICE_TOP` largest holders: sites of Tensors and of untracked
+    arrays, watched objects by name."""
+    rows = statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
+    rows += statistics(c.of("watched"), ("device", "name"))
+    return tuple(top_per_device(rows, DEVICE_TOP))
+
+
+def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
+    reasons = []
+    if deleted:
         reasons.append(
-            f"{_count(deleted_outside, 'buffer')} held by live Tensors "
-            f"{'was' if deleted_outside == 1 else 'were'} deleted outside tidyjax "
+            f"{_count(deleted, 'buffer')} held by live Tensors "
+            f"{'was' if deleted == 1 else 'were'} deleted outside tidyjax "
             "(jax.Array.delete() or donation through raw jax.jit); those Tensors are unusable."
         )
-    untracked_arrays = untracked_bytes = None
-    sites: tuple[UntrackedSite, ...] = ()
-    untracked_devices: dict[Any, int] = {}
-    if holders is not None:
-        untracked = find_untracked(recs, watched_ids(watched))
-        untracked_arrays = len(untracked)
-        untracked_bytes = sum(int(a.nbytes) for a in untracked)
-        sites = untracked_sites(untracked)
-        for arr in untracked:
-            shares = tuple(_device_bytes(arr))
-            for dev, b in shares:
-                untracked_devices[dev] = untracked_devices.get(dev, 0) + b
-            holders.add("untracked", creation_site(arr), None, shares)
-        if untracked_arrays:
-            reasons.append(
-                f"{_count(untracked_arrays, 'jax array')} ({_fmt_bytes(untracked_bytes or 0)}) "
-                f"alive in this process {'is' if untracked_arrays == 1 else 'are'} not owned by "
-                "tidyjax; wrap them with tidyjax.adopt(), delete them, or tidyjax.watch() the "
-                "object holding them (a model, an optimizer) to make the figures complete."
-            )
-    device_stats: dict[Any, Mapping[str, int]] = {}
+    if untracked:
+        n, b = len(untracked), sum(r.bytes for r in untracked)
+        reasons.append(
+            f"{_count(n, 'jax array')} ({_fmt_bytes(b)}) alive in this process "
+            f"{'is' if n == 1 else 'are'} not owned by tidyjax; wrap them with tidyjax.adopt(), "
+            "delete them, or tidyjax.watch() the object holding them (a model, an optimizer) to "
+            "make the figures complete."
+        )
+    return tuple(reasons)
+
+
+def _device_stats() -> dict[Any, Mapping[str, int]]:
+    out: dict[Any, Mapping[str, int]] = {}
     for dev in jax.local_devices():
         try:
             stats = dev.memory_stats()
         except Exception:  # some backends raise instead of returning None
             stats = None
         if stats:
-            device_stats[dev] = MappingProxyType(dict(stats))
-    return MemoryInfo(
-        num_tensors=num_tensors,
-        num_data_buffers=len(recs) + deleted_outside,
-        num_bytes=num_bytes,
-        bytes_per_device=MappingProxyType(per_device),
-        unreliable=bool(reasons),
-        reasons=tuple(reasons),
-        untracked_arrays=untracked_arrays,
-        untracked_bytes=untracked_bytes,
-        untracked_sites=sites,
-        device_stats=MappingProxyType(device_stats),
-        watched=MappingProxyType({name: u.bytes for name, u in usage.items()}),
-        watched_arrays=MappingProxyType({name: u.arrays for name, u in usage.items()}),
-        watched_per_device=MappingProxyType(watched_devices),
-        untracked_per_device=MappingProxyType(untracked_devices),
-        top_sites=holders.top() if holders is not None else (),
-    )
-
-
-class _Holders:
-    """Bytes per device by holder (kind, site, watched name), for ``top_sites``."""
-
-    def __init__(self) -> None:
-        # (device name, kind, site, name) -> [buffers, bytes]; a key keeps the first site seen
-        self.groups: dict[tuple[str, str, Site | None, str | None], list[int]] = {}
-
-    def add(
-        self, kind: str, site: Site | None, name: str | None, spread: Iterable[tuple[Any, int]]
-    ) -> None:
-        for dev, b in spread:
-            row = self.groups.setdefault((str(dev), kind, site, name), [0, 0])
-            row[0] += 1
-            row[1] += b
-
-    def top(self, n: int = DEVICE_TOP) -> tuple[TopSite, ...]:
-        by_device: dict[str, list[TopSite]] = {}
-        for (dev, kind, site, name), (count, b) in self.groups.items():
-            by_device.setdefault(dev, []).append(TopSite(dev, kind, site, name, count, b))
-        out: list[TopSite] = []
-        for dev in sorted(by_device):
-            rows = by_device[dev]
-            rows.sort(key=lambda t: (-t.bytes, -t.count, t.label))
-            out += rows[:n]
-        return tuple(out)
-
-
-def _watched_per_device(
-    found: Mapping[str, list[tuple[str, Any]]], holders: _Holders | None
-) -> dict[Any, int]:
-    """Bytes of the watched arrays no Tensor holds, per device, each buffer once over all the
-    names (the first name that holds it claims it for ``holders``)."""
-    out: dict[Any, int] = {}
-    seen: set[int] = set()
-    for name, pairs in found.items():
-        for _, arr in pairs:
-            rec = _registry.lookup(arr)
-            if failed(arr) or (rec is not None and not released(rec)):  # nothing, or a Tensor's
-                continue
-            base = base_array(arr)
-            if id(base) in seen:
-                continue
-            seen.add(id(base))
-            spread = tuple(_device_bytes(base))
-            for dev, b in spread:
-                out[dev] = out.get(dev, 0) + b
-            if holders is not None:
-                holders.add("watched", None, name, spread)
+            out[dev] = MappingProxyType(dict(stats))
     return out
 
 
-class WatchedUsage:
-    """What one watched object holds now, as every report counts it: its arrays (each buffer
-    once; none whose computation failed) and their bytes, and how many of them are Tensors'
-    (tidyjax tracks those, so they count among the Tensors too)."""
+# -- over the processes of a job: each one's report as JSON, summed ----------------------------
 
-    __slots__ = ("arrays", "bytes", "tensor_bytes", "tensors")
-
-    def __init__(self, arrays: int, bytes: int, tensors: int, tensor_bytes: int) -> None:
-        self.arrays, self.bytes, self.tensors, self.tensor_bytes = (
-            arrays,
-            bytes,
-            tensors,
-            tensor_bytes,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"WatchedUsage(arrays={self.arrays}, bytes={self.bytes}, tensors={self.tensors}, "
-            f"tensor_bytes={self.tensor_bytes})"
-        )
-
-
-def watched_usage(
-    found: Mapping[str, list[tuple[str, Any]]] | None = None,
-) -> dict[str, WatchedUsage]:
-    """Each watched name's `WatchedUsage`, from ``found`` (``_watch.watched()``; by
-    default, read now): the one count behind ``memory().watched`` and the reports."""
-    if found is None:
-        found = _watched()
-    out: dict[str, WatchedUsage] = {}
-    for name, pairs in found.items():
-        arrays = nbytes = tensors = tensor_bytes = 0
-        seen: set[Any] = set()
-        for _, arr in pairs:
-            if failed(arr):  # never allocated: holds nothing
-                continue
-            rec = _registry.lookup(arr)
-            if rec is not None and released(rec):  # the caller's plain array again
-                rec = None
-            key = buffer_id(rec) if rec is not None else id(arr)
-            if key in seen:  # two objects over one recorded buffer: once
-                continue
-            seen.add(key)
-            b = _own_bytes(arr)
-            arrays += 1
-            nbytes += b
-            if rec is not None:
-                tensors += 1
-                tensor_bytes += b
-        out[name] = WatchedUsage(arrays, nbytes, tensors, tensor_bytes)
-    return out
-
-
-def books() -> tuple[list[_registry.Buffer], list[_registry.Buffer]]:
-    """The records every report counts: ``_registry.live()`` (the live records, and those
-    deleted behind tidyjax's back that live Tensors still hold) less what is no longer
-    tidyjax's to count:
-
-    * a caller's own array (``owned`` False: handed to ``tensors()``, or a lifted call's input
-      that came back) that no live Tensor holds any more: the caller's plain array again,
-      untracked, as before tidyjax saw it (`released`);
-    * a buffer deleted behind tidyjax's back (a raw ``jax.jit`` donation, ``delete()``) whose
-      owner scope has exited: that scope would have disposed its Tensors, and a deleted buffer
-      holds nothing.
-
-    Records over one buffer are all listed (``_registry.distinct`` keeps one).
-    """
-    alive, deleted = _registry.live()
-    if any(released(r) for r in alive):
-        alive = [r for r in alive if not released(r)]
-    deleted = [r for r in deleted if not getattr(r.scope, "exited", False)]
-    return alive, deleted
-
-
-def released(rec: _registry.Buffer) -> bool:
-    """Whether ``rec`` is a caller's own array (never deleted by tidyjax) that no live Tensor
-    holds: the reports count it as the plain array it is (see `books`); a Tensor on it makes
-    it counted again. A buffer tidyjax owns stays tidyjax's while only raw arrays hold it (an
-    escaped ``t.array``): its scope, or ``dispose`` of the raw array, frees it."""
-    return rec.n <= 0 and not rec.owned and rec.dead is None
-
-
-def buffer_id(rec: _registry.Buffer) -> int:
-    """One id per device buffer: a group of records over one buffer shares its group's."""
-    group = _registry._groups.get(id(rec)) if _registry._groups else None
-    return id(rec) if group is None else id(group)
-
-
-def _own_bytes(arr: Any) -> int:
-    return 0 if failed(arr) else local_nbytes(base_array(arr))
-
-
-def watched_ids(watched: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
-    """The ids of the watched arrays, as ``jax.live_arrays()`` lists them (a typed PRNG key
-    appears there as its array of words)."""
-    return {id(base_array(a)) for found in watched.values() for _, a in found}
+#: The fields keyed by device (by id in the JSON), and those holding `SiteStat` rows.
+_BY_DEVICE = ("bytes_per_device", "device_stats", "watched_per_device", "untracked_per_device")
+_ROWS = ("untracked_sites", "top_sites")
 
 
 def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
-    local = memory(scan_untracked=scan_untracked)
-    reports = [_from_json(d) for d in gather("memory", _to_json(local), timeout)]
-    per_device: dict[Any, int] = {}
-    stats: dict[Any, Mapping[str, int]] = {}
-    for r in reports:
-        for d, b in r.bytes_per_device.items():
-            per_device[d] = per_device.get(d, 0) + b
-        stats.update(r.device_stats)
+    local = _to_json(memory(scan_untracked=scan_untracked))
+    reports = [_from_json(d) for d in gather("memory", local, timeout)]
     untracked = [r.untracked_arrays for r in reports]
+    scanned = None not in untracked
     return MemoryInfo(
         num_tensors=sum(r.num_tensors for r in reports),
         num_data_buffers=sum(r.num_data_buffers for r in reports),
         num_bytes=sum(r.num_bytes for r in reports),
-        bytes_per_device=MappingProxyType(per_device),
         unreliable=any(r.unreliable for r in reports),
-        reasons=tuple(
-            reason if len(reports) == 1 else f"process {i}: {reason}"
-            for i, r in enumerate(reports)
-            for reason in r.reasons
-        ),
-        untracked_arrays=None if None in untracked else sum(u or 0 for u in untracked),
-        untracked_bytes=None if None in untracked else sum(r.untracked_bytes or 0 for r in reports),
-        untracked_sites=tuple(u for r in reports for u in r.untracked_sites),  # devices differ
-        device_stats=MappingProxyType(stats),
+        reasons=_reasons_of(reports),
+        untracked_arrays=sum(u or 0 for u in untracked) if scanned else None,
+        untracked_bytes=sum(r.untracked_bytes or 0 for r in reports) if scanned else None,
+        device_stats=MappingProxyType({d: s for r in reports for d, s in r.device_stats.items()}),
         per_process=tuple(reports),
-        watched=MappingProxyType(_sum_watched(reports, "watched")),
-        watched_arrays=MappingProxyType(_sum_watched(reports, "watched_arrays")),
-        watched_per_device=MappingProxyType(_merge(reports, "watched_per_device")),
-        untracked_per_device=MappingProxyType(_merge(reports, "untracked_per_device")),
-        top_sites=tuple(t for r in reports for t in r.top_sites),  # devices differ
+        **_rows(reports),
+        **_summed_all(reports),
     )
 
 
-def _merge(reports: list[MemoryInfo], field: str) -> dict[Any, int]:
+#: The fields summed key by key over the processes.
+_SUMMED = ("bytes_per_device", "watched", "watched_arrays", "watched_per_device",
+           "untracked_per_device")  # fmt: skip
+
+
+def _summed_all(reports: list[MemoryInfo]) -> dict[str, Any]:
+    return {f: MappingProxyType(_summed(reports, f)) for f in _SUMMED}
+
+
+def _summed(reports: list[MemoryInfo], field: str) -> dict[Any, int]:
     out: dict[Any, int] = {}
     for r in reports:
-        for d, b in getattr(r, field).items():
-            out[d] = out.get(d, 0) + b
+        for k, b in getattr(r, field).items():
+            out[k] = out.get(k, 0) + b
     return out
 
 
-def _sum_watched(reports: list[MemoryInfo], field: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in reports:
-        for name, b in getattr(r, field).items():
-            out[name] = out.get(name, 0) + b
-    return out
+def _reasons_of(reports: list[MemoryInfo]) -> tuple[str, ...]:
+    if len(reports) == 1:
+        return reports[0].reasons
+    return tuple(f"process {i}: {reason}" for i, r in enumerate(reports) for reason in r.reasons)
+
+
+def _rows(reports: list[MemoryInfo]) -> dict[str, Any]:
+    return {f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS}  # devices differ
 
 
 def _to_json(m: MemoryInfo) -> dict[str, Any]:
-    return {
-        "num_tensors": m.num_tensors,
-        "num_data_buffers": m.num_data_buffers,
-        "num_bytes": m.num_bytes,
-        "bytes_per_device": {str(d.id): b for d, b in m.bytes_per_device.items()},
-        "reasons": list(m.reasons),
-        "untracked_arrays": m.untracked_arrays,
-        "untracked_bytes": m.untracked_bytes,
-        "untracked_sites": [_site_to_json(u) for u in m.untracked_sites],
-        "device_stats": {str(d.id): dict(s) for d, s in m.device_stats.items()},
-        "watched": dict(m.watched),
-        "watched_arrays": dict(m.watched_arrays),
-        "watched_per_device": {str(d.id): b for d, b in m.watched_per_device.items()},
-        "untracked_per_device": {str(d.id): b for d, b in m.untracked_per_device.items()},
-        "top_sites": [_top_to_json(t) for t in m.top_sites],
-    }
-
-
-def _frame_to_json(s: Site | None) -> dict[str, Any] | None:
-    return None if s is None else {"file": s.file, "line": s.line, "function": s.function}
-
-
-def _frame_from_json(f: dict[str, Any] | None, detail: Site | None = None) -> Site | None:
-    return None if f is None else Site(f["file"], f["line"], f["function"], detail)
-
-
-def _top_to_json(t: TopSite) -> dict[str, Any]:
-    return {"device": t.device, "kind": t.kind, "site": _frame_to_json(t.site),
-            "name": t.name, "count": t.count, "bytes": t.bytes}  # fmt: skip
-
-
-def _top_from_json(d: dict[str, Any]) -> TopSite:
-    site = _frame_from_json(d["site"])
-    return TopSite(d["device"], d["kind"], site, d["name"], d["count"], d["bytes"])
-
-
-def _site_to_json(u: UntrackedSite) -> dict[str, Any]:
-    def frame(s: Site | None) -> dict[str, Any] | None:
-        return None if s is None else {"file": s.file, "line": s.line, "function": s.function}
-
-    site = u.site
-    return {
-        "device": u.device,
-        "site": frame(site),
-        "detail": frame(site.detail) if site is not None else None,
-        "count": u.count,
-        "bytes": u.bytes,
-    }
-
-
-def _site_from_json(d: dict[str, Any]) -> UntrackedSite:
-    def frame(f: dict[str, Any] | None, detail: Site | None = None) -> Site | None:
-        return None if f is None else Site(f["file"], f["line"], f["function"], detail)
-
-    site = frame(d["site"], frame(d.get("detail")))
-    return UntrackedSite(d["device"], site, d["count"], d["bytes"])
+    out = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "per_process"}
+    for f in _BY_DEVICE:
+        out[f] = {str(d.id): v if isinstance(v, int) else dict(v) for d, v in out[f].items()}
+    for f in _ROWS:
+        out[f] = [t.to_json() for t in out[f]]
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in out.items()}
 
 
 def _from_json(d: dict[str, Any]) -> MemoryInfo:
     devices = {dev.id: dev for dev in jax.devices()}
-    return MemoryInfo(
-        num_tensors=d["num_tensors"],
-        num_data_buffers=d["num_data_buffers"],
-        num_bytes=d["num_bytes"],
-        bytes_per_device=MappingProxyType(
-            {devices[int(k)]: b for k, b in d["bytes_per_device"].items()}
-        ),
-        unreliable=bool(d["reasons"]),
-        reasons=tuple(d["reasons"]),
-        untracked_arrays=d["untracked_arrays"],
-        untracked_bytes=d["untracked_bytes"],
-        untracked_sites=tuple(_site_from_json(u) for u in d.get("untracked_sites", ())),
-        device_stats=MappingProxyType(
-            {devices[int(k)]: MappingProxyType(s) for k, s in d["device_stats"].items()}
-        ),
-        watched=MappingProxyType(d.get("watched", {})),
-        watched_arrays=MappingProxyType(d.get("watched_arrays", {})),
-        watched_per_device=MappingProxyType(
-            {devices[int(k)]: b for k, b in d.get("watched_per_device", {}).items()}
-        ),
-        untracked_per_device=MappingProxyType(
-            {devices[int(k)]: b for k, b in d.get("untracked_per_device", {}).items()}
-        ),
-        top_sites=tuple(_top_from_json(t) for t in d.get("top_sites", ())),
-    )
-
-
-def _device_bytes(arr: Any) -> Iterable[tuple[Any, int]]:
-    """``shard_bytes(arr)``'s items, with the common case of one device read at once."""
-    devices = arr.sharding.device_set
-    if len(devices) == 1 and arr.is_fully_addressable:
-        return ((next(iter(devices)), int(arr.nbytes)),)
-    return shard_bytes(arr).items()
-
-
-def untracked_sites(arrays: list[Any], top: int = TOP_SITES) -> tuple[UntrackedSite, ...]:
-    """The ``top`` largest creation sites of ``arrays`` on each device (count and bytes there),
-    by device, then largest first. Reads each array's creation traceback: report time only."""
-    # (device, site) -> [count, bytes]; a key keeps the first site seen, with its detail
-    groups: dict[tuple[str, Site | None], list[int]] = {}
-    for arr in arrays:
-        site = creation_site(arr)
-        for dev, nbytes in _device_bytes(arr):
-            row = groups.setdefault((str(dev), site), [0, 0])
-            row[0] += 1
-            row[1] += nbytes
-    by_device: dict[str, list[UntrackedSite]] = {}
-    for (dev, site), (n, b) in groups.items():
-        by_device.setdefault(dev, []).append(UntrackedSite(dev, site, n, b))
-    out: list[UntrackedSite] = []
-    for dev in sorted(by_device):
-        rows = sorted(by_device[dev], key=lambda u: (-u.bytes, -u.count, str(u.site)))
-        out += rows[:top]
-    return tuple(out)
-
-
-def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
-    """The jax arrays alive in the process whose buffers tidyjax does not record, less those
-    a watched object holds (``watched``: their ids; by default, found now).
-
-    An array object tidyjax never saw may still be a view of a recorded buffer (a shard from
-    ``addressable_shards``, a raw ``device_put`` to the same device): those are recognised by
-    address, read only from buffers that are ready. An array whose computation failed (out of
-    memory) holds nothing and is skipped: JAX calls it ready, but reading its address aborts.
-    """
-    if watched is None:
-        watched = watched_ids(_watched())
-    candidates: list[Any] = []
-    held: list[Any] = []
-    for platform in {d.platform for d in jax.local_devices()}:
-        for arr in jax.live_arrays(platform):
-            rec = _registry.lookup(arr)
-            if (rec is None or released(rec)) and not failed(arr):
-                (held if id(arr) in watched else candidates).append(arr)
-    if not candidates:
-        return []
-    owned: set[Any] = set()  # buffers tidyjax records or a watched object holds
-    for a in [a for rec in recs for a in rec.arrays()] + held:
-        key = None if failed(a) else _registry.same_buffer_key(a)
-        if key:
-            owned.add(key)
-            owned.update((p,) for p in key)  # its per-shard views
-    # Several objects over one untracked buffer (a shard view JAX made and keeps) count once:
-    # the arrays with the most shards first, so a shard view comes after its whole array.
-    keyed = sorted(
-        ((arr, _registry.same_buffer_key(arr)) for arr in candidates),
-        key=lambda pair: -len(pair[1] or ()),
-    )
-    out, seen = [], set()
-    for arr, key in keyed:
-        if key is not None and (key in owned or key in seen):
-            continue
-        out.append(arr)
-        if key:
-            seen.add(key)
-            seen.update((p,) for p in key)
-    return out
+    fields: dict[str, Any] = {
+        k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in d.items()
+    }
+    for f in _BY_DEVICE:
+        fields[f] = MappingProxyType(
+            {
+                devices[int(k)]: v if isinstance(v, int) else MappingProxyType(v)
+                for k, v in d[f].items()
+            }
+        )
+    for f in _ROWS:
+        fields[f] = tuple(SiteStat.from_json(t) for t in d[f])
+    fields["reasons"] = tuple(d["reasons"])
+    return MemoryInfo(**fields)

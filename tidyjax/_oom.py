@@ -11,13 +11,11 @@ untracked arrays' apart. Any other error passes through untouched.
 Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
 raised) that calls ``_context.on_jax_error``; `install` (at package import) makes
 `raise_for` its handler and guards Tensor's waiting methods, so the core never imports this
-module. The reporting modules (``_records``, ``_memory``, ``_timeline``) are imported when a report
-is built.
+module. The census (``_census``) and the timeline are imported when a report is built.
 """
 
 from __future__ import annotations
 
-import collections
 import contextvars
 import dataclasses
 import datetime
@@ -27,7 +25,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import jax
 from jax.errors import JaxRuntimeError
@@ -38,12 +36,14 @@ from ._context import set_jax_error_hook
 from ._decorating import check_callable, decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
-from ._jaxdoors import base_array
 from ._tensor import disposed_error
 from ._trees import tensors_in
 
+if TYPE_CHECKING:
+    from ._census import SiteStat, WatchedUsage
+
 __all__ = [
-    "OOMHolder", "OOMReport", "OOMWatched", "failed", "install", "oom_report",
+    "OOMReport", "failed", "install", "oom_report",
     "raise_for", "raise_if_oom",
 ]  # fmt: skip
 
@@ -176,73 +176,6 @@ def _call_site(err: BaseException) -> str | None:
 # -- the report --------------------------------------------------------------------------------
 
 
-_SCOPE_MARKERS = {"": ", outside every scope", "<kept>": ", kept", "<variable>": ", a Variable"}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OOMHolder:
-    """Live arrays created at one site and freed by one scope, as an `OOMReport` lists them.
-
-    Attributes:
-        site: where they were created (``"train.py:12 in step"``), or ``"<unknown site>"``.
-        scope: the scope path that frees them (``"train/step"``), ``""`` outside every scope,
-            ``"<kept>"``, ``"<variable>"``; ``"<untracked>"`` for arrays tidyjax does not own.
-        bytes: their buffers' bytes, each shared buffer once in the whole report (in the row
-            of its first holder), so that the rows of a kind add up to that kind's total.
-        count: how many Tensors (or untracked arrays).
-        shapes: ``{"float32[1024,1024]": 2, ...}``.
-        tracked: False for arrays tidyjax does not own (``jax.live_arrays()`` minus its own).
-    """
-
-    site: str
-    scope: str
-    bytes: int
-    count: int
-    shapes: Mapping[str, int]
-    tracked: bool
-
-    def __str__(self) -> str:
-        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
-        noun = "tensor" if self.tracked else "array"
-        where = (
-            "" if not self.tracked else _SCOPE_MARKERS.get(self.scope, f", scope {self.scope!r}")
-        )
-        return (
-            f"{fmt_bytes(self.bytes)} in {count(self.count, noun)} created at "
-            f"{self.site}{where} [{shapes}]"
-        )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OOMWatched:
-    """What one object registered with `tidyjax.watch` holds, as ``memory()`` counts it.
-
-    Attributes:
-        name: the name it was watched under.
-        arrays: how many arrays it holds (each buffer once), ``memory().watched_arrays[name]``.
-        bytes: their bytes, ``memory().watched[name]``.
-        tensors: how many of those arrays are Tensors': tidyjax tracks them, so they are among
-            the Tensors too.
-        tensor_bytes: those Tensors' bytes.
-    """
-
-    name: str
-    arrays: int
-    bytes: int
-    tensors: int = 0
-    tensor_bytes: int = 0
-
-    def __str__(self) -> str:
-        fmt = fmt_bytes
-        text = f"{self.name!r}: {fmt(self.bytes)} in {count(self.arrays, 'array')}"
-        if self.tensors:
-            text += (
-                f" ({count(self.tensors, 'tensor')}, {fmt(self.tensor_bytes)}, of them also "
-                "counted above)"
-            )
-        return text
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class OOMReport:
     """What an `OutOfMemoryError` knows: the request, and who holds the memory.
@@ -263,13 +196,15 @@ class OOMReport:
             (GPU, TPU); None on CPU.
         limit: that device's ``bytes_limit``, or None.
         in_use: that device's ``bytes_in_use`` (all of JAX), or None.
-        holders: [`OOMHolder`][tidyjax.OOMHolder] rows, largest first: tidyjax's Tensors
-            (``tracked``) and untracked arrays.
+        holders: [`SiteStat`][tidyjax.SiteStat] rows by creation site and scope, largest
+            first: tidyjax's Tensors (``tracked``), then the untracked arrays (each buffer once
+            in the whole report, so that the rows of a kind add up to its total).
         failed: arrays alive whose computation failed (not counted), described.
         files: the open timeline's page and JSON, saved with the error (else empty).
         jax_message: JAX's own message.
         problems: what went wrong while reporting (a timeline not saved), one sentence each.
-        watched: an `OOMWatched` per object registered with [`tidyjax.watch`][tidyjax.watch], as
+        watched: a ``WatchedUsage`` (``name``, ``arrays``, ``bytes``, ``tensors``,
+            ``tensor_bytes``) per object registered with [`tidyjax.watch`][tidyjax.watch], as
             ``memory().watched`` and ``memory().watched_arrays`` count them (a watched raw array is
             neither a Tensor nor untracked); [`watched_bytes`][tidyjax.OOMReport.watched_bytes] and
             [`watched_arrays`][tidyjax.OOMReport.watched_arrays] are their sums.
@@ -288,12 +223,12 @@ class OOMReport:
     device: str | None
     limit: int | None
     in_use: int | None
-    holders: tuple[OOMHolder, ...]
+    holders: tuple[SiteStat, ...]
     failed: tuple[str, ...]
     files: tuple[str, ...]
     jax_message: str
     problems: tuple[str, ...] = ()
-    watched: tuple[OOMWatched, ...] = ()
+    watched: tuple[WatchedUsage, ...] = ()
     called_at: str | None = None
     donated: tuple[str, ...] = ()
 
@@ -313,50 +248,28 @@ class OOMReport:
         return sum(w.arrays for w in self.watched)
 
     def __str__(self) -> str:
-        fmt = fmt_bytes
-        asked = "" if self.requested is None else f" could not allocate {fmt(self.requested)}"
-        if "RESOURCE_EXHAUSTED" not in self.jax_message:  # an op read an array that had failed
-            asked += " (an earlier computation it depends on failed)"
         at = f", called at {self.called_at}" if self.called_at else ""
-        lines = [f"Out of memory: {self.what}{asked}{at}. JAX said: {self.jax_message.strip()}"]
-        if self.limit is not None:
-            lines.append(
-                f"Device {self.device}: {fmt(self.in_use or 0)} in use of {fmt(self.limit)} "
-                "(all of JAX)."
-            )
+        lines = [
+            f"Out of memory: {self.what}{_asked(self)}{at}. JAX said: {self.jax_message.strip()}"
+        ]
+        lines += _device_line(self)
         tracked = [h for h in self.holders if h.tracked]
-        lines.append(
-            f"tidyjax holds {fmt(self.tracked_bytes)} in {count(self.tensors, 'tensor')}"
-            + ("; the largest, by creation site and scope:" if tracked else ".")
-        )
-        lines += [f"  {h}" for h in tracked[:TOP]]
-        if len(tracked) > TOP:
-            lines.append(f"  ... and {count(len(tracked) - TOP, 'more site')}")
+        lines += _section(
+            f"tidyjax holds {fmt_bytes(self.tracked_bytes)} in {count(self.tensors, 'tensor')}",
+            "; the largest, by creation site and scope:", tracked,
+        )  # fmt: skip
         if self.watched:
             lines.append(
-                f"Watched (tidyjax.watch; tidyjax frees none of it): {fmt(self.watched_bytes)} "
-                f"in {count(self.watched_arrays, 'array')}:"
+                f"Watched (tidyjax.watch; tidyjax frees none of it): "
+                f"{fmt_bytes(self.watched_bytes)} in {count(self.watched_arrays, 'array')}:"
             )
             lines += [f"  {w}" for w in self.watched]
-        untracked = [h for h in self.holders if not h.tracked]
-        lines.append(
-            f"Untracked (jax arrays tidyjax does not own): {fmt(self.untracked_bytes)} in "
-            f"{count(self.untracked_arrays, 'array')}"
-            + ("; the largest, by creation site:" if untracked else ".")
-        )
-        lines += [f"  {h}" for h in untracked[:TOP]]
-        if len(untracked) > TOP:
-            lines.append(f"  ... and {count(len(untracked) - TOP, 'more site')}")
-        if self.failed:
-            lines.append(
-                f"Not counted: {count(len(self.failed), 'array')} whose computation failed, "
-                f"holding no memory: {', '.join(self.failed[:TOP])}."
-            )
-        if self.donated:
-            lines.append(_donated_text(self.donated))
-        if self.files:
-            lines.append(f"The open timeline was saved: {', '.join(self.files)}.")
-        lines += self.problems
+        lines += _section(
+            f"Untracked (jax arrays tidyjax does not own): {fmt_bytes(self.untracked_bytes)} in "
+            f"{count(self.untracked_arrays, 'array')}",
+            "; the largest, by creation site:", [h for h in self.holders if not h.tracked],
+        )  # fmt: skip
+        lines += _notes(self)
         lines.append(
             "To fit: free the largest holders above (dispose them, or return less from the scope "
             "that holds them), wrap untracked arrays with tidyjax.adopt() so a scope frees them, "
@@ -371,76 +284,79 @@ class OOMReport:
         return _report_html(self)
 
 
-def _donated_text(donated: tuple[str, ...]) -> str:
-    return (
-        f"Donated and consumed although the call failed (JAX deletes a donated buffer when the "
-        f"call starts): {', '.join(donated)}; their Tensors are disposed."
-    )
+def _asked(r: OOMReport) -> str:
+    asked = "" if r.requested is None else f" could not allocate {fmt_bytes(r.requested)}"
+    if "RESOURCE_EXHAUSTED" not in r.jax_message:  # an op read an array that had failed
+        asked += " (an earlier computation it depends on failed)"
+    return asked
 
 
-_HTML_SCOPES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
+def _device_line(r: OOMReport) -> list[str]:
+    if r.limit is None:
+        return []
+    use = f"{fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit)}"
+    return [f"Device {r.device}: {use} (all of JAX)."]
 
 
-def _holders_table(holders: Sequence[OOMHolder], top: int = TOP) -> str:
+def _section(head: str, more: str, rows: list[SiteStat]) -> list[str]:
+    """A headline, the ``TOP`` largest rows under it, and how many more."""
+    lines = [head + (more if rows else "."), *(f"  {h}" for h in rows[:TOP])]
+    if len(rows) > TOP:
+        lines.append(f"  ... and {count(len(rows) - TOP, 'more site')}")
+    return lines
+
+
+def _notes(r: OOMReport) -> list[str]:
+    """What else the report says: arrays not counted, donated inputs consumed, files saved,
+    what went wrong while reporting."""
+    notes = []
+    if r.failed:
+        notes.append(
+            f"Not counted: {count(len(r.failed), 'array')} whose computation failed, "
+            f"holding no memory: {', '.join(r.failed[:TOP])}."
+        )
+    if r.donated:
+        notes.append(
+            "Donated and consumed although the call failed (JAX deletes a donated buffer when "
+            f"the call starts): {', '.join(r.donated)}; their Tensors are disposed."
+        )
+    if r.files:
+        notes.append(f"The open timeline was saved: {', '.join(r.files)}.")
+    return notes + list(r.problems)
+
+
+def _holders_table(holders: Sequence[SiteStat], top: int = TOP) -> str:
     """The ``top`` largest tracked and untracked rows as a table with bars, and how many more."""
-    tracked = [h for h in holders if h.tracked]
-    untracked = [h for h in holders if not h.tracked]
-    shown = tracked[:top] + untracked[:top]
+    from ._census import site_table
+
+    tracked = [h for h in holders if h.tracked][:top]
+    shown = tracked + [h for h in holders if not h.tracked][:top]
     if not shown:
         return ""
-    most = max(h.bytes for h in shown) or 1
-    rows = [
-        (
-            esc(fmt_bytes(h.bytes)),
-            _html.bar(h.bytes / most),
-            esc(h.count),
-            esc(h.site),
-            esc(_HTML_SCOPES.get(h.scope, h.scope)) if h.tracked else _html.dim("-"),
-            "tidyjax" if h.tracked else _html.dim("untracked"),
-            esc(", ".join(f"{k} ×{n}" if n > 1 else k for k, n in h.shapes.items())),  # noqa: RUF001
-        )
-        for h in shown
-    ]
-    header = ("bytes", "", "arrays", "created at", "scope", "tracked", "shapes")
-    text = _html.table(header, rows, numeric=(0, 2))
-    more = len(tracked) + len(untracked) - len(shown)
-    if more > 0:
-        text += _html.line(_html.dim(f"... and {count(more, 'more site')}"))
+    text = site_table(shown, bars=True)
+    if len(holders) > len(shown):
+        text += _html.line(_html.dim(f"... and {count(len(holders) - len(shown), 'more site')}"))
     return text
 
 
 @_html.never_raises
 def _report_html(r: OOMReport) -> str:
     """The report as a notebook shows it: the request, then a holders table with bars."""
-    fmt = fmt_bytes
-    asked = "" if r.requested is None else f" could not allocate <b>{esc(fmt(r.requested))}</b>"
-    if "RESOURCE_EXHAUSTED" not in r.jax_message:
-        asked += esc(" (an earlier computation it depends on failed)")
+    asked = esc(_asked(r))
+    if r.requested is not None:  # the bytes in bold
+        size = esc(fmt_bytes(r.requested))
+        asked = asked.replace(size, f"<b>{size}</b>", 1)
     at = _html.dim(f" at {r.called_at}") if r.called_at else ""
     parts = [_html.line(_html.bad("Out of memory"), f": <code>{esc(r.what)}</code>", asked, at)]
-    if r.limit is not None:
-        parts.append(_html.line(esc(
-            f"Device {r.device}: {fmt(r.in_use or 0)} in use of {fmt(r.limit)} (all of JAX)."
-        )))  # fmt: skip
     summary = (
-        f"tidyjax holds {fmt(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
-        f"{fmt(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
+        f"tidyjax holds {fmt_bytes(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
+        f"{fmt_bytes(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
     )
     if r.watched:
-        summary += f"; watched: {fmt(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
-    parts.append(_html.line(esc(summary + ".")))
+        summary += f"; watched: {fmt_bytes(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
+    parts += [_html.line(esc(text)) for text in (*_device_line(r), summary + ".")]
     parts.append(_holders_table(r.holders))
-    parts += [_html.line(esc(f"Watched {w}")) for w in r.watched]
-    if r.failed:
-        parts.append(_html.line(_html.dim(
-            f"Not counted: {count(len(r.failed), 'array')} whose computation failed, holding "
-            f"no memory: {', '.join(r.failed[:TOP])}."
-        )))  # fmt: skip
-    if r.donated:
-        parts.append(_html.line(esc(_donated_text(r.donated))))
-    if r.files:
-        parts.append(_html.line(esc(f"The open timeline was saved: {', '.join(r.files)}.")))
-    parts += [_html.line(esc(p)) for p in r.problems]
+    parts += [_html.line(esc(text)) for text in (*(f"Watched {w}" for w in r.watched), *_notes(r))]
     parts.append(_html.line(_html.dim(
         "To fit: free the largest holders above, wrap untracked arrays with tidyjax.adopt(), or "
         "make this request smaller."
@@ -484,39 +400,19 @@ def build_report(err: BaseException, what: str, called_at: str | None = None) ->
 
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
-    from ._memory import books, find_untracked, memory, watched_usage
-    from ._records import live_tensors, untracked_record
-    from ._watch import watched
+    from ._census import census, statistics, untracked_record
 
-    recs, _ = books()  # what memory() counts
-    broken = [rec for rec in recs if any(failed(a) for a in rec.arrays())]
-    broken_ids = {id(rec) for rec in broken}
-    info = memory(scan_untracked=False)  # counts no bytes of a failed buffer
-    found = watched()  # read once: the watched section and the untracked scan agree
-    usage = watched_usage(found)
-    # The Tensors only: a watched raw array (a "<watched>" record, id 0) is in the watched
-    # section, counted there with its bytes, as memory().watched counts it.
-    tracked = [r for r in live_tensors() if r.scope != "<watched>" and r._buffer not in broken_ids]
-    watched_ids = {id(base_array(a)) for pairs in found.values() for _, a in pairs}
-    raw = find_untracked(recs, watched_ids)  # arrays whose computation failed are not in it
-    temporaries = _call_temporaries(_reporting.get(), raw)
-    if temporaries:
-        raw = [a for a in raw if id(a) not in temporaries]
-    failed_raw = [
-        f"{describe(a)} ({fmt_bytes(int(a.nbytes))})"
-        for platform in {d.platform for d in jax.local_devices()}
-        for a in jax.live_arrays(platform)
-        if _registry.lookup(a) is None and failed(a)
-    ]
-    as_records = [untracked_record(a) for a in raw]
-    tensor_rows = _rows(tracked, tracked=True)
-    untracked_rows = _rows(as_records, tracked=False)
-    holders = tensor_rows + untracked_rows
-    device = limit = in_use = None
-    stats = [(d, s) for d, s in info.device_stats.items() if s.get("bytes_limit")]
-    if stats:
-        dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
-        device, limit, in_use = str(dev), int(s["bytes_limit"]), int(s.get("bytes_in_use", 0))
+    c = census()  # what memory() counts, read once: its sections agree
+    broken = {r.buffer for r in c.rows if r.failed}
+    # The Tensors only: a watched raw array is in the watched section, counted there.
+    raws = ("<watched>", "<untracked>")
+    tracked = [r for r in c.records() if r.scope not in raws and r._buffer not in broken]
+    raw = [r.array for r in c.of("untracked")]
+    temporaries = _call_temporaries(_reporting.get(), raw, tuple(c.of("untracked")))
+    untracked = [untracked_record(a) for a in raw if id(a) not in temporaries]
+    tensor_rows = statistics(tracked, ("scope", "site"))
+    untracked_rows = statistics(untracked, ("scope", "site"))
+    device, limit, in_use = _fullest_device()
     return OOMReport(
         what="",
         requested=None,
@@ -526,17 +422,41 @@ def _holders_report() -> OOMReport:
         device=device,
         limit=limit,
         in_use=in_use,
-        holders=tuple(holders),
-        failed=tuple(
-            [f"{describe(rec.array())} ({fmt_bytes(rec.size())})" for rec in broken] + failed_raw
-        ),
+        holders=tuple(tensor_rows + untracked_rows),
+        failed=_failed(c),
         files=(),
         jax_message="",
-        watched=tuple(
-            OOMWatched(name, u.arrays, u.bytes, u.tensors, u.tensor_bytes)
-            for name, u in usage.items()
-        ),
+        watched=tuple(c.usage),
     )
+
+
+def _failed(c: Any) -> tuple[str, ...]:
+    """The arrays alive whose computation failed (they hold nothing), described."""
+    mine = [
+        f"{describe(r.array)} ({fmt_bytes(r.rec.size())})" for r in c.rows if r.failed and r.rec
+    ]
+    return tuple(mine) + tuple(
+        f"{describe(a)} ({fmt_bytes(int(a.nbytes))})"
+        for platform in {d.platform for d in jax.local_devices()}
+        for a in jax.live_arrays(platform)
+        if _registry.lookup(a) is None and failed(a)
+    )
+
+
+def _fullest_device() -> tuple[str | None, int | None, int | None]:
+    """The device with the most memory in use, its limit and its use, where the backend says."""
+    stats = []
+    for dev in jax.local_devices():
+        try:
+            s = dict(dev.memory_stats() or {})
+        except Exception:  # some backends raise instead of returning None
+            s = {}
+        if s.get("bytes_limit"):
+            stats.append((dev, s))
+    if not stats:
+        return None, None, None
+    dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
+    return str(dev), int(s["bytes_limit"]), int(s.get("bytes_in_use", 0))
 
 
 # -- what the failed call itself holds ---------------------------------------------------------
@@ -557,8 +477,11 @@ _CONTAINERS = (tuple, list, dict)
 TINY = 1024
 
 
-def _call_temporaries(err: BaseException | None, arrays: list[Any]) -> set[int]:
-    """The ids of the tiny ones of ``arrays`` that only ``err``'s failed call itself holds."""
+def _call_temporaries(
+    err: BaseException | None, arrays: list[Any], rows: tuple[Any, ...]
+) -> set[int]:
+    """The ids of the tiny ones of ``arrays`` that only ``err``'s failed call itself holds
+    (``rows``: the census rows of this report, which hold them too)."""
     frames = _failed_call_frames(err)
     tiny = [a for a in arrays if int(a.nbytes) <= TINY]
     if not frames or not tiny:
@@ -573,7 +496,7 @@ def _call_temporaries(err: BaseException | None, arrays: list[Any]) -> set[int]:
     found = _referents_of(list(inside.values()), lambda x: id(x) in want)
     if not found:
         return set()
-    held = _held_only_by(found, inside, (arrays, tiny))  # the two lists of this report
+    held = _held_only_by(found, inside, (arrays, tiny, *rows))  # this report's own
     return {id(a) for a, alone in zip(found, held, strict=True) if alone}
 
 
@@ -626,30 +549,6 @@ def _held_only_by(objs: list[Any], inside: dict[int, Any], ours: tuple[Any, ...]
     r = None  # the loop's last referrer may be one of objs: no reference of ours is left over
     # sys.getrefcount counts its own argument too
     return [alone[i] and sys.getrefcount(objs[i]) - 1 == counted[i] for i in range(len(objs))]
-
-
-def _rows(records: list[Any], tracked: bool) -> list[OOMHolder]:
-    """One row per (scope, creation site), largest first: ``snapshot()``'s grouping per scope.
-
-    A buffer counts once in the whole list, in the row of its first record, so the rows' bytes
-    add up to the bytes of all ``records``' buffers, each once."""
-    from ._snapshot import site_text  # the rows' scope and `tracked` tell the kinds apart
-
-    groups: dict[tuple[str, str], list[Any]] = {}
-    for r in records:
-        groups.setdefault((r.scope, site_text(r)), []).append(r)
-    claimed: set[int] = set()
-    rows = []
-    for (scope, site), rs in groups.items():
-        nbytes = 0
-        for r in rs:
-            if r._buffer not in claimed:
-                claimed.add(r._buffer)
-                nbytes += r.bytes
-        shapes = collections.Counter(f"{r.dtype}{list(r.shape)}".replace(" ", "") for r in rs)
-        rows.append(OOMHolder(site, scope, nbytes, len(rs), dict(shapes), tracked))
-    rows.sort(key=lambda h: (-h.bytes, -h.count, h.site, h.scope))
-    return rows
 
 
 # -- what was running --------------------------------------------------------------------------
@@ -769,7 +668,7 @@ def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
 #: it can on a GPU, or in a large CPU computation) surfaces. Each first waits on the buffer:
 #: JAX raises for a failed buffer there, where reading its values would abort the process.
 def _waited_text(t: Any, name: str) -> str:
-    from ._records import creation_site
+    from ._sites import creation_site
 
     site = creation_site(t._array)
     made = f", computed at {site}" if site is not None else ""

@@ -25,12 +25,13 @@ import jax
 
 from . import _html, _ops, _registry
 from ._arrays import CONCRETE
+from ._census import released
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
 from ._format import count, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
-from ._memory import memory, released
+from ._memory import memory
 from ._sites import Site, site_of_frames
 from ._tensor import Tensor
 from ._trees import tensors_in

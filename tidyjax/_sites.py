@@ -26,6 +26,7 @@ import jax
 import jaxlib
 
 __all__ = [
+    "library_frame",
     "INSTALLED_FOLDERS",
     "LIBRARY_FOLDERS",
     "STACK_FRAMES",
@@ -85,6 +86,14 @@ class Site:
 
     def __repr__(self) -> str:
         return f"Site({self.file!r}, {self.line}, {self.function!r})"
+
+
+def library_frame(site: Site) -> str:
+    """A library frame (``Site.detail``) named from its package: ``flax/nnx/rnglib.py:12 in
+    __call__``, not the full path into site-packages."""
+    folders = [f for f in INSTALLED_FOLDERS if site.file.startswith(f)]
+    file = site.file[len(max(folders, key=len)) :] if folders else site.file  # the innermost
+    return f"{file}:{site.line} in {site.function}"
 
 
 def _cell_name(file: str) -> str | None:

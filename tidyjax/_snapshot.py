@@ -1,12 +1,11 @@
 """Snapshots of the live Tensors (and of the jax arrays tidyjax does not own), grouped by
-creation site, and their diffs: ``snapshot()``, `Snapshot`, `SiteStat`,
-`Snapshot.compare_to` and `SiteDiff`, in the manner of ``tracemalloc``; a
-snapshot's JSON file (``dump``/``load``).
+creation site, and their diffs: ``snapshot()``, `Snapshot`, `Snapshot.compare_to` and
+`SiteDiff`, in the manner of ``tracemalloc``; a snapshot's JSON file (``dump``/``load``).
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import json
 import os
 import time
@@ -14,144 +13,56 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _html
+from ._census import (
+    UNTRACKED,
+    Site,
+    SiteStat,
+    TensorRecord,
+    census,
+    site_label,
+    site_table,
+    statistics,
+    summary,
+)
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import count as _count
-from ._format import describe, esc, signed_bytes
+from ._format import esc
 from ._format import fmt_bytes as _fmt_bytes
-from ._records import ESCAPED, UNTRACKED, WATCHED, TensorRecord, live_tensors, summary
 
-__all__ = [
-    "SiteDiff",
-    "SiteDiffList",
-    "SiteStat",
-    "Snapshot",
-    "group_by_site",
-    "site_key",
-    "site_text",
-    "snapshot",
-    "stats_html",
-]
+__all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot", "stats_html"]
+
+_NOUNS = {"tensor": "tensor", "escaped": "escaped array", "watched": "watched array",
+          "untracked": "untracked array"}  # fmt: skip
 
 
-#: What a site's key ends with when its records are arrays only watched objects hold.
-_WATCHED_SUFFIX = " (watched)"
-#: What a site's key ends with when its records are jax arrays tidyjax does not own.
-_UNTRACKED_SUFFIX = " (untracked)"
-#: What a site's key ends with when its records are buffers of tidyjax's no Tensor holds.
-_ESCAPED_SUFFIX = " (escaped)"
-
-
-def site_text(r: TensorRecord) -> str:
-    """The record's creation site as text, ``"<unknown site>"`` when JAX kept none."""
-    return str(r.site) if r.site is not None else "<unknown site>"
-
-
-def site_key(r: TensorRecord) -> str:
-    """A site as the reports group by it; watched and untracked arrays apart from Tensors made
-    there, their keys ending in ``" (watched)"`` and ``" (untracked)"``."""
-    site = site_text(r)
-    if r.scope == WATCHED:
-        return site + _WATCHED_SUFFIX
-    if r.scope == UNTRACKED:
-        return site + _UNTRACKED_SUFFIX
-    if r.scope == ESCAPED:
-        return site + _ESCAPED_SUFFIX
-    return site
-
-
-def _noun(site: str) -> str:
-    if site.endswith(_WATCHED_SUFFIX):
-        return "watched array"
-    if site.endswith(_ESCAPED_SUFFIX):
-        return "escaped array"
-    return "untracked array" if site.endswith(_UNTRACKED_SUFFIX) else "tensor"
-
-
-def _kind(r: TensorRecord) -> str:
-    """``"<watched>"``, ``"<untracked>"``, ``"<escaped>"``, or ``""`` for a Tensor: each counts
-    its buffers apart."""
-    return r.scope if r.scope in (WATCHED, UNTRACKED, ESCAPED) else ""
-
-
-class SiteStat:
-    """The live Tensors created at one site: how many, their bytes (shared buffers once).
-
-    The arrays that only watched objects hold are a row of their own, their site ending in
-    ``" (watched)"`` (``watched`` is True), counted as watched arrays, not Tensors; so are the
-    jax arrays tidyjax does not own, their site ending in ``" (untracked)"`` (``untracked`` is
-    True).
-    """
-
-    __slots__ = ("bytes", "count", "shapes", "site")
-
-    def __init__(self, site: str, count: int, bytes: int, shapes: dict[str, int]) -> None:
-        self.site, self.count, self.bytes, self.shapes = site, count, bytes, shapes
-
-    @property
-    def watched(self) -> bool:
-        """Whether the row counts arrays only watched objects hold (not Tensors)."""
-        return self.site.endswith(_WATCHED_SUFFIX)
-
-    @property
-    def untracked(self) -> bool:
-        """Whether the row counts jax arrays tidyjax does not own (not Tensors)."""
-        return self.site.endswith(_UNTRACKED_SUFFIX)
-
-    def __str__(self) -> str:
-        shapes = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in self.shapes.items())  # noqa: RUF001
-        count = _count(self.count, _noun(self.site))
-        return f"{self.site}: {count}, {_fmt_bytes(self.bytes)} [{shapes}]"
-
-    def __repr__(self) -> str:
-        return f"SiteStat({self.site!r}, count={self.count}, bytes={self.bytes})"
-
-
+@dataclasses.dataclass(frozen=True, slots=True)
 class SiteDiff:
-    """A site's change between two snapshots, as ``tracemalloc.StatisticDiff``; its site ends in
-    ``" (untracked)"`` (``untracked`` is True) for jax arrays tidyjax does not own, in
-    ``" (watched)"`` for arrays only watched objects hold."""
+    """A site's change between two snapshots, as ``tracemalloc.StatisticDiff``: a
+    [`SiteStat`][tidyjax.SiteStat]'s ``site`` and ``kind``, its ``count`` and ``bytes`` now,
+    and their change."""
 
-    __slots__ = ("bytes", "bytes_diff", "count", "count_diff", "site")
-
-    def __init__(self, site: str, count: int, count_diff: int, bytes: int, bytes_diff: int):
-        self.site, self.count, self.count_diff = site, count, count_diff
-        self.bytes, self.bytes_diff = bytes, bytes_diff
+    site: Site | None
+    kind: str
+    count: int
+    count_diff: int
+    bytes: int
+    bytes_diff: int
 
     @property
     def untracked(self) -> bool:
         """Whether the row counts jax arrays tidyjax does not own (not Tensors)."""
-        return self.site.endswith(_UNTRACKED_SUFFIX)
+        return self.kind == "untracked"
+
+    @property
+    def label(self) -> str:
+        return site_label(self.site, self.kind)
 
     def __str__(self) -> str:
         sign = "+" if self.bytes_diff >= 0 else "-"
         return (
-            f"{self.site}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
-            f"{_count(self.count, _noun(self.site))} ({self.count_diff:+d})"
+            f"{self.label}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
+            f"{_count(self.count, _NOUNS[self.kind])} ({self.count_diff:+d})"
         )
-
-    def __repr__(self) -> str:
-        return (
-            f"SiteDiff({self.site!r}, count={self.count}, count_diff={self.count_diff}, "
-            f"bytes={self.bytes}, bytes_diff={self.bytes_diff})"
-        )
-
-
-def group_by_site(records: Iterable[TensorRecord]) -> dict[str, SiteStat]:
-    groups: dict[str, list[TensorRecord]] = collections.defaultdict(list)
-    for r in records:
-        groups[site_key(r)].append(r)
-    out = {}
-    claimed: set[tuple[str, int]] = set()  # a buffer counts once, in its first record's row
-    for site, rs in groups.items():
-        nbytes = 0
-        for r in rs:
-            key = (_kind(r), r._buffer)
-            if key not in claimed:
-                claimed.add(key)
-                nbytes += r.bytes
-        shapes = collections.Counter(describe(r) for r in rs)
-        out[site] = SiteStat(site, len(rs), nbytes, dict(shapes))
-    return out
 
 
 class Snapshot:
@@ -188,8 +99,11 @@ class Snapshot:
     def _repr_html_(self) -> str:
         stats = self.statistics()
         title = summary(self.records + self.untracked)
-        return stats_html(title, [s for s in stats if not s.untracked]) + _untracked_html(
-            [s for s in stats if s.untracked]
+        untracked = [s for s in stats if s.untracked]
+        return stats_html(title, [s for s in stats if not s.untracked]) + (
+            _html.box(_html.line(_html.dim(_UNTRACKED_NOTE)), site_table(untracked))
+            if untracked
+            else ""
         )
 
     def __str__(self) -> str:
@@ -205,15 +119,12 @@ class Snapshot:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
-    def statistics(self) -> list[SiteStat]:
-        """One `SiteStat` per creation site, largest first (the watched arrays made at
-        a site a row apart), then the untracked arrays' sites (``untracked`` True), largest
-        first. Their counts and bytes add up to the headline's, each buffer in the row of its
-        first record."""
-        return sorted(
-            group_by_site(self.records + self.untracked).values(),
-            key=lambda s: (s.untracked, -s.bytes, -s.count, s.site),
-        )
+    def statistics(self, by: tuple[str, ...] = ("site",)) -> list[SiteStat]:
+        """One [`SiteStat`][tidyjax.SiteStat] per kind and creation site (``by``: also, or
+        instead, ``"scope"`` or ``"name"``), largest first, the untracked arrays' last. Their
+        counts and bytes add up to the headline's, each buffer in the row of its first record."""
+        stats = statistics(self.records + self.untracked, by)
+        return sorted(stats, key=lambda s: s.untracked)  # stable: largest first in each part
 
     def compare_to(self, old: Snapshot) -> SiteDiffList:
         """Per-site differences from ``old``, the largest change in bytes first (a list): the
@@ -221,16 +132,17 @@ class Snapshot:
         A snapshot taken with ``snapshot(untracked=False)`` has no untracked arrays."""
         if not isinstance(old, Snapshot):
             raise TidyjaxTypeError(f"compare_to() takes a Snapshot, got {type(old).__name__}.")
-        new_g = group_by_site(self.records + self.untracked)
-        old_g = group_by_site(old.records + old.untracked)
+        new_g = {(s.kind, s.label): s for s in self.statistics()}
+        old_g = {(s.kind, s.label): s for s in old.statistics()}
         diffs = []
-        for site in new_g.keys() | old_g.keys():
-            n, o = new_g.get(site), old_g.get(site)
+        for key in new_g.keys() | old_g.keys():
+            n, o = new_g.get(key), old_g.get(key)
+            site = (n or o).site  # type: ignore[union-attr]
             count, nbytes = (n.count, n.bytes) if n else (0, 0)
             ocount, obytes = (o.count, o.bytes) if o else (0, 0)
             if (count, nbytes) != (ocount, obytes):
-                diffs.append(SiteDiff(site, count, count - ocount, nbytes, nbytes - obytes))
-        diffs.sort(key=lambda d: (d.untracked, -abs(d.bytes_diff), -abs(d.count_diff), d.site))
+                diffs.append(SiteDiff(site, key[0], count, count - ocount, nbytes, nbytes - obytes))
+        diffs.sort(key=lambda d: (d.untracked, -abs(d.bytes_diff), -abs(d.count_diff), d.label))
         return SiteDiffList(diffs)
 
     # -- export: JSON, schema in README ("Snapshot files") ----------------------------------
@@ -300,7 +212,7 @@ def snapshot(*, untracked: bool = True) -> Snapshot:
             ``jax.live_arrays()`` they cost).
     """
     untracked = check_flag(untracked, "untracked", "snapshot()")
-    return Snapshot(live_tensors(untracked=untracked))
+    return Snapshot(census(untracked=untracked).records())
 
 
 class SiteDiffList(list[SiteDiff]):
@@ -315,51 +227,24 @@ class SiteDiffList(list[SiteDiff]):
 def _diffs_html(diffs: list[SiteDiff]) -> str:
     if not diffs:
         return _html.box("<b>no change</b> between the snapshots")
-    head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
-    parts = [head]
+    parts = [f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"]
     for untracked in (False, True):
-        rows = [
-            (esc(d.site), d.count, f"{d.count_diff:+d}", esc(_fmt_bytes(d.bytes)),
-             esc(signed_bytes(d.bytes_diff)))
-            for d in diffs if d.untracked == untracked
-        ]  # fmt: skip
-        if not rows:
-            continue
-        if untracked:
-            parts.append(_html.line(_html.dim(_UNTRACKED_NOTE)))
-        noun = "arrays" if untracked else "tensors"
-        header = ["created at", noun, "change", "bytes", "change"]
-        parts.append(_html.table(header, rows, numeric={1, 2, 3, 4}))
+        rows = [d for d in diffs if d.untracked == untracked]
+        parts += [_html.line(_html.dim(_UNTRACKED_NOTE))] * (untracked and bool(rows))
+        parts += [site_table(rows)] * bool(rows)
     return _html.box(*parts)
 
 
 _UNTRACKED_NOTE = "untracked: jax arrays tidyjax does not own, by the line that made them"
 
 
-@_html.never_raises
-def _untracked_html(stats: list[SiteStat]) -> str:
-    """The untracked arrays' sites, a table apart from the Tensors' (none if none)."""
-    if not stats:
-        return ""
-    rows = [
-        (esc(s.site), s.count, esc(_fmt_bytes(s.bytes)),
-         esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
-        for s in stats
-    ]  # fmt: skip
-    table = _html.table(["created at", "arrays", "bytes", "shapes"], rows, numeric={1, 2})
-    return _html.box(_html.line(_html.dim(_UNTRACKED_NOTE)), table)
-
-
 def stats_html(title: str, stats: list[SiteStat], bad: bool = False, note: str = "") -> str:
+    """A title over `SiteStat` rows (none if none) and a dim note."""
+
     @_html.never_raises
     def build(_: object) -> str:
-        rows = [
-            (esc(s.site), s.count, esc(_fmt_bytes(s.bytes)),
-             esc(", ".join(f"{k} ×{n}" for k, n in s.shapes.items())))  # noqa: RUF001
-            for s in stats
-        ]  # fmt: skip
         head = _html.bad(title) if bad else f"<b>{esc(title)}</b>"
-        table = _html.table(["created at", "tensors", "bytes", "shapes"], rows, numeric={1, 2})
-        return _html.box(head, table if rows else "", _html.line(_html.dim(note)) if note else "")
+        table = site_table(stats) if stats else ""
+        return _html.box(head, table, _html.line(_html.dim(note)) if note else "")
 
     return build(None)

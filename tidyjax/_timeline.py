@@ -41,17 +41,16 @@ from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _timeline_format, _timeline_html, _variable
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
+from ._census import Site, SiteStat, TensorRecord, books, creation_site, holders, released
 from ._context import CURRENT
 from ._decorating import check_callable, decorate
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import fmt_bytes
 from ._jaxdoors import base_array, buffer_addresses
-from ._memory import books, released
 from ._newarrays import ArrayMark
-from ._records import Site, TensorRecord, creation_site, holders
 from ._registry import KEPT, VARIABLE
 from ._sites import LIBRARY_FOLDERS
-from ._snapshot import SiteStat, Snapshot
+from ._snapshot import Snapshot
 from ._timeline_format import (
     ALLOC,
     FREE,

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 from ._errors import TidyjaxValueError
 from ._format import fmt_bytes
-from ._records import Site
+from ._sites import Site
 
 __all__ = [
     "ALLOC",

@@ -36,12 +36,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._arrays import ArrayImpl
+from ._census import holders
 from ._errors import scope_exited
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
 from ._history import Decision, Seen, delete_unshared, freed_reason
 from ._memory import memory
-from ._records import holders
 from ._scope import Scope, close_scope, close_through, open_scope, owned_records
 from ._snapshot import snapshot
 from ._tensor import Tensor, dispose_tensor

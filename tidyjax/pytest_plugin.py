@@ -139,7 +139,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     leaked = checker.leaked()
     scope = getattr(item, "funcargs", {}).get("tidy_scope")
     if scope is not None:  # the fixture's scope frees these at teardown
-        from ._records import live_holders
+        from ._census import live_holders
 
         owned = {t._id for rec, ts in live_holders() for t in ts if rec.scope is scope}
         leaked = [r for r in leaked if r.id not in owned]

@@ -1,0 +1,804 @@
+"""The census: one count of what is alive, read by every report.
+
+`census` takes it once per report: one `Row` per live device buffer, tidyjax's (held by
+Tensors, or ``<escaped>``: only raw arrays hold it), watched (an object given to
+``tidyjax.watch`` holds it, no Tensor does) or untracked (any other jax array), with its bytes
+per device and its creation site. ``memory()`` sums the rows; ``live_tensors()``,
+``snapshot()``, the OOM report and the timeline's look at the plain arrays read the same rows,
+a `TensorRecord` per Tensor where they name Tensors; ``check_leaks`` builds its records with
+the same functions from the arrays made inside it. `statistics` groups rows or records into
+`SiteStat`s by any of their fields, in the manner of ``tracemalloc.Snapshot.statistics``.
+
+Creation sites cost nothing per op: JAX records a creation traceback on every array, and a
+report reads it only when asked, keeping the first frame outside tidyjax and JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import operator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from . import _html, _registry
+from ._arrays import failed, local_nbytes, shard_bytes
+from ._errors import check_flag
+from ._format import count, describe, esc, fmt_bytes, signed_bytes
+from ._jaxdoors import base_array
+from ._registry import KEPT
+from ._sites import LIBRARY_FOLDERS, Site, creation_site, library_frame
+from ._tensor import Tensor
+from ._variable import Variable
+from ._watch import watched as _watched
+
+__all__ = [
+    "ESCAPED",
+    "LIBRARY_FOLDERS",
+    "UNTRACKED",
+    "WATCHED",
+    "Census",
+    "Row",
+    "Site",
+    "SiteStat",
+    "TensorRecord",
+    "TensorRecordList",
+    "WatchedUsage",
+    "books",
+    "buffer_id",
+    "census",
+    "creation_site",
+    "find_untracked",
+    "held",
+    "holders",
+    "live_holders",
+    "live_tensors",
+    "one_per_buffer",
+    "released",
+    "site_label",
+    "site_table",
+    "statistics",
+    "summary",
+    "top_per_device",
+    "tensor_records",
+    "untracked_record",
+    "watched_ids",
+    "watched_usage",
+]
+
+#: The scope of a record that is no Tensor: an array only a watched object holds, a jax array
+#: tidyjax does not own, a buffer tidyjax owns that only raw jax arrays hold (an escaped
+#: ``t.array``, a raw alias a scope handed out: tidyjax's bytes, freed by its scope or by
+#: ``dispose`` of the raw array).
+WATCHED, UNTRACKED, ESCAPED = "<watched>", "<untracked>", "<escaped>"
+#: A row's kind from a record's scope, and each kind's noun.
+_KINDS = {WATCHED: "watched", UNTRACKED: "untracked", ESCAPED: "escaped"}
+_NOUNS = {
+    "tensor": "tensor",
+    "escaped": "escaped array",
+    "watched": "watched array",
+    "untracked": "untracked array",
+}
+
+
+# -- the books: which records count ------------------------------------------------------------
+
+
+def books() -> tuple[list[_registry.Buffer], list[_registry.Buffer]]:
+    """The records every report counts: ``_registry.live()`` (the live records, and those
+    deleted behind tidyjax's back that live Tensors still hold) less a caller's own array no
+    live Tensor holds any more (`released`: the caller's plain array again) and a deleted
+    buffer whose owner scope has exited (that scope disposed its Tensors). Records over one
+    buffer are all listed (``_registry.distinct`` keeps one)."""
+    alive, deleted = _registry.live()
+    if any(released(r) for r in alive):
+        alive = [r for r in alive if not released(r)]
+    deleted = [r for r in deleted if not getattr(r.scope, "exited", False)]
+    return alive, deleted
+
+
+def released(rec: _registry.Buffer) -> bool:
+    """Whether ``rec`` is a caller's own array (never deleted by tidyjax) that no live Tensor
+    holds: the reports count it as the plain array it is; a Tensor on it makes it counted
+    again. A buffer tidyjax owns stays tidyjax's while only raw arrays hold it."""
+    return rec.n <= 0 and not rec.owned and rec.dead is None
+
+
+def buffer_id(rec: _registry.Buffer) -> int:
+    """One id per device buffer: a group of records over one buffer shares its group's."""
+    group = _registry._groups.get(id(rec)) if _registry._groups else None
+    return id(rec) if group is None else id(group)
+
+
+def held(rec: _registry.Buffer) -> bool:
+    """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
+    if rec.n > 0:
+        return True
+    group = _registry._groups.get(id(rec)) if _registry._groups else None
+    return any(r.n > 0 and r.dead is None for r in group or ())
+
+
+def watched_ids(found: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
+    """The ids of the watched arrays, as ``jax.live_arrays()`` lists them (a typed PRNG key
+    appears there as its array of words)."""
+    return {id(base_array(a)) for pairs in found.values() for _, a in pairs}
+
+
+def _spread(arr: Any) -> tuple[tuple[Any, int], ...]:
+    """``arr``'s bytes on each local device (a replicated array counts on each)."""
+    if failed(arr):
+        return ()
+    devices = arr.sharding.device_set
+    if len(devices) == 1 and arr.is_fully_addressable:
+        return ((next(iter(devices)), int(arr.nbytes)),)
+    return tuple(shard_bytes(arr).items())
+
+
+def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = False) -> list[Any]:
+    """``candidates`` less those over a buffer one of ``taken`` views, one per buffer: the
+    arrays with the most shards first (a shard view after its whole array), then in order.
+    Addresses are read from ready buffers that did not fail (``wait``: waiting for each; a
+    deleted array has none)."""
+
+    def key(a: Any) -> Any:
+        try:
+            if a.is_deleted() or failed(a, wait=wait):
+                return None
+        except Exception:  # not an array with a buffer
+            return None
+        return _registry.same_buffer_key(a)
+
+    keys = [(a, key(a)) for a in candidates]
+    seen: set[Any] = set()
+    for a in taken if any(k for _, k in keys) else ():
+        if a is not None and (k := key(a)) is not None:
+            seen.add(k)
+            seen.update((p,) for p in k)  # its per-shard views
+    out = []
+    for a, k in sorted(keys, key=lambda p: -len(p[1] or ())):
+        if k is not None:
+            if k in seen:
+                continue
+            seen.add(k)
+            seen.update((p,) for p in k)
+        out.append(a)
+    return out
+
+
+def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
+    """The jax arrays alive in the process whose buffers tidyjax does not record, less those a
+    watched object holds (``watched``: their ids; by default, found now), one per buffer: an
+    object tidyjax never saw over a recorded buffer (a shard view, a raw ``device_put`` to the
+    same device) is recognised by address. Arrays whose computation failed hold nothing."""
+    if watched is None:
+        watched = watched_ids(_watched())
+    candidates: list[Any] = []
+    kept: list[Any] = []
+    for platform in {d.platform for d in jax.local_devices()}:
+        for arr in jax.live_arrays(platform):
+            rec = _registry.lookup(arr)
+            if (rec is None or released(rec)) and not failed(arr):
+                (kept if id(arr) in watched else candidates).append(arr)
+    if not candidates:
+        return []
+    return one_per_buffer(candidates, [a for rec in recs for a in rec.arrays()] + kept)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchedUsage:
+    """What one watched object holds now, as every report counts it: its arrays (each buffer
+    once; none whose computation failed), their bytes, and how many of them are Tensors'
+    (tracked, so counted among the Tensors too) with their bytes."""
+
+    name: str
+    arrays: int
+    bytes: int
+    tensors: int = 0
+    tensor_bytes: int = 0
+
+    def __str__(self) -> str:
+        text = f"{self.name!r}: {fmt_bytes(self.bytes)} in {count(self.arrays, 'array')}"
+        if self.tensors:
+            text += (
+                f" ({count(self.tensors, 'tensor')}, {fmt_bytes(self.tensor_bytes)}, of them "
+                "also counted above)"
+            )
+        return text
+
+
+def watched_usage(found: Mapping[str, list[tuple[str, Any]]] | None = None) -> list[WatchedUsage]:
+    """Each watched name's `WatchedUsage`, from ``found`` (``_watch.watched()``; by default,
+    read now): the one count behind ``memory().watched`` and the reports."""
+    out = []
+    for name, pairs in (_watched() if found is None else found).items():
+        arrays = nbytes = tensors = tensor_bytes = 0
+        seen: set[Any] = set()
+        for _, arr in pairs:
+            if failed(arr):  # never allocated: holds nothing
+                continue
+            rec = _registry.lookup(arr)
+            if rec is not None and released(rec):  # the caller's plain array again
+                rec = None
+            key = buffer_id(rec) if rec is not None else id(arr)
+            if key in seen:  # two objects over one recorded buffer: once
+                continue
+            seen.add(key)
+            b = local_nbytes(base_array(arr))
+            arrays, nbytes = arrays + 1, nbytes + b
+            if rec is not None:
+                tensors, tensor_bytes = tensors + 1, tensor_bytes + b
+        out.append(WatchedUsage(name, arrays, nbytes, tensors, tensor_bytes))
+    return out
+
+
+# -- the census: a row per live buffer ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One live device buffer. ``kind``: ``"tensor"`` (held by ``tensors`` live Tensors),
+    ``"escaped"`` (tidyjax's, only raw arrays hold it), ``"watched"`` (``name`` the watched
+    object's) or ``"untracked"``; ``array`` one array object over it; ``rec`` its record
+    (tidyjax's kinds); ``spread`` its bytes per device; ``failed`` a buffer whose computation
+    failed (it holds nothing)."""
+
+    kind: str
+    array: Any
+    rec: _registry.Buffer | None = None
+    name: str | None = None
+    tensors: int = 0
+    spread: tuple[tuple[Any, int], ...] = ()
+    failed: bool = False
+
+    @property
+    def bytes(self) -> int:
+        if self.failed:
+            return 0
+        return self.rec.size() if self.rec is not None else local_nbytes(base_array(self.array))
+
+    @property
+    def site(self) -> Site | None:
+        return creation_site(self.array)
+
+    @property
+    def scope(self) -> str:
+        return _scope_path(self.rec.scope) if self.rec is not None else f"<{self.kind}>"
+
+    @property
+    def buffer(self) -> int:
+        return buffer_id(self.rec) if self.rec is not None else id(self.array)
+
+    @property
+    def shape(self) -> str:
+        return describe(self.array)
+
+
+class Census:
+    """The rows of one census (`census`), with what the reports read beside them: the records
+    counted (``recs``, each buffer's records; ``deleted``, deleted behind tidyjax's back),
+    the watched objects (``found``, ``usage``), and whether the untracked arrays were scanned."""
+
+    __slots__ = ("deleted", "found", "recs", "rows", "scanned", "usage")
+
+    def __init__(self, untracked: bool) -> None:
+        self.recs, self.deleted = books()
+        self.found = _watched()
+        self.usage = watched_usage(self.found)
+        self.scanned = untracked
+        self.rows: list[Row] = [self._tracked(rec) for rec in _registry.distinct(self.recs)]
+        self.rows += self._watched()
+        if untracked:
+            raw = find_untracked(self.recs, watched_ids(self.found))
+            self.rows += [Row("untracked", a, spread=_spread(a)) for a in raw]
+
+    @staticmethod
+    def _tracked(rec: _registry.Buffer) -> Row:
+        arr = rec.array()
+        group = _registry._groups.get(id(rec)) if _registry._groups else None
+        n = sum(max(r.n, 0) for r in group) if group else max(rec.n, 0)
+        bad = failed(arr)
+        spread = () if bad else tuple(_registry.device_bytes(rec).items())
+        kind = "tensor" if held(rec) else "escaped"
+        return Row(kind, arr, rec, tensors=n, spread=spread, failed=bad)
+
+    def _watched(self) -> list[Row]:
+        """The watched arrays no Tensor holds, each buffer once over all the names (the first
+        name that holds it claims it)."""
+        out, seen = [], set()
+        for name, pairs in self.found.items():
+            for _, arr in pairs:
+                rec = _registry.lookup(arr)
+                base = base_array(arr)
+                if failed(arr) or (rec is not None and not released(rec)) or id(base) in seen:
+                    continue  # nothing, a Tensor's, or claimed
+                seen.add(id(base))
+                out.append(Row("watched", arr, name=name, spread=_spread(base)))
+        return out
+
+    def of(self, *kinds: str) -> list[Row]:
+        return [r for r in self.rows if r.kind in kinds]
+
+    def per_device(self, *kinds: str) -> dict[Any, int]:
+        out: dict[Any, int] = {}
+        for row in self.of(*kinds):
+            for dev, b in row.spread:
+                out[dev] = out.get(dev, 0) + b
+        return out
+
+    def names(self) -> dict[int, str]:
+        """The watched arrays' paths, by the arrays' ids (the first name of each)."""
+        out: dict[int, str] = {}
+        for pairs in self.found.values():
+            for path, arr in pairs:
+                out.setdefault(id(arr), path)
+        return out
+
+    def records(self) -> TensorRecordList:
+        """A `TensorRecord` per live Tensor (oldest first), after the watched arrays' and
+        before the escaped and untracked buffers' (largest first)."""
+        names = self.names()
+        with _collector_paused():
+            out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
+        raw = self.of("watched") + self.of("escaped")
+        head = [_raw_record(r, names) for r in raw if r.kind == "watched"]
+        tail = [_raw_record(r, names) for r in raw if r.kind == "escaped"]
+        untracked = [untracked_record(r.array) for r in self.of("untracked")]
+        untracked.sort(key=lambda r: -r.bytes)
+        return TensorRecordList(head + out + tail + untracked)
+
+
+def census(*, untracked: bool = True) -> Census:
+    """One census of what is alive now (see the module docstring); ``untracked`` also scans
+    ``jax.live_arrays()`` for the arrays tidyjax does not own."""
+    return Census(untracked)
+
+
+def _scope_path(owner: Any) -> str:
+    if owner is KEPT:
+        return "<kept>"
+    if owner is _registry.VARIABLE:
+        return "<variable>"
+    return getattr(owner, "path", "")
+
+
+# -- statistics: rows grouped by site ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SiteStat:
+    """Live arrays of one kind made at one site, as every report groups them (in the manner of
+    ``tracemalloc.Statistic``); `statistics` makes them.
+
+    Attributes:
+        site: the user's line that made them (a [`Site`][tidyjax.Site]; its ``detail`` the
+            library frame, such as ``flax/nnx/...``), or None where JAX kept no traceback or
+            the row is a watched object's.
+        kind: ``"tensor"`` (Tensors), ``"escaped"`` (tidyjax's buffers only raw arrays hold),
+            ``"watched"`` (arrays only a watched object holds) or ``"untracked"`` (jax arrays
+            tidyjax does not own).
+        count: how many (Tensors for ``"tensor"``, arrays otherwise).
+        bytes: their bytes, each buffer once over the list it is in (in its first row).
+        shapes: ``{"float32[1024,1024]": 2, ...}``.
+        scope: the scope path that frees them, where the report splits by scope (``""``
+            outside every scope, ``"<kept>"``, ``"<variable>"``), else None.
+        device: the device, where the report splits by device (``memory()``), else None.
+        name: the watched object's name, for a row of a watched object, else None.
+    """
+
+    site: Site | None
+    kind: str
+    count: int
+    bytes: int
+    shapes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    scope: str | None = None
+    device: str | None = None
+    name: str | None = None
+
+    @property
+    def tracked(self) -> bool:
+        """Whether tidyjax owns them (Tensors, or its escaped buffers)."""
+        return self.kind in ("tensor", "escaped")
+
+    @property
+    def watched(self) -> bool:
+        return self.kind == "watched"
+
+    @property
+    def untracked(self) -> bool:
+        return self.kind == "untracked"
+
+    @property
+    def label(self) -> str:
+        """What holds the bytes: the site (with the kind, unless Tensors), or the watched
+        object's name."""
+        if self.name is not None:
+            return f"watched {self.name!r}"
+        return site_label(self.site, self.kind)
+
+    def __str__(self) -> str:
+        shapes = _shapes(self.shapes)
+        where = self.label if self.name is not None else site_label(self.site)  # noun: the kind
+        text = f"{where}: {count(self.count, _NOUNS[self.kind])}, {fmt_bytes(self.bytes)}"
+        text += f" [{shapes}]" if shapes else ""
+        if self.scope is not None and self.tracked:
+            text += _SCOPES.get(self.scope, f", scope {self.scope!r}")
+        if self.site is not None and self.site.detail is not None:
+            text += f" (via {library_frame(self.site.detail)})"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)  # a Site becomes a dict of its fields
+        out["site"] = None if self.site is None else _site_json(self.site)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SiteStat:
+        return cls(**{**d, "site": _site_from_json(d["site"])})
+
+
+def site_label(site: Site | None, kind: str = "tensor") -> str:
+    """``train.py:3 in step``, and `` (untracked)`` (or the row's other kind) unless Tensors."""
+    text = str(site) if site is not None else "<unknown site>"
+    return text if kind == "tensor" else f"{text} ({kind})"
+
+
+_SCOPES = {"": ", outside every scope", "<kept>": ", kept", "<variable>": ", a Variable"}
+
+
+#: How a table names a scope marker.
+_SCOPE_NAMES = {"": "(no scope)", "<kept>": "kept", "<variable>": "Variable"}
+
+
+def site_table(
+    rows: Sequence[Any],
+    site: str = "created at",
+    bars: bool = False,
+    more: Callable[[Any], str] | None = None,
+) -> str:
+    """`SiteStat` (or ``SiteDiff``) rows as the one table every report shows: the device, the
+    kind and the scope where the rows have them, the site (its library frame dim beside it,
+    and ``more(row)``), the count and the bytes (with their changes; a bar each with
+    ``bars``), the shapes."""
+    most = max((r.bytes for r in rows), default=0) or 1
+    cols: list[tuple[str, Any, Callable[[Any], str]]] = [
+        ("device", _has(rows, "device"), lambda r: esc(r.device)),
+        (site, True, lambda r: esc(r.label) + _via(r.site) + (more(r) if more else "")),
+        ("kind", len({r.kind for r in rows}) > 1, lambda r: esc(r.kind)),
+        ("scope", _has(rows, "scope"), lambda r: esc(_SCOPE_NAMES.get(r.scope, r.scope or ""))),
+        ("count", True, lambda r: str(r.count)),
+        ("change", _has(rows, "count_diff"), lambda r: f"{r.count_diff:+d}"),
+        ("bytes", True, lambda r: esc(fmt_bytes(r.bytes))),
+        ("change", _has(rows, "bytes_diff"), lambda r: esc(signed_bytes(r.bytes_diff))),
+        ("", bars, lambda r: _html.bar(r.bytes / most)),
+        ("shapes", _has(rows, "shapes"), lambda r: esc(_shapes(r.shapes))),
+    ]
+    shown = [(h, cell) for h, present, cell in cols if present]
+    numeric = {i for i, (h, _) in enumerate(shown) if h in ("count", "change", "bytes")}
+    body = [[cell(r) for _, cell in shown] for r in rows]
+    return _html.table([h for h, _ in shown], body, numeric)
+
+
+def _has(rows: Sequence[Any], field: str) -> bool:
+    return any(getattr(r, field, None) is not None for r in rows)
+
+
+def _via(site: Site | None) -> str:
+    lib = site.detail if site is not None else None
+    return _html.dim(f" via {library_frame(lib)}") if lib is not None else ""
+
+
+def _shapes(shapes: Mapping[str, int]) -> str:
+    return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in shapes.items())  # noqa: RUF001
+
+
+def statistics(
+    items: Iterable[Any], by: tuple[str, ...] = ("site",), top: int | None = None
+) -> list[SiteStat]:
+    """``items`` (census `Row`s or `TensorRecord`s) grouped by their kind and the fields named
+    in ``by`` (``"site"``, ``"scope"``, ``"name"``, ``"device"``: a row counts on each device
+    that holds part of it, with that part), largest first (by device first when split by
+    device, at most ``top`` rows per device). Each buffer's bytes count once per kind and
+    device, in the first row that has it, so the rows add up to the total."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    claimed: set[tuple[Any, ...]] = set()
+    for it in items:
+        kind, row = _kind(it), isinstance(it, Row)
+        buf, shape = (it.buffer, it.shape) if row else (it._buffer, describe(it))
+        for dev, b in it.spread if "device" in by else ((None, it.bytes),):
+            key = (kind, *(_field(it, f, dev) for f in by))
+            g = groups.setdefault(key, [it.site if "site" in by else None, 0, 0, Counter()])
+            g[1] += (it.tensors or 1) if row else 1
+            if (kind, buf, dev) not in claimed:
+                claimed.add((kind, buf, dev))
+                g[2] += b
+            g[3][shape] += 1
+    out: list[SiteStat] = []
+    for key, (site, n, b, shapes) in groups.items():
+        fields = dict(zip(by, key[1:], strict=True))
+        fields.pop("site", None)
+        if "device" in fields:
+            fields["device"] = str(fields["device"])
+        out.append(SiteStat(site, key[0], n, b, dict(shapes), **fields))
+    out.sort(key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
+    return out if top is None else top_per_device(out, top)
+
+
+def top_per_device(rows: list[SiteStat], n: int) -> list[SiteStat]:
+    """``rows`` sorted by device, then largest first, at most ``n`` per device."""
+    rows = sorted(rows, key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
+    out: list[SiteStat] = []
+    for s in rows:
+        if sum(1 for t in out if t.device == s.device) < n:
+            out.append(s)
+    return out
+
+
+def _kind(it: Any) -> str:
+    return it.kind if isinstance(it, Row) else _KINDS.get(it.scope, "tensor")
+
+
+def _field(it: Any, field: str, device: Any) -> Any:
+    if field == "site":
+        return str(it.site) if it.site is not None else None
+    if field == "device":
+        return device
+    return getattr(it, field)
+
+
+# -- records: a Tensor each --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class TensorRecord:
+    """One live Tensor, as [`live_tensors`][tidyjax.live_tensors] reports it.
+
+    Attributes:
+        id: the Tensor's id.
+        shape: its shape.
+        dtype: its dtype, as a string.
+        bytes: its buffer's bytes (0 for one whose allocation failed: it holds nothing).
+        devices: the devices holding it, as strings.
+        scope: the scope path that will free it (``"train/step"``), ``""`` outside every scope,
+            ``"<kept>"`` when kept, ``"<variable>"`` for a Variable, ``"<watched>"`` for an
+            array that only a watched object holds, ``"<untracked>"`` for a jax array tidyjax
+            does not own and no watched object holds, ``"<escaped>"`` for a buffer tidyjax owns
+            that only raw jax arrays hold (none of those is a Tensor: ``id`` is 0).
+        site: a [`Site`][tidyjax.Site] or None.
+        kept: whether it was kept.
+        variable: whether it is a Variable.
+        name: its path in an object registered with [`tidyjax.watch`][tidyjax.watch]
+            (``"model.layers[0].kernel"``), else None.
+    """
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    devices: tuple[str, ...]
+    scope: str
+    site: Site | None
+    kept: bool
+    variable: bool
+    _buffer: int  # tensors with equal values share one device buffer
+    name: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorRecord(id={self.id}, {self.dtype}{list(self.shape)}, {fmt_bytes(self.bytes)}, "
+            f"scope={self.scope!r}, site={str(self.site) if self.site else None!r}"
+            f"{f', name={self.name!r}' if self.name else ''}"
+            f"{', kept' if self.kept else ''}{', variable' if self.variable else ''})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["shape"], out["devices"] = list(self.shape), list(self.devices)
+        out["site"] = None if self.site is None else _site_json(self.site)
+        out["buffer"] = out.pop("_buffer")
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TensorRecord:
+        index = operator.index  # a count given as anything but an int is a malformed file
+        return cls(
+            id=index(d["id"]), shape=tuple(index(n) for n in d["shape"]), dtype=d["dtype"],
+            bytes=index(d["bytes"]), devices=tuple(d["devices"]), scope=d["scope"],
+            kept=d["kept"], variable=d["variable"], _buffer=index(d.get("buffer", d["id"])),
+            site=_site_from_json(d.get("site")), name=d.get("name"),
+        )  # fmt: skip
+
+
+def _site_json(site: Site) -> dict[str, Any]:
+    out: dict[str, Any] = {"file": site.file, "line": site.line, "function": site.function}
+    if site.detail is not None:  # the library frame that made it
+        out["detail"] = _site_json(site.detail)
+    if site.stack:  # a leak site's user frames further in
+        out["stack"] = [_site_json(f) for f in site.stack]
+    return out
+
+
+def _site_from_json(s: dict[str, Any] | None) -> Site | None:
+    if s is None:
+        return None
+    stack = tuple(Site(f["file"], f["line"], f["function"]) for f in s.get("stack", ()))
+    return Site(s["file"], s["line"], s["function"], _site_from_json(s.get("detail")), stack)
+
+
+def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[Tensor]]]:
+    """Each record with the live Tensors holding it, found among the objects the garbage
+    collector tracks (the registry counts holders but keeps no reference to them: that would
+    cost on every op). One pass over the heap."""
+    by_rec: dict[int, tuple[_registry.Buffer, list[Tensor]]] = {id(r): (r, []) for r in recs}
+    arrays = [a for r in recs for a in r.arrays()]  # held: their ids stay theirs meanwhile
+    if arrays:
+        ids = set(map(id, arrays))
+        for obj in gc.get_objects():
+            if isinstance(obj, Tensor):
+                rec = obj._rec
+                if rec is not None and id(rec) in by_rec and id(obj._array) in ids:
+                    by_rec[id(rec)][1].append(obj)
+    return list(by_rec.values())
+
+
+def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
+    """Every record the reports count (`books`) with the live Tensors holding it."""
+    recs, deleted = books()
+    return holders(recs + deleted)
+
+
+def _record(
+    t: Tensor, rec: _registry.Buffer, names: dict[int, str], site_of: Callable[[Any], Any]
+) -> TensorRecord:
+    arr = t._array
+    variable = isinstance(t, Variable)
+    return TensorRecord(
+        id=t._id,
+        shape=tuple(arr.shape),
+        dtype=str(arr.dtype),
+        # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
+        bytes=0 if failed(arr) or base_array(arr).is_deleted() else rec.size(),
+        devices=_devices(arr),
+        scope="<variable>" if variable else _scope_path(rec.scope),
+        site=site_of(arr),
+        kept=rec.scope is KEPT,
+        variable=variable,
+        _buffer=buffer_id(rec),  # records over one buffer (a group) share it
+        name=names.get(id(arr)) if names else None,
+    )
+
+
+def _devices(arr: Any) -> tuple[str, ...]:
+    """From the sharding: ``devices()`` raises for a deleted array, the sharding never does."""
+    return tuple(sorted(str(d) for d in arr.sharding.device_set))
+
+
+def _raw_record(row: Row, names: dict[int, str]) -> TensorRecord:
+    """A watched or escaped buffer's record: no Tensor, so id 0."""
+    arr = row.array
+    return TensorRecord(
+        id=0, shape=tuple(arr.shape), dtype=str(arr.dtype), bytes=row.bytes,
+        devices=_devices(arr), scope=f"<{row.kind}>", site=row.site,
+        kept=row.rec is not None and row.rec.scope is KEPT, variable=False, _buffer=row.buffer,
+        name=names.get(id(arr)),
+    )  # fmt: skip
+
+
+def untracked_record(
+    arr: Any, site_of: Callable[[Any], Site | None] = creation_site
+) -> TensorRecord:
+    """A jax array tidyjax does not own: no Tensor, so id 0 and scope ``<untracked>``.
+    ``site_of``: how its site is found (a leak check names the outermost user frame)."""
+    return TensorRecord(
+        id=0, shape=tuple(arr.shape), dtype=str(arr.dtype),
+        bytes=0 if failed(arr) else local_nbytes(base_array(arr)), devices=_devices(arr),
+        scope=UNTRACKED, site=site_of(arr), kept=False, variable=False, _buffer=id(arr),
+    )  # fmt: skip
+
+
+def tensor_records(
+    since: int = 0,
+    names: dict[int, str] | None = None,
+    holding: list[tuple[_registry.Buffer, list[Tensor]]] | None = None,
+    site_of: Callable[[Any], Site | None] = creation_site,
+) -> list[TensorRecord]:
+    """A record of each live Tensor and Variable whose id is above ``since``, oldest first;
+    only those are built, so a leak check's report costs its new Tensors. ``names``: the
+    watched arrays' paths by the arrays' ids; ``holding``: `live_holders`, by default found
+    now. ``site_of``: how a site is found (a leak check names the outermost user frame)."""
+    with _collector_paused():
+        out = [
+            _record(t, rec, names or {}, site_of)
+            for rec, ts in (live_holders() if holding is None else holding)
+            for t in ts
+            if t._id > since
+        ]
+    out.sort(key=lambda r: r.id)
+    return out
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The garbage collector paused while a report builds its records: they make no cycles,
+    and so many new objects would start collections of the whole heap."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def summary(records: Iterable[TensorRecord]) -> str:
+    """The one headline of a list of records: the Tensors with their bytes, then the escaped,
+    watched and untracked arrays, each with theirs, each buffer once, a part left out when
+    there is none of it (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``)."""
+    n: Counter[str] = Counter()
+    by_buffer: dict[str, dict[int, int]] = {}
+    for r in records:
+        kind = _KINDS.get(r.scope, "tensor")
+        n[kind] += 1
+        by_buffer.setdefault(kind, {})[r._buffer] = r.bytes
+    parts = []
+    for kind in ("tensor", "escaped", "watched", "untracked"):
+        if n[kind] or kind == "tensor":
+            noun = "live tensor" if kind == "tensor" else _NOUNS[kind]
+            parts.append(
+                f"{count(n[kind], noun)}, {fmt_bytes(sum(by_buffer.get(kind, {}).values()))}"
+            )
+    return "; ".join(parts)
+
+
+class TensorRecordList(list[TensorRecord]):
+    """A list of `TensorRecord` that shows itself as a table in Jupyter."""
+
+    def _repr_html_(self) -> str:
+        return _records_html(self)
+
+
+def live_tensors(*, untracked: bool = False) -> TensorRecordList:
+    """A record of every live Tensor and Variable, oldest first (a list).
+
+    With objects registered by [`tidyjax.watch`][tidyjax.watch], the arrays they hold come first (id
+    0, scope ``"<watched>"``, ``name`` their path), and a Tensor inside one carries its ``name``.
+    The reports count those apart from the Tensors:
+    ``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``. So are the buffers tidyjax owns that no
+    live Tensor holds any more, only raw jax arrays (``t.array`` kept after ``t`` went, a raw
+    alias a scope handed out): a record each after the Tensors (id 0, scope ``"<escaped>"``),
+    counted in ``memory().num_bytes`` as tidyjax's.
+
+    Args:
+        untracked: also a record of each jax array alive that tidyjax does not own and no
+            watched object holds (id 0, scope ``"<untracked>"``, ``site`` the user's line that
+            made it), after the Tensors, largest first: the arrays ``memory()`` counts as
+            untracked. Costs a scan of ``jax.live_arrays()``.
+
+    Example:
+        ```python
+        for r in tidyjax.live_tensors(untracked=True):
+            if r.scope == "<untracked>":
+                print(r.site, r.bytes)
+        ```
+    """
+    untracked = check_flag(untracked, "untracked", "live_tensors()")
+    return census(untracked=untracked).records()
+
+
+@_html.never_raises
+def _records_html(records: list[TensorRecord]) -> str:
+    head = f"<b>{esc(summary(records))}</b>"
+    if not records:
+        return _html.box(head)
+    named = any(r.name for r in records)
+    rows = [
+        (r.id, esc(describe(r)), esc(fmt_bytes(r.bytes)),
+         esc(", ".join(r.devices)), esc(r.scope), esc(r.site) if r.site else _html.dim("unknown"),
+         *([esc(r.name or "")] if named else []))
+        for r in records
+    ]  # fmt: skip
+    header = ["id", "tensor", "bytes", "devices", "scope", "created at"]
+    return _html.box(head, _html.table(header + ["name"] * named, rows, numeric={0, 2}))
