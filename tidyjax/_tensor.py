@@ -888,7 +888,7 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
         _registry.resolve()  # before any record is dead: a dead record is never grouped
     doomed: list[_registry.Buffer] = []
     survivors: list[Tensor] = []
-    released: list[_registry.Buffer] = []
+    released: list[_registry.Buffer] | None = [] if _registry.observers else None
     with _registry._lock:
         for t in tensors:
             rec = t._rec
@@ -903,13 +903,14 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
             if dead is None:
                 if rec.scope is VARIABLE and getattr(t, "_var", None) is not None:
                     _registry.let_go(rec)
-                released.append(rec)
+                if released is not None:
+                    released.append(rec)
                 if rec.n <= 0:
                     rec.dead = RELEASED
                     doomed.append(rec)
                 else:
                     survivors.append(t)
-    if _registry.observers:
+    if released:
         for rec in released:
             _registry._notify("tensor_removed", rec)
     freed = _registry.free_all(doomed)
