@@ -21,20 +21,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _timing import side_by_side
+from _timing import FullCollections, side_by_side
 
 import tidyjax as tj
 import tidyjax.numpy as tnp
 
 ROWS: list[tuple[str, float, float]] = []
+HEADER = (
+    f"{'workload':58s} {'raw µs':>10s} {'tidyjax µs':>10s} {'ratio':>7s}"
+    f" {'full GC/100 raw':>15s} {'tidyjax':>7s}"
+)
 
 
 def row(name: str, raw: Callable[[], object], tracked: Callable[[], object], number: int,
-        rounds: int) -> None:  # fmt: skip
+        rounds: int) -> float:  # fmt: skip
+    """Time ``raw`` against ``tracked`` in alternation; print the row (with the full garbage
+    collections per 100 calls of each side) and return the ratio."""
     gc.collect()
-    r, w = side_by_side(raw, tracked, number, rounds)
+    full = FullCollections()
+    r, w = side_by_side(raw, tracked, number, rounds, collections=full)
     ROWS.append((name, r, w))
-    print(f"{name:58s} {r * 1e6:10.1f} {w * 1e6:10.1f} {w / r:7.3f}", flush=True)
+    print(
+        f"{name:58s} {r * 1e6:10.1f} {w * 1e6:10.1f} {w / r:7.3f}"
+        f" {full.per_100(0):15.2f} {full.per_100(1):7.2f}",
+        flush=True,
+    )
+    return w / r
 
 
 def eager(number: int, rounds: int) -> None:
@@ -91,13 +103,45 @@ def jitted_leaves(n: int, number: int, rounds: int) -> float:
         tj.dispose(params["tj"])
         params["tj"] = jax.block_until_ready(new)
 
-    name = f"jitted step, {n} leaves, tidy vs raw jit"
-    gc.collect()
-    r, w = side_by_side(raw, tracked, number, rounds)
-    ROWS.append((name, r, w))
-    print(f"{name:58s} {r * 1e6:10.1f} {w * 1e6:10.1f} {w / r:7.3f}", flush=True)
+    ratio = row(f"jitted step, {n} leaves, tidy vs raw jit", raw, tracked, number, rounds)
     tj.dispose(params["tj"])
-    return w / r
+    return ratio
+
+
+def _tracked_objects() -> int:
+    """The objects the cyclic garbage collector tracks now (after a full collection)."""
+    gc.collect()
+    return len(gc.get_objects())
+
+
+def tracked_per_leaf(n: int) -> None:
+    """The objects the garbage collector tracks per leaf of a jitted step's new state, raw
+    jax.jit against tidyjax.jit in a scope that hands the state out: each tracked object alive
+    is one more the cyclic collector traverses (and promotes) at every collection."""
+
+    def update(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        return jax.tree.map(lambda w: w * 0.99 + 0.01, p)
+
+    raw_step, tj_step = jax.jit(update), tj.jit(update)
+    raw = {f"w{i}": jnp.full((64,), float(i)) for i in range(n)}
+    params = {f"w{i}": tj.tensor(np.full((64,), float(i), np.float32)) for i in range(n)}
+    jax.block_until_ready(raw_step(raw))  # compile both outside the count
+    with tj.tidy():
+        tj_step(params)
+    before = _tracked_objects()
+    new_raw = jax.block_until_ready(raw_step(raw))
+    per_raw = (_tracked_objects() - before) / n
+    before = _tracked_objects()
+    with tj.tidy() as scope:
+        new = scope.keep(tj_step(params))
+    jax.block_until_ready(new)
+    per_tj = (_tracked_objects() - before) / n
+    print()
+    print(f"objects the garbage collector tracks per leaf of a jitted step's state ({n} leaves)")
+    print(f"  raw jax.jit {per_raw:6.2f}   tidyjax.jit {per_tj:6.2f}   "
+          f"difference {per_tj - per_raw:+6.2f}")  # fmt: skip
+    del new_raw
+    tj.dispose([new, params])
 
 
 def _mlp(n: int = 256, hidden: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -163,12 +207,15 @@ def adam_step(number: int, rounds: int) -> None:
 
 
 def _gc_clock() -> tuple[list[float], Callable[[str, dict[str, int]], None]]:
-    """A gc callback summing the cyclic collector's time into ``total[0]``."""
-    total = [0.0, 0.0]
+    """A gc callback summing the cyclic collector's time into ``total[0]`` and counting its
+    full (generation-2) collections in ``total[2]``."""
+    total = [0.0, 0.0, 0.0]
 
-    def callback(phase: str, _info: dict[str, int]) -> None:
+    def callback(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             total[1] = time.perf_counter()
+            if info["generation"] == 2:
+                total[2] += 1
         else:
             total[0] += time.perf_counter() - total[1]
 
@@ -190,6 +237,7 @@ def breakdown(n: int, rounds: int) -> None:
     params = {f"w{i}": tj.tensor(np.full((64,), float(i), np.float32)) for i in range(n)}
     gc_time, callback = _gc_clock()
     phases: dict[str, list[float]] = {}
+    full = {"raw": 0.0, "tidyjax": 0.0}
 
     def note(name: str, seconds: float) -> None:
         phases.setdefault(name, []).append(seconds / n * 1e6)
@@ -198,7 +246,7 @@ def breakdown(n: int, rounds: int) -> None:
     gc.callbacks.append(callback)
     try:
         for r in range(rounds + 3):
-            gc_time[0] = 0.0
+            gc_time[0] = gc_time[2] = 0.0
             t0 = pc()
             out = raw_step(raw)
             t1 = pc()
@@ -206,13 +254,14 @@ def breakdown(n: int, rounds: int) -> None:
             t2 = pc()
             raw = out  # the last step's arrays go with their last reference
             t3 = pc()
-            raw_gc = gc_time[0]
+            raw_gc, raw_full = gc_time[0], gc_time[2]
             if r >= 3:
+                full["raw"] += raw_full
                 note("raw: JAX call", t1 - t0)
                 note("raw: wait (block_until_ready)", t2 - t1)
                 note("raw: last step's arrays dropped", t3 - t2)
                 note("raw: garbage collector", raw_gc)
-            gc_time[0] = 0.0
+            gc_time[0] = gc_time[2] = 0.0
             t0 = pc()
             scope = tj.tidy()
             scope.__enter__()
@@ -233,6 +282,7 @@ def breakdown(n: int, rounds: int) -> None:
             params = new
             t8 = pc()
             if r >= 3:
+                full["tidyjax"] += gc_time[2]
                 note("tidyjax: scope enter + unwrap arguments", t1 - t0)
                 note("tidyjax: JAX call", t2 - t1)
                 note("tidyjax: wrap outputs as Tensors", t3 - t2)
@@ -256,6 +306,9 @@ def breakdown(n: int, rounds: int) -> None:
         print(f"  {name:58s} {cost:8.3f}")
     print(f"  {'raw: total':58s} {totals['raw']:8.3f}")
     print(f"  {'tidyjax: total':58s} {totals['tidyjax']:8.3f}")
+    for side in ("raw", "tidyjax"):
+        print(f"  {side + ': full GC collections per 100 steps':58s} "
+              f"{100 * full[side] / rounds:8.2f}")  # fmt: skip
 
 
 def realistic_step(number: int, rounds: int) -> None:
@@ -342,22 +395,39 @@ def profiler_check(number: int, rounds: int) -> None:
         max(1, number // 100), rounds)  # fmt: skip
 
 
+SECTIONS = ("eager", "jit", "adam", "realistic", "profiler", "breakdown", "objects", "exit")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     number, rounds = (500, 7) if args.quick else (2000, 15)
     print(f"jax {jax.__version__} on {jax.default_backend()}, tidyjax {tj.__version__}")
-    print(f"{'workload':58s} {'raw µs':>10s} {'tidyjax µs':>10s} {'ratio':>7s}")
-    eager(number, rounds)
-    ratios = {n: jitted_leaves(n, max(1, 20_000 // n), max(5, rounds // 2))
-              for n in (100, 1000, 10_000)}  # fmt: skip
-    print(f"{'ratio(1000) / ratio(100)':58s} {'':10s} {'':10s} {ratios[1000] / ratios[100]:7.3f}")
-    adam_step(max(1, number // 10), rounds)
-    realistic_step(max(1, number // 200), rounds)
-    profiler_check(number, rounds)
-    breakdown(1000, rounds * 2)
-    scope_exit(rounds)
+    print(HEADER)
+    if "eager" in only:
+        eager(number, rounds)
+    if "jit" in only:
+        ratios = {n: jitted_leaves(n, max(1, 20_000 // n), max(5, rounds // 2))
+                  for n in (100, 1000, 10_000)}  # fmt: skip
+        print(f"{'ratio(1000) / ratio(100)':58s} {'':10s} {'':10s} "
+              f"{ratios[1000] / ratios[100]:7.3f}")  # fmt: skip
+    if "adam" in only:
+        adam_step(max(1, number // 10), rounds)
+    if "realistic" in only:
+        realistic_step(max(1, number // 200), rounds)
+    if "profiler" in only:
+        profiler_check(number, rounds)
+    if "breakdown" in only:
+        breakdown(1000, rounds * 2)
+    if "objects" in only:
+        tracked_per_leaf(1000)
+    if "exit" in only:
+        scope_exit(rounds)
 
 
 if __name__ == "__main__":

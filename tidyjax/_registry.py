@@ -226,12 +226,31 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
 
 
 def free_all(recs: list[Buffer]) -> list[Any]:
-    """`free` each dead record; returns the deleted arrays."""
+    """`free` each dead record; returns the deleted arrays. With no observer, no group and no
+    suspect (the usual case), `free` of a record with one array object is inlined: a call per
+    record was a third of a dispose."""
     out = []
+    if observers or _groups or suspects:
+        for rec in recs:
+            arr = free(rec)
+            if arr is not None:
+                out.append(arr)
+        return out
+    buffers = _buffers
     for rec in recs:
-        arr = free(rec)
+        if rec.more:
+            arr = _free_aliased(rec)
+            if arr is not None:
+                out.append(arr)
+            continue
+        arr = rec()
         if arr is not None:
-            out.append(arr)
+            key = id(arr)
+            if buffers.get(key) is rec:
+                del buffers[key]
+            if rec.owned:
+                arr.delete()
+                out.append(arr)
     return out
 
 
