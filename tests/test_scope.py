@@ -675,3 +675,23 @@ def test_dispose_of_a_raw_array_returned_from_a_scope_deletes_it():
     t.dispose()
     with pytest.raises(DisposedError):
         t.numpy()
+
+
+def test_a_long_loop_of_child_scopes_keeps_the_outer_scopes_books_bounded():
+    # Each step hands its result to the outer scope (a record and a Tensor object to settle at
+    # exit); the results of the steps before were dropped. The outer books must not grow with
+    # the number of steps (host memory in a long training loop), and nothing alive is lost.
+    @tj.tidy
+    def step(x):
+        return x + 1
+
+    with tj.tidy() as outer:
+        x = tj.tensor(np.zeros(4, np.float32))
+        for _ in range(5000):
+            x = step(x)
+        assert len(outer._owned) < 2100 and len(outer._aliases) < 2100
+        assert float(x.array[0]) == 5000.0
+        kept = tj.keep(x)
+    assert not kept.is_disposed and tj.memory().num_tensors == 1
+    kept.dispose()
+    assert tj.memory().num_tensors == 0

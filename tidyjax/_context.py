@@ -84,7 +84,8 @@ class Tracker:
             self._peak = nbytes
 
     def _compact(self) -> None:
-        """Forget records whose arrays Python already collected; amortized O(1) per op."""
+        """Forget records whose arrays Python already collected, and Tensor objects collected
+        or disposed; amortized O(1) per op (and per record or object a child hands here)."""
         owned = self._owned
         before = len(owned)
         kept = []
@@ -96,7 +97,9 @@ class Tracker:
                     self._collected += 1
         owned[:] = kept
         self._pruned += before - len(owned)
-        self._compact_at = max(1024, 2 * len(owned))
+        # the Tensor objects to dispose at exit: those collected or disposed meanwhile go
+        self._aliases[:] = [ref for ref in self._aliases if (t := ref()) is not None and t._rec]
+        self._compact_at = max(1024, 2 * len(owned), 2 * len(self._aliases))
 
 
 CURRENT: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar(  # noqa: UP045

@@ -289,6 +289,8 @@ class Scope(Tracker):
             self._handed_tensors = {}
         if self._handed:
             self._handed = set()
+        if parent is not None and _overgrown(parent):  # a long loop of child scopes inside
+            parent._compact()
         self._created = len(owned) + self._pruned - self._moved_in
         self.num_freed = len(self._freed)
         self.num_handed_out = handed
@@ -595,6 +597,16 @@ def _effective(s: Tracker | None) -> Tracker | None:
     while isinstance(s, Scope) and (s._state == _CLOSED or s._transparent()):
         s = s.parent
     return s
+
+
+def _overgrown(scope: Any) -> bool:
+    """Whether ``scope``'s lists (plain lists: not redirected) are due a compaction."""
+    owned, aliases = scope._owned, scope._aliases
+    return (
+        type(owned) is list
+        and type(aliases) is list
+        and max(len(owned), len(aliases)) > scope._compact_at
+    )
 
 
 class _Redirect(list):
