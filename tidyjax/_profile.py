@@ -342,7 +342,7 @@ class _Observer:
         # id(record) -> the records over its buffer (2 or more), whose bytes count once
         self.shared: dict[int, list[Any]] = {}
         # id(record) -> record: a caller's own array no Tensor holds (not counted; see
-        # _memory.released) until a Tensor holds it again
+        # _census.released) until a Tensor holds it again
         self.released: dict[int, Any] = {}
 
     def open(self, p: ProfileInfo) -> None:

@@ -22,7 +22,7 @@ buffer (a raw ``jax.device_put`` of a Tensor to where it is) share one entry, de
 next event (`Timeline._settle`; addresses read only for the registry's suspects, once per entry,
 see ``Timeline._find``); raw objects no record knows over a recorded or plain buffer are views of
 its entry, plain arrays again when the records go. A caller's array whose last Tensor went is
-plain again (``_memory.released``). A buffer deleted behind tidyjax's back (a raw ``jax.jit``
+plain again (``_census.released``). A buffer deleted behind tidyjax's back (a raw ``jax.jit``
 donation) is freed at the next ``mark()``, stop or read.
 """
 
@@ -743,7 +743,7 @@ class Timeline:
             elif kind == "buffer_added":
                 self._added(obj, time.perf_counter(), tensor)
             elif kind == "tensor_removed":
-                # The last Tensor on an array nothing of tidyjax frees (see _memory.released):
+                # The last Tensor on an array nothing of tidyjax frees (see _census.released):
                 # the array is plain again if it outlives the Tensor (decided at the next event:
                 # dropped together, the array is collected first).
                 self._pending.append((obj, time.perf_counter(), _LET_GO))
@@ -870,7 +870,7 @@ class Timeline:
 
     def _free(self, entry: list[Any], now: float, survivors: Any = ()) -> None:
         """Record the free of ``entry``'s buffer; ``survivors``: its array objects that live on
-        as a plain array (a caller's, see ``_memory.released``), its views joining them."""
+        as a plain array (a caller's, see ``_census.released``), its views joining them."""
         rec, a, ids, members = entry
         if self._live.get(id(rec)) is not entry:
             return  # freed already
@@ -953,7 +953,7 @@ class Timeline:
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
-        outlived the Tensor, the buffer is a plain array again (see ``_memory.released``)."""
+        outlived the Tensor, the buffer is a plain array again (see ``_census.released``)."""
         entry = self._live.get(id(rec))
         if entry is None or not released(rec) or rec.array() is None:
             return  # held again, freed, or collected (that event frees it)
