@@ -4,10 +4,12 @@
 Tensors, or ``<escaped>``: only raw arrays hold it), watched (an object given to
 ``tidyjax.watch`` holds it, no Tensor does) or untracked (any other jax array), with its bytes
 per device and its creation site. ``memory()`` sums the rows; ``live_tensors()``,
-``snapshot()``, the OOM report and the timeline's look at the plain arrays read the same rows,
-a `TensorRecord` per Tensor where they name Tensors; ``check_leaks`` builds its records with
-the same functions from the arrays made inside it. `statistics` groups rows or records into
-`SiteStat`s by any of their fields, in the manner of ``tracemalloc.Snapshot.statistics``.
+``snapshot()`` and the OOM report read the same rows, a `TensorRecord` per Tensor where they
+name Tensors; ``check_leaks`` builds its records with the same functions from the arrays made
+inside it; the timeline and the profile start from the same books (`books`, `holders`,
+`released`) and follow the registry's events. `statistics` groups rows or records into
+`SiteStat`s by any of their fields, in the manner of ``tracemalloc.Snapshot.statistics``, and
+`site_table` shows them.
 
 Creation sites cost nothing per op: JAX records a creation traceback on every array, and a
 report reads it only when asked, keeping the first frame outside tidyjax and JAX.
