@@ -240,8 +240,8 @@ def _distinct_live_bytes() -> int:
 def _replay(tl: tj.Timeline) -> tuple[int, int]:
     """The timeline's replay now: (tidyjax bytes, untracked bytes)."""
     live = tl.live_at(time.perf_counter())
-    tracked = sum(r.bytes for r in live if r.scope != "<untracked>")
-    return tracked, sum(r.bytes for r in live) - tracked
+    tracked = sum(r.bytes for r in live if r.scope not in ("<untracked>", "<watched>"))
+    return tracked, sum(r.bytes for r in live if r.scope == "<untracked>")
 
 
 def _ready_tensor() -> tj.Tensor:
@@ -570,3 +570,26 @@ def test_a_buffer_only_its_raw_array_holds_is_tidyjaxs_in_every_report():
     assert kinds == [("alloc", ""), ("free", ""), ("alloc", "")]
     tj.dispose(raw)
     assert raw.is_deleted() and tj.memory().num_data_buffers == 0
+
+
+def test_a_watched_object_made_while_a_timeline_records_is_watched_there_too():
+    gc.collect()
+    base = tj.memory().untracked_bytes or 0  # other tests' strays, if any
+    with tj.timeline() as tl:
+        model = tj.watch({"w": jnp.ones(256), "b": jnp.zeros(8)}, "model")  # SITE:watched
+        raw = jnp.ones(64) + 1
+        jax.block_until_ready((model, raw))
+        with tj.tidy():  # the timeline looks at the plain arrays at each scope event
+            pass
+        tl.mark()
+        info = tj.memory()
+        live = tl.live_at(time.perf_counter())
+    watched = [r for r in live if r.scope == "<watched>"]
+    untracked = [r for r in live if r.scope == "<untracked>"]
+    assert sum(r.bytes for r in watched) == info.watched["model"] == 1024 + 32
+    assert sum(r.bytes for r in untracked) == (info.untracked_bytes or 0) - base == 256
+    (row,) = [s for s in tl.top_sites() if s.watched]
+    assert (row.kind, row.count, row.bytes) == ("watched", 2, 1056)
+    page = tl.to_html()
+    assert "(watched)" in page and "(untracked)" in page
+    tj.unwatch(model)

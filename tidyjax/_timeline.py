@@ -39,9 +39,19 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from . import _html, _registry, _timeline_format, _timeline_html, _variable
+from . import _html, _registry, _timeline_format, _timeline_html, _variable, _watch
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
-from ._census import Site, SiteStat, TensorRecord, books, creation_site, holders, released
+from ._census import (
+    WATCHED,
+    Site,
+    SiteStat,
+    TensorRecord,
+    books,
+    creation_site,
+    holders,
+    released,
+    watched_ids,
+)
 from ._context import CURRENT
 from ._decorating import check_callable, decorate
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
@@ -61,6 +71,7 @@ from ._timeline_format import (
     TimelineEvent,
     collection_paused,
 )
+from ._watch import watched
 
 __all__ = ["UNTRACKED", "Timeline", "TimelineEvent", "active", "timeline"]
 
@@ -332,7 +343,7 @@ class Timeline:
         amended: dict[int, TimelineEvent] = {}
         for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
-            if ev.bytes and failed(entry[0]() if ev.scope == UNTRACKED else entry[0].array()):
+            if ev.bytes and failed(entry[0]() if len(entry) == 2 else entry[0].array()):
                 entry[1] = amended[id(ev)] = ev._replace(
                     bytes=0, per_device=tuple((d, 0) for d, _ in ev.per_device)
                 )
@@ -902,7 +913,7 @@ class Timeline:
         on that entry."""
         entries = [] if plain is None else [plain]
         for entry in map(self._entry_of, rec.arrays() if self._plain or self._view_of else ()):
-            if entry is not None and entry[1].scope != UNTRACKED:  # a view of a recorded buffer
+            if entry is not None and len(entry) != 2:  # a view of a recorded buffer
                 self._share(entry, rec, tensor)
                 return
             entries += [] if entry is None else [entry]
@@ -948,7 +959,7 @@ class Timeline:
                 plain = None
                 if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
                     plain = self._find(rec.array())
-                untracked = plain is not None and plain[1].scope == UNTRACKED
+                untracked = plain is not None and len(plain) == 2
                 self._added(rec, now, tensor, plain if untracked else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
@@ -977,12 +988,12 @@ class Timeline:
         suspects = _registry.suspects
         if rec.dead is not None or any(s is rec for s in reversed(suspects[-window:])):
             entry = self._find(rec.array())
-            if entry is not None and entry[1].scope != UNTRACKED and entry[0] is not rec:
+            if entry is not None and len(entry) != 2 and entry[0] is not rec:
                 return entry
         return None
 
     def _entry_alive(self, entry: list[Any]) -> bool:
-        if entry[1].scope == UNTRACKED:
+        if len(entry) == 2:  # a plain array's
             first = entry[0]()
             return first is not None and self._plain.get(id(first)) is entry
         return self._live.get(id(entry[0])) is entry and entry[0].dead is None
@@ -1000,7 +1011,7 @@ class Timeline:
         for entry in todo:
             if not self._entry_alive(entry):
                 continue
-            first = entry[0]() if entry[1].scope == UNTRACKED else entry[0].array()
+            first = entry[0]() if len(entry) == 2 else entry[0].array()
             if first is None:
                 continue
             k = _buffer_key(first)
@@ -1131,9 +1142,10 @@ class Timeline:
         if not arrays:
             return
         now = time.perf_counter()
+        held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
         for arr in reversed(arrays):  # oldest first: buffer numbers in creation order
             if not self._join_view(arr):
-                self._add_plain(arr, now)
+                self._add_plain(arr, now, WATCHED if id(arr) in held else UNTRACKED)
 
     def _join_view(self, arr: Any) -> bool:
         """Whether ``arr`` is a raw object over the buffer of a live or plain entry (a raw
@@ -1143,14 +1155,15 @@ class Timeline:
         if _registry.lookup(arr) is not None:
             return False
         entry = self._find(arr)
-        if entry is None or (entry[1].scope == UNTRACKED and entry[0]() is arr):
+        if entry is None or (len(entry) == 2 and entry[0]() is arr):
             return False  # none, or the plain array itself
         self._add_view(entry, arr)
         return True
 
-    def _add_plain(self, arr: Any, now: float) -> list[Any] | None:
+    def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
         """Record ``arr``'s allocation at ``now`` unless it is known, deleted or a Tensor's;
-        its entry (None when not recorded)."""
+        its entry (None when not recorded). ``scope``: ``<watched>`` for an array a watched
+        object holds (counted apart, as every report counts it), else ``<untracked>``."""
         key = id(arr)
         entry = self._plain.get(key)
         if entry is not None:
@@ -1164,7 +1177,7 @@ class Timeline:
             nbytes = 0 if failed(arr) else local_nbytes(arr)
             device, per_device = _placement(arr, nbytes)
             ev = TimelineEvent(
-                ALLOC, now, nbytes, device, self._site(arr), UNTRACKED, _same(tuple(arr.shape)),
+                ALLOC, now, nbytes, device, self._site(arr), scope, _same(tuple(arr.shape)),
                 _name(arr.dtype), (), self._next + 1, "", per_device,
             )  # fmt: skip
             ref = weakref.ref(arr, functools.partial(self._plain_collected, key))
