@@ -228,7 +228,8 @@ class Timeline:
 
     Plain ``jax.Array`` objects no Tensor holds (``arrays=True``, the default) are seen at the
     next scope event, [`mark`][tidyjax.Timeline.mark] or stop after they were made, with the scope
-    ``"<untracked>"``; their frees are recorded when Python drops them.
+    ``"<untracked>"`` (``"<watched>"`` when a watched object holds one); their frees are
+    recorded when Python drops them.
 
     Attributes:
         max_events: the most events kept.
