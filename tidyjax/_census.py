@@ -345,9 +345,8 @@ class Census:
         names = self.names()
         with _collector_paused():
             out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
-        raw = self.of("watched") + self.of("escaped")
-        head = [_raw_record(r, names) for r in raw if r.kind == "watched"]
-        tail = [_raw_record(r, names) for r in raw if r.kind == "escaped"]
+        head = [_raw_record(r, names) for r in self.of("watched")]
+        tail = [_raw_record(r, names) for r in self.of("escaped")]
         untracked = [untracked_record(r.array) for r in self.of("untracked")]
         untracked.sort(key=lambda r: -r.bytes)
         return TensorRecordList(head + out + tail + untracked)
