@@ -173,7 +173,8 @@ class TimelineEvent(NamedTuple):
         scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
             ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
             ``"free"``; ``"<untracked>"`` for a plain jax.Array no Tensor holds, ``"<watched>"``
-            for one a watched object holds (its alloc timed when the timeline first saw it). For scope events, the scope's path.
+            for one a watched object holds (its alloc timed when the timeline first saw it). For
+            scope events, the scope's path.
         shape: the buffer's shape (``()`` for scopes).
         dtype: the buffer's dtype (``""`` for scopes).
         tensors: ids of the Tensors seen holding the buffer: the one that created it at
