@@ -251,3 +251,24 @@ def test_a_buffer_deleted_underneath_raises_disposed_error_saying_so():
         with pytest.raises(DisposedError, match="deleted outside tidyjax"):
             use()
     assert t.is_disposed and t.shape == (2,)
+
+
+def test_a_tensor_node_flattens_to_its_array_and_names_it_in_key_paths():
+    t = tj.tensor([1.0, 2.0])
+    ((path, leaf),) = jax.tree_util.tree_flatten_with_path({"w": t})[0]
+    assert jax.tree_util.keystr(path) == "['w'].array"
+    assert leaf is t.array
+    rebuilt = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure({"w": t}), [leaf])
+    assert rebuilt["w"] is not t and rebuilt["w"].array is t.array  # one buffer, two holders
+    before = tj.memory().num_tensors
+    t.dispose()
+    assert not leaf.is_deleted()  # the rebuilt node still holds it
+    with pytest.raises(DisposedError, match="disposed explicitly"):
+        jax.tree_util.tree_leaves([t])
+    rebuilt["w"].dispose()
+    assert leaf.is_deleted() and tj.memory().num_tensors == before - 2
+
+
+def test_tensor_without_data_names_the_fix():
+    with pytest.raises(tj.TidyjaxTypeError, match=r"needs data: tidyjax.Tensor\(\[1.0"):
+        Tensor()

@@ -42,9 +42,9 @@ from ._jaxdoors import (
 )
 from ._ops import lift
 from ._tensor import (
+    REBUILD,
     TENSOR_TYPES,
     Tensor,
-    disposed_error,
     refused_by_jax,
     shell,
     wrap,
@@ -76,14 +76,7 @@ if TYPE_CHECKING:
 # -- pytrees ---------------------------------------------------------------------------------
 
 
-def _flatten(t: Tensor) -> tuple[tuple[Any], None]:
-    rec = t._rec  # the liveness test of Tensor._value, inlined (a call per leaf)
-    if rec is None or rec.dead is not None:
-        raise disposed_error(t)
-    return (t._array,), None
-
-
-def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
+def _unflatten(child: Any) -> Any:
     """A rebuilt Tensor node: what JAX put in place of the array decides what comes back.
 
     * a concrete array: a Tensor tracked by the current scope (a buffer a live Tensor holds is
@@ -106,7 +99,6 @@ def _unflatten(_aux: None, children: Sequence[Any]) -> Any:
       per-leaf objects): an untracked Tensor shell around it, so the tree keeps its structure
       and maps, merges and zips with the tree it came from.
     """
-    child = children[0]
     if type(child) in CONCRETE:
         return wrap_foreign(child)
     if isinstance(child, Tracer):
@@ -132,8 +124,11 @@ _DATA: frozenset[type] = frozenset(
 
 # One node type for Tensors and Variables (a Variable is a Tensor with a flag), so a tree of
 # Variables and the gradient tree computed for it map together. Rebuilding gives plain Tensors:
-# a new variable is never made behind the user's back.
-jax.tree_util.register_pytree_node(Tensor, _flatten, _unflatten)
+# a new variable is never made behind the user's back. A dataclass node: JAX flattens it in C++
+# (reading ``Tensor.array``, which raises DisposedError) and rebuilds it as
+# ``Tensor(array=child)``, which is ``_unflatten(child)``.
+REBUILD.append(_unflatten)
+jax.tree_util.register_dataclass(Tensor, data_fields=["array"], meta_fields=[])
 
 
 def _as_jax_value(t: Tensor) -> Any:

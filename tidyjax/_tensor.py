@@ -56,6 +56,10 @@ if TYPE_CHECKING:  # for the declarations at the end of class Tensor
 __all__ = ["Tensor", "adopt", "tensor"]
 
 _ids = itertools.count(1)
+_ABSENT: Any = object()
+#: ``[rebuild]``: what ``Tensor(array=child)`` returns, the Tensor node JAX rebuilds over
+#: ``child`` in ``tree_unflatten`` (``_lift._unflatten``, set at import).
+REBUILD: list[Callable[[Any], Any]] = []
 _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
@@ -91,7 +95,13 @@ class Tensor:
     _kept: bool  # set by tidyjax.keep: no scope disposes this object (unset: False)
     _var: Any  # a Variable's name and trainable flag (see _variable.py; unset: a plain Tensor)
 
-    def __new__(cls, data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
+    def __new__(
+        cls, data: Any = _ABSENT, dtype: Any = None, *, device: Any = None, array: Any = _ABSENT
+    ) -> Tensor:
+        if array is not _ABSENT:  # JAX rebuilding a Tensor node (``tree_unflatten``)
+            return REBUILD[0](array)
+        if data is _ABSENT:
+            raise TidyjaxTypeError("Tensor() needs data: tidyjax.Tensor([1.0, 2.0])")
         return tensor(data, dtype, device=device)
 
     def __del__(self, _registry: Any = _registry, _UNTRACKED: Any = _UNTRACKED) -> None:  # noqa: N803
@@ -120,8 +130,14 @@ class Tensor:
 
     @property
     def array(self) -> jax.Array:
-        """The ``jax.Array`` this Tensor owns; dispose the Tensor rather than deleting it."""
-        return self._value()
+        """The ``jax.Array`` this Tensor owns; dispose the Tensor rather than deleting it.
+
+        Also the Tensor's one pytree child: JAX reads it in C++ when it flattens a tree
+        (``jax.tree_util.keystr`` names the leaf ``….array``)."""
+        rec = self._rec  # `_value`, inlined: JAX calls this once per Tensor in every flatten
+        if rec is None or rec.dead is not None:
+            raise disposed_error(self)
+        return self._array
 
     @property
     def id(self) -> int:
