@@ -108,6 +108,17 @@ def jitted_leaves(n: int, number: int, rounds: int) -> float:
     return ratio
 
 
+def block_tree(n: int, number: int, rounds: int) -> None:
+    """``jax.block_until_ready`` on a dict of ``n`` ready Tensors against the same arrays: JAX
+    flattens the Tensor nodes (in C++, reading ``Tensor.array``)."""
+    arrays = {f"w{i}": jnp.full((64,), float(i)) for i in range(n)}
+    tensors = tj.tensors(arrays)
+    jax.block_until_ready(arrays)
+    row(f"block_until_ready, {n} Tensors vs the arrays", lambda: jax.block_until_ready(arrays),
+        lambda: jax.block_until_ready(tensors), number, rounds)  # fmt: skip
+    tj.dispose(tensors)
+
+
 def _tracked_objects() -> int:
     """The objects the cyclic garbage collector tracks now (after a full collection)."""
     gc.collect()
@@ -395,7 +406,17 @@ def profiler_check(number: int, rounds: int) -> None:
         max(1, number // 100), rounds)  # fmt: skip
 
 
-SECTIONS = ("eager", "jit", "adam", "realistic", "profiler", "breakdown", "objects", "exit")
+SECTIONS = (
+    "eager",
+    "jit",
+    "block",
+    "adam",
+    "realistic",
+    "profiler",
+    "breakdown",
+    "objects",
+    "exit",
+)
 
 
 def main() -> None:
@@ -416,6 +437,8 @@ def main() -> None:
                   for n in (100, 1000, 10_000)}  # fmt: skip
         print(f"{'ratio(1000) / ratio(100)':58s} {'':10s} {'':10s} "
               f"{ratios[1000] / ratios[100]:7.3f}")  # fmt: skip
+    if "block" in only:
+        block_tree(1000, max(1, number // 10), rounds)
     if "adam" in only:
         adam_step(max(1, number // 10), rounds)
     if "realistic" in only:

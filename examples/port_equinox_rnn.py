@@ -133,10 +133,13 @@ def train_tidyjax(steps: int, size: int = 1):
     for x, y in itertools.islice(iter_data, steps):
         with tidyjax.tidy() as scope:
             loss, new_model, new_state = step_fn(model, x, y, opt_state)
-            history.append(float(loss))  # a Python float; the Tensor is freed with the scope
-            scope.keep(new_model, new_state)
+            scope.keep(loss, new_model, new_state)
         tidyjax.dispose((model, opt_state))
         model, opt_state = new_model, new_state
+        # Read the loss last: the wait for the device comes after tidyjax's books are done, so
+        # they overlap the computation (JAX's asynchronous dispatch), as in the plain loop.
+        history.append(float(loss))  # a Python float
+        loss.dispose()
         yield model, history[-1]
     tidyjax.dispose((model, opt_state))
 
