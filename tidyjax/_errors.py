@@ -7,6 +7,7 @@ built-in, from that built-in too (a disposed Tensor is a ``RuntimeError`` like a
 
 from __future__ import annotations
 
+import functools
 import reprlib
 from typing import NamedTuple
 
@@ -128,6 +129,7 @@ DELETED_OUTSIDE = Reason(
 )
 
 
+@functools.lru_cache(maxsize=1024)  # one per scope path: a Reason is immutable
 def scope_exited(path: str) -> Reason:
     return Reason(f"it was freed when scope {path!r} exited", _KEEP_HINT)
 
