@@ -73,7 +73,9 @@ class Tensor:
     Every operator and method returns a new tracked Tensor, created in the current
     [`tidy`][tidyjax.tidy] scope. [`dispose`][tidyjax.Tensor.dispose] deletes the device buffer at
     once unless another live Tensor or a [`Variable`][tidyjax.Variable] shares it. ``Tensor(data)``
-    is the same as [`tidyjax.tensor`][tidyjax.tensor]: it copies.
+    is the same as [`tidyjax.tensor`][tidyjax.tensor]: it copies. ``Tensor(array=x)`` is how JAX
+    rebuilds a Tensor node (``tree_unflatten``): it takes ``x`` over, as
+    [`tidyjax.adopt`][tidyjax.adopt] does; in your own code call ``tensor`` or ``adopt``.
 
     Example:
         ```python
