@@ -109,3 +109,28 @@ def test_setting_trainable_takes_a_flag_only() -> None:
     v.trainable = np.False_  # type: ignore[assignment]
     assert v.trainable is False
     v.dispose()
+
+
+@pytest.mark.parametrize("value", [True, False, -1, 1.5, "2", None, np.True_], ids=repr)
+def test_check_leaks_allowance_is_a_count(value):
+    with pytest.raises(
+        tj.TidyjaxTypeError, match=r"check_leaks\(\)'s allowance must be an int >= 0"
+    ):
+        tj.check_leaks(allowance=value)
+
+
+@pytest.mark.parametrize("value", [0, np.int64(2)], ids=repr)
+def test_check_leaks_takes_a_count_of_any_integer_type(value):
+    checker = tj.check_leaks(allowance=value)
+    assert checker.allowance == int(value) and type(checker.allowance) is int
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "30", None], ids=repr)
+@pytest.mark.parametrize("where", ["memory()", "check_leaks()"])
+def test_a_timeout_is_a_positive_number_of_seconds(where, value):
+    call = {"memory()": tj.memory, "check_leaks()": tj.check_leaks}[where]
+    with pytest.raises(
+        tj.TidyjaxTypeError, match=rf"{where[:-2]}\(\)'s timeout must be a number of seconds > 0"
+    ):
+        call(timeout=value)
+    assert call(timeout=np.float32(0.5)) is not None

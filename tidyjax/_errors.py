@@ -70,6 +70,39 @@ def check_flag(value: object, name: str, where: str) -> bool:
     )
 
 
+def check_count(value: object, name: str, where: str) -> int:
+    """``value``, a count argument: an ``int`` >= 0 (a NumPy integer too); ``True``, a float,
+    a negative number are refused.
+
+    Raises:
+        TidyjaxTypeError: naming ``where``, ``name`` and what it got.
+    """
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if value >= 0:
+            return int(value)
+    raise TidyjaxTypeError(
+        f"{where}'s {name} must be an int >= 0, got {type(value).__name__} "
+        f"{reprlib.repr(value)}."
+    )
+
+
+def check_seconds(value: object, name: str, where: str) -> float:
+    """``value``, a duration argument: a number of seconds > 0 (not a bool, not NaN).
+
+    Raises:
+        TidyjaxTypeError: naming ``where``, ``name`` and what it got.
+    """
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    ):
+        if value > 0:  # False for NaN
+            return float(value)
+    raise TidyjaxTypeError(
+        f"{where}'s {name} must be a number of seconds > 0, got {type(value).__name__} "
+        f"{reprlib.repr(value)}."
+    )
+
+
 class CollectiveError(TidyjaxError, RuntimeError):
     """A report over all processes failed: not every process called it in time."""
 

@@ -40,7 +40,7 @@ from ._census import (
     untracked_record,
 )
 from ._decorating import decorate
-from ._errors import LeakError, TidyjaxTypeError, check_flag
+from ._errors import LeakError, TidyjaxTypeError, check_count, check_flag, check_seconds
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
@@ -348,11 +348,9 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
         arrays = check_flag(arrays, "arrays", "check_leaks()")
         all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
-        if not isinstance(allowance, int) or allowance < 0:
-            raise TidyjaxTypeError(f"allowance must be an int >= 0, got {allowance!r}.")
-        self.allowance = allowance
+        self.allowance = check_count(allowance, "allowance", "check_leaks()")
         self.all_processes = all_processes
-        self.timeout = timeout
+        self.timeout = check_seconds(timeout, "timeout", "check_leaks()")
         self.allow_returned = allow_returned
         self.allow_kept = allow_kept
         self.arrays = arrays

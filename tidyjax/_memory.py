@@ -12,7 +12,7 @@ import jax
 
 from . import _format, _html
 from ._census import Census, SiteStat, census, site_table, statistics, top_per_device
-from ._errors import check_flag
+from ._errors import check_flag, check_seconds
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
@@ -329,6 +329,7 @@ def memory(
     """
     scan_untracked = check_flag(scan_untracked, "scan_untracked", "memory()")
     all_processes = check_flag(all_processes, "all_processes", "memory()")
+    timeout = check_seconds(timeout, "timeout", "memory()")
     if all_processes:
         return _all_processes(scan_untracked, timeout)
     c = census(untracked=scan_untracked)
