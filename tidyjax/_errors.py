@@ -77,12 +77,14 @@ def check_count(value: object, name: str, where: str) -> int:
     Raises:
         TidyjaxTypeError: naming ``where``, ``name`` and what it got.
     """
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        if value >= 0:
-            return int(value)
+    if (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+        and value >= 0
+    ):
+        return int(value)
     raise TidyjaxTypeError(
-        f"{where}'s {name} must be an int >= 0, got {type(value).__name__} "
-        f"{reprlib.repr(value)}."
+        f"{where}'s {name} must be an int >= 0, got {type(value).__name__} {reprlib.repr(value)}."
     )
 
 
@@ -92,11 +94,12 @@ def check_seconds(value: object, name: str, where: str) -> float:
     Raises:
         TidyjaxTypeError: naming ``where``, ``name`` and what it got.
     """
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
+    if (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and value > 0  # False for NaN
     ):
-        if value > 0:  # False for NaN
-            return float(value)
+        return float(value)
     raise TidyjaxTypeError(
         f"{where}'s {name} must be a number of seconds > 0, got {type(value).__name__} "
         f"{reprlib.repr(value)}."
