@@ -152,7 +152,8 @@ def _binary(op: Callable[[Any, Any], Any], reflected: bool) -> Callable[[Tensor,
                 return wrap(plain(self._array, other._array))
             if to is float and rec is not UNTRACKED:
                 return wrap(jitted(self._array, other))
-            return wrap_tree(plain(self._array, other))
+            out = plain(self._array, other)
+            return wrap(out) if type(out) is ArrayImpl else wrap_tree(out)  # one array: no walk
         except RuntimeError as e:
             on_jax_error(e, op.__name__, (other, self) if reflected else (self, other))
             raise
@@ -201,12 +202,11 @@ def _method(fn: Callable[..., Any], name: str, jit_plain: bool) -> Callable[...,
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         try:
-            if rec is UNTRACKED:
-                return wrap_tree(fn(self._array))
-            return wrap_tree(plain(self._array))
+            out = fn(self._array) if rec is UNTRACKED else plain(self._array)
         except RuntimeError as e:
             on_jax_error(e, name, (self,))
             raise
+        return wrap(out) if type(out) is ArrayImpl else wrap_tree(out)  # one array: no walk
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Like ``{getattr(fn, '__module__', 'jax')}.{name}``; returns tracked Tensors."
