@@ -138,3 +138,25 @@ def test_disposing_one_alias_keeps_the_other() -> None:
     np.testing.assert_array_equal(a.numpy(), VALUES)
     a.dispose()
     assert tj.memory().num_bytes == 0
+
+
+@pytest.mark.parametrize("result", ["one array", "in a tuple"])
+def test_a_lifted_function_returning_an_alias_of_its_argument_leaves_the_argument(result) -> None:
+    """``tidyjax.lift`` of the user's own function that ``device_put``s its argument to where it
+    already is: the result is a second object over the argument's buffer, so the scope that made
+    it must not delete that buffer at exit (the outer Tensor still holds it)."""
+    a = tj.tensor(jax.device_put(np.arange(4.0, dtype=np.float32), DEV))  # committed
+    if result == "one array":
+        same = tj.lift(lambda x: jax.device_put(x, DEV))
+    else:
+        same = tj.lift(lambda x: (jax.device_put(x, DEV),))
+    with tj.tidy():
+        b = same(a)
+        b = b if result == "one array" else b[0]
+        assert b.array is not a.array  # a second array object over one buffer
+    assert not a.is_disposed and _alive(a)
+    np.testing.assert_array_equal(a.numpy(), [0.0, 1.0, 2.0, 3.0])
+    info = tj.memory()
+    assert (info.num_tensors, info.num_bytes) == (1, 16)
+    a.dispose()
+    assert tj.memory().num_bytes == 0

@@ -40,7 +40,7 @@ from ._jaxdoors import (
     trace_of,
     trace_running,
 )
-from ._ops import lift
+from ._ops import lift_named
 from ._tensor import (
     REBUILD,
     TENSOR_TYPES,
@@ -154,7 +154,7 @@ class _LiftedUfunc:
 
     def __init__(self, ufunc: Any) -> None:
         self._ufunc = ufunc
-        self._call = lift(ufunc)
+        self._call = lift_named(ufunc, getattr(ufunc, "__name__", "ufunc"))
         self.__name__ = getattr(ufunc, "__name__", "ufunc")
         self.__doc__ = getattr(ufunc, "__doc__", None)
 
@@ -163,7 +163,7 @@ class _LiftedUfunc:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._ufunc, name)
-        return lift(attr) if callable(attr) else attr
+        return lift_named(attr, getattr(attr, "__name__", name)) if callable(attr) else attr
 
     def __repr__(self) -> str:
         return f"<lifted {self._ufunc!r}>"
@@ -174,7 +174,7 @@ def _lift_attr(obj: Any) -> Any:
         return obj  # dtypes (jnp.float32), classes, constants, modules pass through
     if isinstance(obj, jnp.ufunc):
         return _LiftedUfunc(obj)
-    return lift(obj)
+    return lift_named(obj, getattr(obj, "__name__", type(obj).__name__))  # JAX's own: trusted
 
 
 def lifted_namespace(

@@ -26,7 +26,7 @@ from ._arrays import CONCRETE, ArrayImpl
 from ._context import on_jax_error
 from ._decorating import check_callable
 from ._registry import UNTRACKED
-from ._tensor import TENSOR_TYPES, Tensor, disposed_error, wrap, wrap_transfer
+from ._tensor import TENSOR_TYPES, Tensor, disposed_error, wrap, wrap_foreign, wrap_transfer
 from ._trees import unwrap, unwrap_args, wrap_tree
 
 __all__ = ["install_tensor_methods", "lift", "set_kernel_hook"]
@@ -55,12 +55,17 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
         TidyjaxTypeError: ``fn`` is not callable.
     """
     check_callable(fn, "lift()")
-    return lift_named(fn, getattr(fn, "__name__", type(fn).__name__))
+    return lift_named(fn, getattr(fn, "__name__", type(fn).__name__), foreign=True)
 
 
-def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``lift(fn)``, reported to profiles as ``name``."""
+def lift_named(fn: Callable[..., Any], name: str, foreign: bool = False) -> Callable[..., Any]:
+    """``lift(fn)``, reported to profiles as ``name``. ``foreign``: ``fn`` is the user's, so a
+    committed array it returns may be a second object over a buffer tidyjax records (its own
+    raw ``jax.device_put`` of an argument) and is checked as such (``wrap_foreign``); JAX's own
+    functions (the lifted namespaces, Tensor methods) return new buffers or the very objects
+    they were given, and a transfer (``_TRANSFERS``) is matched with its input."""
     transfer = name in _TRANSFERS
+    wrap_one = wrap_foreign if foreign else wrap
 
     def call(*args: Any, **kwargs: Any) -> Any:
         raw: list[Any] = []
@@ -100,7 +105,7 @@ def lift_named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
             on_jax_error(e, name, args)
             raise
         if type(out) is ArrayImpl:
-            return wrap(out)
+            return wrap_one(out)
         return wrap_tree(out)
 
     with contextlib.suppress(AttributeError, TypeError):  # callables without metadata
