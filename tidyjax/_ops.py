@@ -45,6 +45,10 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Any]:
     new Tensor tracked by the current scope. Other results pass through. A result that *is* one of
     the caller's own raw ``jax.Array`` arguments is tracked but never deleted by tidyjax.
 
+    Return what ``fn`` computes: a ``jax.Array`` it returns that existed before the call and was
+    not an argument (a global's, a closure's, a cache's) is taken for a new one, so the scope
+    deletes it at exit. Pass such an array as an argument, or return a copy.
+
     Example:
         ```python
         softplus = tidyjax.lift(jax.nn.softplus)
