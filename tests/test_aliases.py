@@ -160,3 +160,22 @@ def test_a_lifted_function_returning_an_alias_of_its_argument_leaves_the_argumen
     assert (info.num_tensors, info.num_bytes) == (1, 16)
     a.dispose()
     assert tj.memory().num_bytes == 0
+
+
+def test_a_lifted_function_returning_an_alias_of_a_raw_argument_leaves_the_callers_array() -> None:
+    """The caller's own raw array through the user's lifted function that ``device_put``s it to
+    where it already is: the result is a second object over the caller's buffer, which stays
+    the caller's (never deleted); a new result of the same shape from a raw argument is still
+    the scope's, deleted at its exit."""
+    raw = jax.device_put(np.arange(3.0, dtype=np.float32), DEV)  # committed, no record
+    same = tj.lift(lambda a: (jax.device_put(a, DEV),))
+    doubled = tj.lift(lambda a: (a * 2,))
+    with tj.tidy():
+        (alias,) = same(raw)
+        (fresh,) = doubled(raw)
+        fresh_array = fresh.array
+        assert alias.array is not raw
+    assert not raw.is_deleted()
+    np.testing.assert_array_equal(np.asarray(raw), [0.0, 1.0, 2.0])
+    assert fresh_array.is_deleted()  # made in the scope: freed with it
+    assert tj.memory().num_tensors == 0

@@ -138,10 +138,14 @@ def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
     return rec
 
 
-def suspect(rec: Buffer) -> None:
+def suspect(rec: Buffer, raw: list[Any] | None = None) -> None:
     """``rec``'s array came from outside tidyjax's own operations and is committed to its device:
     it may be a second array object over a buffer another record holds (a raw ``device_put`` to
-    where the buffer already is). Checked by `resolve` before the next deletion."""
+    where the buffer already is). Checked by `resolve` before the next deletion. ``raw``: the
+    caller's own arrays (no record knows them) that went into the call making it; over one of
+    their buffers, the record is the caller's (``owned`` False: never deleted)."""
+    if raw:
+        _twins[id(rec)] = (rec, [weakref.ref(a) for a in raw])
     suspects.append(rec)
 
 
@@ -401,6 +405,8 @@ def distinct(recs: list[Buffer]) -> list[Buffer]:
 
 suspects: list[Buffer] = []
 _groups: dict[int, list[Buffer]] = {}  # id(record) -> the records over its buffer (2 or more)
+# id(suspect) -> (the suspect, weak references to the caller's raw arrays it may be over)
+_twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]] = {}
 
 
 def resolve() -> None:
@@ -411,14 +417,19 @@ def resolve() -> None:
     with _lock:
         pending = suspects[:]
         suspects.clear()
+        twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
     wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]] = {}
     for rec in pending:
         arr = rec.array()  # a suspect being freed right now is dead already: checked too
         if arr is None:
             continue
         key = _address(arr, wait=True)
-        if key is not None:
-            wanted.setdefault((arr.shape, arr.dtype), []).append((key, rec))
+        if key is None:
+            continue
+        wanted.setdefault((arr.shape, arr.dtype), []).append((key, rec))
+        got = twins.get(id(rec))
+        if got is not None and got[0] is rec and _over_raw(key, arr, got[1]):
+            rec.owned = False  # a new object over the caller's own array: the caller's buffer
     if not wanted:
         return
     for other in list({id(r): r for r in _buffers.values()}.values()):
@@ -434,6 +445,20 @@ def resolve() -> None:
         for k, rec in found:
             if rec is not other and k == key:
                 _join_group(rec, other)
+
+
+def _over_raw(key: Any, arr: Any, raw: list[weakref.ref[Any]]) -> bool:
+    """Whether ``arr`` (its buffer's addresses ``key``) lies over one of the ``raw`` arrays."""
+    for ref in raw:
+        other = ref()
+        if (
+            other is not None
+            and other.shape == arr.shape
+            and other.dtype == arr.dtype
+            and _address(other, wait=True) == key
+        ):
+            return True
+    return False
 
 
 def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list[Buffer]:

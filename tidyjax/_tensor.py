@@ -784,17 +784,19 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
         _registry._notify("tensor_added", rec, t._id)
 
 
-def wrap_foreign(arr: Any) -> Any:
+def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
     """``wrap`` for an array made outside tidyjax's own operations (a pytree rebuilt by JAX,
     ``tensors()``, a lifted function's result): a new record of a committed array may be a
     second object over a buffer another record holds, so it is checked before the next deletion
-    (``_registry.resolve``)."""
+    (``_registry.resolve``). ``raw``: the caller's own arrays that went into the call, which it
+    may be a second object over too (then the buffer stays the caller's)."""
     t = wrap(arr)
     if type(t) is Tensor:
         rec = t._rec
         fresh = rec is not None and rec is not _UNTRACKED and rec.n == 1 and rec.more is None
         if fresh and arr.committed:
-            _registry.suspect(rec)  # type: ignore[arg-type]
+            twins = [r for r in raw if r.committed and r.shape == arr.shape] if raw else None
+            _registry.suspect(rec, twins)  # type: ignore[arg-type]
     return t
 
 

@@ -215,9 +215,11 @@ def wrap_tree(out: Any, raw: list[Any] | None = None) -> Any:
         return walk(out, _wrap_leaf)
 
     def leaf(v: Any) -> Any:
-        if type(v) in CONCRETE and any(v is r for r in raw):
+        if type(v) not in CONCRETE:
+            return _wrap_leaf(v)
+        if any(v is r for r in raw):
             return wrap_borrowed(v)
-        return _wrap_leaf(v)
+        return wrap_foreign(v, raw)  # a new object over one of them stays the caller's
 
     return walk(out, leaf)
 
