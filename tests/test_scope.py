@@ -20,6 +20,7 @@ import threading
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -637,6 +638,18 @@ def test_keep_of_a_value_holding_nothing_raises(value):
     with pytest.raises(TidyjaxTypeError, match="nothing to keep"), tj.tidy() as s:
         s.keep(value)
     assert tj.keep(None) is None and tj.keep([]) == []  # empty containers are fine
+
+
+def test_keep_of_a_plain_array_tidyjax_never_made_does_nothing():
+    """No scope frees a plain jax.Array tidyjax never made, so keeping one is a no-op (as a
+    container of them is): the same object back, never deleted, nothing counted."""
+    outer = jnp.arange(3.0)
+    assert tj.keep(outer) is outer
+    with tj.tidy() as s:
+        inner = jnp.ones(2)
+        assert s.keep(inner) is inner and tj.keep(inner) is inner
+    assert not outer.is_deleted() and not inner.is_deleted()
+    assert counts() == (0, 0, 0)
 
 
 # -- TensorFlow.js's object rule and the buffer rule, together ------------------------------------

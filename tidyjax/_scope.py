@@ -26,7 +26,7 @@ import jax
 import jax.profiler
 
 from . import _format, _html, _registry
-from ._arrays import describe, failed
+from ._arrays import CONCRETE, describe, failed
 from ._context import CURRENT, Tracker
 from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, scope_exited
 from ._format import count as _count
@@ -738,8 +738,9 @@ def _note_structure(error: object) -> None:
 
 def _check_found(x: Any, recs: list[Any], tensors: list[Any], what: str) -> None:
     """``keep`` of a value holding no Tensor or array is a mistake: say so. A disposed Tensor
-    is kept as TensorFlow.js keeps it: nothing happens."""
-    if recs or tensors or is_container(x):
+    is kept as TensorFlow.js keeps it: nothing happens; so is a plain ``jax.Array`` tidyjax
+    never made (no scope frees it), as a container of them is."""
+    if recs or tensors or is_container(x) or type(x) in CONCRETE:
         return
     found: list[Any] = []
     _gather(x, found, None)
