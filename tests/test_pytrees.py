@@ -272,3 +272,7 @@ def test_a_tensor_node_flattens_to_its_array_and_names_it_in_key_paths():
 def test_tensor_without_data_names_the_fix():
     with pytest.raises(tj.TidyjaxTypeError, match=r"needs data: tidyjax.Tensor\(\[1.0"):
         Tensor()
+    with pytest.raises(tj.TidyjaxTypeError, match=r"takes nothing else.*tidyjax.adopt"):
+        Tensor([1.0], array=jnp.ones(1))
+    with pytest.raises(tj.TidyjaxTypeError, match="takes nothing else"):
+        Tensor(array=jnp.ones(1), dtype=jnp.float16)

@@ -101,6 +101,12 @@ class Tensor:
         cls, data: Any = _ABSENT, dtype: Any = None, *, device: Any = None, array: Any = _ABSENT
     ) -> Tensor:
         if array is not _ABSENT:  # JAX rebuilding a Tensor node (``tree_unflatten``)
+            if data is not _ABSENT or dtype is not None or device is not None:
+                raise TidyjaxTypeError(
+                    "Tensor(array=x) is how JAX rebuilds a Tensor node and takes nothing else; "
+                    "to make a Tensor call tidyjax.tensor(data, dtype, device=...) (a copy) or "
+                    "tidyjax.adopt(array)."
+                )
             return REBUILD[0](array)
         if data is _ABSENT:
             raise TidyjaxTypeError("Tensor() needs data: tidyjax.Tensor([1.0, 2.0])")
