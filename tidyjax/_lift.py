@@ -154,8 +154,8 @@ class _LiftedUfunc:
 
     def __init__(self, ufunc: Any) -> None:
         self._ufunc = ufunc
-        self._call = lift_named(ufunc, getattr(ufunc, "__name__", "ufunc"))
         self.__name__ = getattr(ufunc, "__name__", "ufunc")
+        self._call = lift_named(ufunc, self.__name__)
         self.__doc__ = getattr(ufunc, "__doc__", None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -142,8 +142,9 @@ def suspect(rec: Buffer, raw: list[Any] | None = None) -> None:
     """``rec``'s array came from outside tidyjax's own operations and is committed to its device:
     it may be a second array object over a buffer another record holds (a raw ``device_put`` to
     where the buffer already is). Checked by `resolve` before the next deletion. ``raw``: the
-    caller's own arrays (no record knows them) that went into the call making it; over one of
-    their buffers, the record is the caller's (``owned`` False: never deleted)."""
+    caller's own committed arrays of its shape and dtype (no record knows them) that went into
+    the call making it; over one of their buffers, the record is the caller's (``owned`` False:
+    never deleted)."""
     if raw:
         _twins[id(rec)] = (rec, [weakref.ref(a) for a in raw])
     suspects.append(rec)
@@ -217,9 +218,16 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
     """Mark each record dead with ``why`` and delete the buffers tidyjax owns.
 
     Returns the deleted arrays (a deleted array holds no memory and still knows its nbytes).
+    With no observer, group or suspect, each record is marked and freed in one pass under the
+    lock (a second pass was a third of a scope exit's cost per buffer).
     """
     if suspects:
         resolve()  # before any record is dead: a dead record is never grouped
+    if not (observers or _groups or suspects):
+        aliased: list[Buffer] = []  # freed after the lock: `_free_aliased` may notify
+        with _lock:
+            out = _free_plain(recs, why, aliased)
+        return out + free_all(aliased) if aliased else out
     done = []
     with _lock:
         for rec in recs:
@@ -233,18 +241,33 @@ def free_all(recs: list[Buffer]) -> list[Any]:
     """`free` each dead record; returns the deleted arrays. With no observer, no group and no
     suspect (the usual case), `free` of a record with one array object is inlined: a call per
     record was a third of a dispose."""
+    if not (observers or _groups or suspects):
+        return _free_plain(recs, None)
     out = []
-    if observers or _groups or suspects:
-        for rec in recs:
-            arr = free(rec)
-            if arr is not None:
-                out.append(arr)
-        return out
+    for rec in recs:
+        arr = free(rec)
+        if arr is not None:
+            out.append(arr)
+    return out
+
+
+def _free_plain(
+    recs: Iterable[Buffer], why: Reason | None, aliased: list[Buffer] | None = None
+) -> list[Any]:
+    """`free` of each record, inlined, while no observer, group or suspect exists; with ``why``
+    each record not dead yet is marked dead first (a dead one is skipped). Returns the deleted
+    arrays. ``aliased``: records with several array objects go there instead of being freed."""
+    out = []
     buffers = _buffers
     for rec in recs:
+        if why is not None:
+            if rec.dead is not None:
+                continue
+            rec.dead = why
         if rec.more:
-            arr = _free_aliased(rec)
-            if arr is not None:
+            if aliased is not None:
+                aliased.append(rec)
+            elif (arr := _free_aliased(rec)) is not None:
                 out.append(arr)
             continue
         arr = rec()
@@ -428,7 +451,7 @@ def resolve() -> None:
             continue
         wanted.setdefault((arr.shape, arr.dtype), []).append((key, rec))
         got = twins.get(id(rec))
-        if got is not None and got[0] is rec and _over_raw(key, arr, got[1]):
+        if got is not None and got[0] is rec and _over_raw(key, got[1]):
             rec.owned = False  # a new object over the caller's own array: the caller's buffer
     if not wanted:
         return
@@ -447,18 +470,10 @@ def resolve() -> None:
                 _join_group(rec, other)
 
 
-def _over_raw(key: Any, arr: Any, raw: list[weakref.ref[Any]]) -> bool:
-    """Whether ``arr`` (its buffer's addresses ``key``) lies over one of the ``raw`` arrays."""
-    for ref in raw:
-        other = ref()
-        if (
-            other is not None
-            and other.shape == arr.shape
-            and other.dtype == arr.dtype
-            and _address(other, wait=True) == key
-        ):
-            return True
-    return False
+def _over_raw(key: Any, raw: list[weakref.ref[Any]]) -> bool:
+    """Whether the buffer at addresses ``key`` is one of the ``raw`` arrays' (of its shape and
+    dtype: `suspect` was given only those)."""
+    return any((a := ref()) is not None and _address(a, wait=True) == key for ref in raw)
 
 
 def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list[Buffer]:

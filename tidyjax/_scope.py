@@ -11,7 +11,6 @@ marked disposed without deleting anything.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import gc
@@ -280,13 +279,10 @@ class Scope(Tracker):
         escaping = self._handed | {id(r) for r in recs} if recs else self._handed
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
-        why: Any = scope_exited(self.path) if owned else None
-        doomed, survivors, handed = self._sort_owned(owned, escaping, parent, why)
+        doomed, survivors, handed = self._sort_owned(owned, escaping, parent)
         settle = handed_tensors or self._aliases or survivors
-        if settle and why is None:
-            why = scope_exited(self.path)
-        if doomed:
-            self._freed += _registry.delete_many(doomed, why)
+        why: Any = scope_exited(self.path) if doomed or settle else None
+        self._freed = _registry.delete_many(doomed, why) if doomed else []
         if settle:
             self._settle_objects(handed_tensors, survivors, parent, why)
             self._aliases = []
@@ -324,52 +320,33 @@ class Scope(Tracker):
             ) from e
 
     def _sort_owned(
-        self, owned: list[Any], escaping: set[int], parent: Any, why: Any
+        self, owned: list[Any], escaping: set[int], parent: Any
     ) -> tuple[list[Any], list[Any], int]:
         """Sort the records this scope owned: the doomed ones (to delete), the survivors made or
         handed here (moved to ``parent``, or kept or a Variable's), and how many were handed
-        out. Records Python already collected are counted in ``num_collected``.
-
-        While no observer, group or suspect exists (the usual case) a doomed record with one
-        array object is freed here, under the registry's lock, rather than listed:
-        `_registry.delete_many` inlined (its two loops were half of an exit's cost per
-        buffer); ``self._freed`` gets the deleted arrays."""
+        out. Records Python already collected are counted in ``num_collected``."""
         doomed: list[_registry.Buffer] = []
         survivors: list[_registry.Buffer] = []  # made or handed here, and outliving the exit
         handed = 0
-        freed: list[Any] = []
-        self._freed = freed
-        inline = not (_registry.observers or _registry._groups or _registry.suspects)
-        buffers = _registry._buffers
-        with _registry._lock if inline else contextlib.nullcontext():
-            for rec in owned:
-                if rec.dead is not None:
-                    continue
-                if rec.scope is not self:
-                    if rec.scope is KEPT or rec.scope is VARIABLE:
-                        survivors.append(rec)  # its Tensor objects made here may still go
-                    continue  # handed on, or another scope's
-                if id(rec) in escaping:
-                    rec.scope = parent
-                    if parent is not None:
-                        parent._owned.append(rec)
-                        if isinstance(parent, Scope):
-                            parent._moved_in += 1
-                    handed += 1
-                    survivors.append(rec)
-                    continue
-                arr = rec()
-                if arr is None and not rec.more:  # Python collected it, and JAX freed it
-                    self._collected += 1
-                elif not inline or rec.more:  # aliased: `delete_many`, after the lock
-                    doomed.append(rec)
-                else:  # `_registry.free`, inlined
-                    rec.dead = why
-                    if buffers.get(id(arr)) is rec:
-                        del buffers[id(arr)]
-                    if rec.owned:
-                        arr.delete()
-                        freed.append(arr)
+        for rec in owned:
+            if rec.dead is not None:
+                continue
+            if rec.scope is not self:
+                if rec.scope is KEPT or rec.scope is VARIABLE:
+                    survivors.append(rec)  # its Tensor objects made here may still go
+                continue  # handed on, or another scope's
+            if id(rec) in escaping:
+                rec.scope = parent
+                if parent is not None:
+                    parent._owned.append(rec)
+                    if isinstance(parent, Scope):
+                        parent._moved_in += 1
+                handed += 1
+                survivors.append(rec)
+            elif rec() is not None or rec.more:
+                doomed.append(rec)
+            else:  # Python collected it, and JAX freed it
+                self._collected += 1
         return doomed, survivors, handed
 
     def _hand_everything_out(self) -> None:

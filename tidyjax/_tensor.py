@@ -801,7 +801,11 @@ def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
         rec = t._rec
         fresh = rec is not None and rec is not _UNTRACKED and rec.n == 1 and rec.more is None
         if fresh and arr.committed:
-            twins = [r for r in raw if r.committed and r.shape == arr.shape] if raw else None
+            twins = [
+                r
+                for r in raw or ()
+                if r.committed and r.shape == arr.shape and r.dtype == arr.dtype
+            ]
             _registry.suspect(rec, twins)  # type: ignore[arg-type]
     return t
 
