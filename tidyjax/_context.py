@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from ._newarrays import ArrayMark
-from ._registry import Buffer
+from ._registry import Batch, Buffer
 
 __all__ = ["CURRENT", "TRACING", "Tracker", "on_jax_error", "set_jax_error_hook"]
 
@@ -34,6 +34,7 @@ class Tracker:
         "_collected",
         "_compact_at",
         "_debug_mark",
+        "_extra",
         "_owned",
         "_peak",
         "_pruned",
@@ -42,10 +43,11 @@ class Tracker:
     )
 
     def __init__(self) -> None:
-        self._owned: list[Buffer] = []
+        self._owned: list[Any] = []  # Buffers and Batches
         self._aliases: list[weakref.ref[Any]] = []  # Tensors made here on others' buffers
         self._compact_at = 1024
         self._pruned = 0  # records dropped by _compact (collected or disposed meanwhile)
+        self._extra = 0  # buffers made here beyond one per list entry (a batch is one entry)
         self._collected = 0  # of those, the ones whose arrays Python's collector freed
         self.parent: Tracker | None = None
         self.path = "<tidy>"
@@ -93,12 +95,15 @@ class Tracker:
             if r.dead is None:
                 if r.array() is not None:
                     kept.append(r)
+                elif type(r) is Batch:  # its collected leaves were counted as they went
+                    if r.stale:
+                        kept.append(r)  # its exit still disposes the Tensors pointing at it
                 else:
                     self._collected += 1
         owned[:] = kept
         self._pruned += before - len(owned)
         # the Tensor objects to dispose at exit: those collected or disposed meanwhile go
-        self._aliases[:] = [ref for ref in self._aliases if (t := ref()) is not None and t._rec]
+        self._aliases[:] = [ref for ref in self._aliases if (t := ref()) is not None and t._r]
         self._compact_at = max(1024, 2 * len(owned), 2 * len(self._aliases))
 
 

@@ -384,8 +384,11 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 def _mark_donated(args: list[Any], name: str) -> None:
     why = donated(name)
     for t in tensors_in(args):
-        rec = t._rec
-        if rec is not None and rec is not _registry.UNTRACKED and t._array.is_deleted():
+        rec = t._r
+        if rec is None or rec is _registry.UNTRACKED or not t._array.is_deleted():
+            continue
+        rec = t._rec  # a leaf a batch holds gets its own record: it dies alone
+        if rec is not None:
             _registry.kill(rec, why)
 
 

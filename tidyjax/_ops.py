@@ -95,7 +95,7 @@ def lift_named(fn: Callable[..., Any], name: str, foreign: bool = False) -> Call
         for a in args:
             ta = type(a)
             if ta in TENSOR_TYPES:
-                rec = a._rec
+                rec = a._r
                 if rec is None or rec.dead is not None:
                     raise disposed_error(a)
                 vals.append(a._array)
@@ -147,13 +147,13 @@ def _binary(op: Callable[[Any, Any], Any], reflected: bool) -> Callable[[Tensor,
     plain = (lambda a, b: op(b, a)) if reflected else op
 
     def method(self: Tensor, other: Any) -> Any:
-        rec = self._rec
+        rec = self._r
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         to = type(other)
         try:  # free while nothing is raised (CPython 3.11)
             if to in TENSOR_TYPES:
-                orec = other._rec
+                orec = other._r
                 if orec is None or orec.dead is not None:
                     raise disposed_error(other)
                 if rec is not UNTRACKED and orec is not UNTRACKED:
@@ -174,7 +174,7 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
     jitted = jax.jit(op)
 
     def method(self: Tensor) -> Any:
-        rec = self._rec
+        rec = self._r
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         try:
@@ -189,7 +189,7 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
 
 
 def _getitem(self: Tensor, index: Any) -> Tensor:
-    rec = self._rec
+    rec = self._r
     if rec is None or rec.dead is not None:
         raise disposed_error(self)
     try:
@@ -207,7 +207,7 @@ def _method(fn: Callable[..., Any], name: str, jit_plain: bool) -> Callable[...,
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs or _kernel_hook is not None:
             return lifted(self, *args, **kwargs)
-        rec = self._rec
+        rec = self._r
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         try:

@@ -22,6 +22,7 @@ another thread, and a decrement lost to a nested finalizer only delays a free, n
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Iterable
@@ -31,7 +32,7 @@ from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, RELEASED, Reason
 from ._jaxdoors import base_array, buffer_addresses
 
-__all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Buffer"]
+__all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Batch", "Buffer"]
 
 
 class _Marker:
@@ -105,8 +106,185 @@ def _untracked() -> Buffer:
 
 UNTRACKED = _untracked()
 
+
+class Batch:
+    """The new buffers of one call (a jitted call's outputs) made in a scope, while they share
+    one fate: one record for all of them, one registry entry per leaf (``id(array)`` → the
+    batch), one entry in the scope's list.
+
+    ``arrays[i]`` is leaf ``i``'s array while the batch holds it (held by exactly one Tensor,
+    whose ``_i`` is ``i``), a `Buffer` once the leaf was split out (its fate differs: disposed
+    alone, handed out or kept alone, joined by a second Tensor, read by a report), or None once
+    it is gone (disposed, or its Tensor and array collected). ``live`` counts the arrays held.
+    The batch holds its arrays strongly; a Tensor's ``__del__`` lets go of its own (or splits
+    it out when something else still references the array). ``dead`` is set when the scope
+    exit deletes the batch: every Tensor still on it is disposed then (the objects returned or
+    kept were moved to records of their own). ``stale``: leaves split out without their Tensor
+    at hand (a report, a second Tensor over the array), whose Tensor still points here.
+    """
+
+    __slots__ = ("arrays", "dead", "live", "pos", "scope", "stale")
+
+    arrays: list[Any]
+    dead: Reason | None
+    live: int
+    pos: dict[int, int] | None  # id(array) -> leaf index, built on the first lookup by array
+    scope: Any  # the owner of the leaves it holds: a scope, or KEPT
+    stale: set[int] | None
+
+    def array(self) -> Any:
+        """Any array the batch still holds, or None (for a scope's compaction)."""
+        if self.live:
+            for a in self.arrays:
+                if a is not None and type(a) is not Buffer:
+                    return a
+        return None
+
+    def held(self) -> list[tuple[int, Any]]:
+        """``(index, array)`` of each leaf the batch holds."""
+        return [
+            (i, a) for i, a in enumerate(self.arrays) if a is not None and type(a) is not Buffer
+        ]
+
+
+def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
+    """Leaf ``i`` of ``b`` leaves the batch for a record of its own, held by ``n`` Tensors and
+    owned by ``scope`` (default: the batch's owner, whose list it joins). Under ``_lock`` or
+    with the batch private to the caller."""
+    arr = b.arrays[i]
+    owner = b.scope if scope is _Marker else scope
+    rec = fresh(arr, owner)
+    rec.n = n
+    b.arrays[i] = rec
+    b.live -= 1
+    _buffers[id(arr)] = rec
+    if scope is _Marker and owner is not None and hasattr(owner, "_owned"):
+        owner._owned.append(rec)  # listed again, not made again: num_created stays
+        if hasattr(owner, "_moved_in"):
+            owner._moved_in += 1
+        else:
+            owner._extra -= 1
+    return rec
+
+
+def leaf_of(b: Batch, arr: Any) -> int:
+    """The index of ``arr`` among the leaves ``b`` holds, or -1."""
+    pos = b.pos
+    if pos is None:
+        pos = b.pos = {id(a): i for i, a in enumerate(b.arrays) if a is not None}
+    i = pos.get(id(arr), -1)
+    return i if i >= 0 and b.arrays[i] is arr else -1
+
+
+def split_stale(b: Batch, i: int) -> Buffer:
+    """Split leaf ``i`` out without its Tensor at hand: the Tensor keeps pointing at the batch
+    and finds its record there (``Tensor._rec``) until then."""
+    with _lock:
+        x = b.arrays[i]
+        if type(x) is Buffer:
+            return x
+        rec = split(b, i, 1)
+        if b.stale is None:
+            b.stale = set()
+        b.stale.add(i)
+    return rec
+
+
+def own_record(b: Batch, t: Any) -> Any:
+    """Tensor ``t``'s record, ``t`` being on batch ``b``: the leaf's own record (made now if
+    the batch still holds it), or a dead record if the batch was deleted. ``t`` points at it
+    from now on."""
+    if b.dead is not None:
+        rec = fresh(t._array, None) if _weakrefable(t._array) else fresh(_Marker, None)
+        rec.dead, rec.n = b.dead, 0
+        t._r = rec
+        return rec
+    i = t._i
+    with _lock:
+        x = b.arrays[i]
+        if type(x) is Buffer:
+            if b.stale is not None:
+                b.stale.discard(i)
+            rec = x
+        else:
+            rec = split(b, i, 1)
+    t._r = rec
+    return rec
+
+
+def _weakrefable(arr: Any) -> bool:
+    try:
+        weakref.ref(arr)
+    except TypeError:
+        return False
+    return True
+
+
+def leave_batch(b: Batch, t: Any) -> Buffer | None:
+    """Tensor ``t`` on batch ``b`` is being collected (``__del__``; no lock: it may run inside
+    the lock's holder). The batch lets go of the leaf's array when nothing else references it
+    (JAX frees it now), else the array gets a record of its own with no holder, as a Tensor's
+    record does when the Tensor goes first. Returns the record ``t`` held when the leaf was
+    split out already (its holder count drops), else None."""
+    i = t._i
+    x = b.arrays[i]
+    if type(x) is Buffer:
+        if b.stale is not None and i in b.stale:
+            b.stale.discard(i)
+            return x
+        return None  # split with ``t`` repointed: `t._r` was not the batch then
+    if x is None:
+        return None
+    # references: the batch's list, ``t._array``, ``x``, getrefcount's argument
+    if sys.getrefcount(x) <= 4:
+        b.arrays[i] = None
+        b.live -= 1
+        if _buffers.get(id(x)) is b:
+            del _buffers[id(x)]
+        if hasattr(b.scope, "_collected"):
+            b.scope._collected += 1  # its array goes with this Tensor: collected early
+        return None
+    split(b, i, 0)
+    return None
+
+
+def materialize_all() -> None:
+    """Split every batch's leaves into records of their own (before an observer starts, or a
+    report or alias check that reads records one by one)."""
+    batches: list[Any] = [b for b in list(_buffers.values()) if type(b) is Batch]
+    for b in {id(b): b for b in batches}.values():
+        if b.dead is None:
+            for i, _ in b.held():
+                split_stale(b, i)
+
+
+def delete_batch(b: Batch, why: Reason) -> list[Any]:
+    """Delete the arrays ``b`` holds and mark it dead: every Tensor still on it is disposed.
+    Returns the deleted arrays. A stale Tensor's record loses that holder."""
+    out = []
+    buffers = _buffers
+    with _lock:
+        b.dead = why
+        for i, a in enumerate(b.arrays):
+            if a is None:
+                continue
+            if type(a) is Buffer:
+                if b.stale and i in b.stale:
+                    a.n -= 1  # its Tensor, still on the batch, is disposed with it
+                continue
+            key = id(a)
+            if buffers.get(key) is b:
+                del buffers[key]
+            a.delete()
+            out.append(a)
+        b.arrays = []
+        b.live = 0
+        b.stale = None
+    return out
+
+
 _lock = threading.Lock()
-_buffers: dict[int, Buffer] = {}
+_buffers: dict[int, Any] = {}  # a Buffer, or the Batch holding the array
 _sweep_at = 4096
 
 
@@ -155,6 +333,9 @@ def lookup(arr: Any) -> Buffer | None:
     rec = _buffers.get(id(arr))
     if rec is None:
         return None
+    if type(rec) is Batch:  # a leaf of a batch: it gets a record of its own
+        i = leaf_of(rec, arr)
+        return split_stale(rec, i) if i >= 0 else None
     if rec() is arr:
         return rec
     if rec.more and any(r() is arr for r in rec.more):
@@ -359,6 +540,8 @@ def sweep() -> None:
     global _sweep_at
     with _lock:
         for key, rec in list(_buffers.items()):
+            if type(rec) is Batch:
+                continue  # its entries leave with its leaves
             gone = (rec() is None and not rec.more) or (rec.dead is not None and _stale(rec))
             if gone and _buffers.get(key) is rec:
                 del _buffers[key]
@@ -379,6 +562,7 @@ def _stale(rec: Buffer) -> bool:
 def live() -> tuple[list[Buffer], list[Buffer]]:
     """The records whose buffers are alive, and those deleted outside tidyjax that live
     Tensors still hold. Records over one buffer (see `distinct`) are all listed."""
+    materialize_all()
     resolve()
     sweep()
     seen: set[int] = set()
@@ -455,7 +639,7 @@ def resolve() -> None:
             rec.owned = False  # a new object over the caller's own array: the caller's buffer
     if not wanted:
         return
-    for other in list({id(r): r for r in _buffers.values()}.values()):
+    for other in _records(_buffers.values(), wanted):
         if other.dead is not None:
             continue
         arr = other.array()
@@ -468,6 +652,18 @@ def resolve() -> None:
         for k, rec in found:
             if rec is not other and k == key:
                 _join_group(rec, other)
+
+
+def _records(pool: Iterable[Any], wanted: dict[tuple[Any, Any], Any]) -> list[Buffer]:
+    """The records of ``pool`` (each once), a batch's leaves of a ``(shape, dtype)`` in
+    ``wanted`` split out of it: their buffers are compared one by one."""
+    out: list[Buffer] = []
+    for rec in list({id(r): r for r in pool}.values()):
+        if type(rec) is not Batch:
+            out.append(rec)
+        elif rec.dead is None:
+            out += [split_stale(rec, i) for i, a in rec.held() if (a.shape, a.dtype) in wanted]
+    return out
 
 
 def _over_raw(key: Any, raw: list[weakref.ref[Any]]) -> bool:
@@ -491,10 +687,10 @@ def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list
             wanted.setdefault((arr.shape, arr.dtype), []).append(arr)
     if not wanted:
         return []
-    pool = among if among is not None else {id(r): r for r in _buffers.values()}.values()
+    pool = _records(among if among is not None else _buffers.values(), wanted)
     keys: dict[int, Any] = {}  # id(array) -> its addresses, read once
     found: list[Buffer] = []
-    for rec in list(pool):
+    for rec in pool:
         if rec.dead is not None:
             continue
         twin = rec.array()
@@ -593,7 +789,16 @@ def device_bytes(rec: Buffer) -> dict[Any, int]:
 # ``observer.event("scope_enter" or "scope_exit", scope)``. Empty, the cost is one truthiness
 # check on each path.
 
-observers: list[Any] = []
+
+class _Observers(list[Any]):
+    """The observers; adding one first splits every batch (observers follow records)."""
+
+    def append(self, observer: Any) -> None:
+        materialize_all()
+        super().append(observer)
+
+
+observers: list[Any] = _Observers()
 
 
 def _collected(rec: Buffer) -> None:

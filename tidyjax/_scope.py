@@ -31,7 +31,7 @@ from ._errors import DISPOSED, ScopeError, TidyjaxTypeError, TidyjaxValueError, 
 from ._format import count as _count
 from ._lift import add_structure_hint
 from ._newarrays import ArrayMark
-from ._registry import KEPT, VARIABLE
+from ._registry import KEPT, VARIABLE, Batch, Buffer
 from ._sites import creation_site
 from ._tensor import Tensor, _ids, dispose_many, forget_array
 from ._trees import _gather, is_container, records_in
@@ -91,8 +91,10 @@ class Scope(Tracker):
         "_frame",
         "_freed",
         "_handed",
+        "_handed_batched",
         "_handed_tensors",
         "_moved_in",
+        "_only_batches",
         "_state",
         "_token",
         "name",
@@ -108,6 +110,8 @@ class Scope(Tracker):
         self._token: Any = None
         self._handed: set[int] = set()  # ids of records handed out by scope.keep
         self._handed_tensors: dict[int, Any] = {}  # Tensor objects handed out likewise, by id
+        self._handed_batched = False  # some of them are on leaves a batch holds
+        self._only_batches = False  # set by _reached_batches
         self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
         self._moved_in = 0  # records handed in by inner scopes (not created here)
@@ -146,7 +150,7 @@ class Scope(Tracker):
         """Buffers created while this was the innermost scope (collected ones included)."""
         if self._state == _CLOSED:
             return self._created
-        return len(self._owned) + self._pruned - self._moved_in
+        return len(self._owned) + self._pruned + self._extra - self._moved_in
 
     @property
     def peak_bytes(self) -> int | None:
@@ -272,26 +276,36 @@ class Scope(Tracker):
     def _free(self, result: Any) -> None:
         """The exit's books: what ``result`` and ``keep`` reach moves to the parent, the rest
         of what this scope owns is deleted, and its Tensor objects are settled."""
-        recs, tensors = self._walk_result(result)
+        if _registry.suspects:  # first: resolving splits batches, adding to the owned list
+            _registry.resolve()
+        batched: list[Tensor] = []
+        recs, tensors = self._walk_result(result, batched)
         handed_tensors = self._handed_tensors
         for t in tensors:
             handed_tensors[id(t)] = t
         escaping = self._handed | {id(r) for r in recs} if recs else self._handed
+        only_batches = False  # every Tensor handed out is on a batch handed out whole
+        if batched or self._handed_batched:
+            escaping = escaping | self._reached_batches(handed_tensors)
+            only_batches = self._only_batches
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
-        doomed, survivors, handed = self._sort_owned(owned, escaping, parent)
-        settle = handed_tensors or self._aliases or survivors
-        why: Any = scope_exited(self.path) if doomed or settle else None
+        doomed, survivors, handed, batches = self._sort_owned(owned, escaping, parent)
+        settle = (handed_tensors and not only_batches) or self._aliases or survivors
+        why: Any = scope_exited(self.path) if doomed or settle or batches else None
         self._freed = _registry.delete_many(doomed, why) if doomed else []
+        for b in batches:
+            self._freed += _registry.delete_batch(b, why)
         if settle:
             self._settle_objects(handed_tensors, survivors, parent, why)
             self._aliases = []
+        if handed_tensors:
             self._handed_tensors = {}
         if self._handed:
             self._handed = set()
         if parent is not None and _overgrown(parent):  # a long loop of child scopes inside
             parent._compact()
-        self._created = len(owned) + self._pruned - self._moved_in
+        self._created = len(owned) + self._pruned + self._extra - self._moved_in
         self.num_freed = len(self._freed)
         self.num_handed_out = handed
         if _log.isEnabledFor(logging.DEBUG):
@@ -302,12 +316,13 @@ class Scope(Tracker):
             )  # fmt: skip
         self._debug_mark = None
 
-    def _walk_result(self, result: Any) -> tuple[Any, Any]:
-        """The records and Tensors ``result`` reaches; a walk that raises frees nothing."""
+    def _walk_result(self, result: Any, batched: list[Tensor]) -> tuple[Any, Any]:
+        """The records and Tensors ``result`` reaches (Tensors on leaves a batch holds also go
+        to ``batched``); a walk that raises frees nothing."""
         if result is None:
             return (), ()
         try:
-            return records_in(result, self._owned)
+            return records_in(result, self._owned, batched)
         except BaseException as e:
             self._hand_everything_out()
             if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they are
@@ -319,17 +334,70 @@ class Scope(Tracker):
                 "other mappings and sequences, or registered pytrees."
             ) from e
 
+    def _reached_batches(self, handed_tensors: dict[int, Any]) -> set[int]:
+        """The batches this scope owns whose every leaf is returned or kept (ids): each moves
+        as one. A batch reached in part has the reached leaves split out first, each with its
+        Tensor (their ids are in the result too). Runs before the owned list is taken."""
+        self._handed_batched = False
+        reached: dict[int, list[Any]] = {}  # id(batch) -> [batch, Tensors handed out on it]
+        others = False  # a Tensor handed out is not on a batch
+        for t in handed_tensors.values():
+            b = t._r
+            if type(b) is Batch:
+                entry = reached.get(id(b))
+                if entry is None:
+                    reached[id(b)] = [b, 1]
+                else:
+                    entry[1] += 1
+            else:
+                others = True
+        whole: set[int] = set()
+        partial = []
+        for b, n in reached.values():
+            if b.dead is not None:
+                others = True
+                continue
+            if b.scope is not self or b.stale:
+                partial.append(b)  # Tensors on its split leaves: their records escape
+                others = True
+                continue
+            if n >= b.live and b.live + b.arrays.count(None) == len(b.arrays):  # none split
+                whole.add(id(b))
+            else:
+                partial.append(b)
+        for t in [t for t in handed_tensors.values() if any(t._r is b for b in partial)]:
+            b = t._r
+            if b.scope is self or type(b.arrays[t._i]) is Buffer:
+                whole.add(id(_registry.own_record(b, t)))
+        self._only_batches = not others and not partial
+        return whole
+
     def _sort_owned(
         self, owned: list[Any], escaping: set[int], parent: Any
-    ) -> tuple[list[Any], list[Any], int]:
+    ) -> tuple[list[Any], list[Any], int, list[Batch]]:
         """Sort the records this scope owned: the doomed ones (to delete), the survivors made or
-        handed here (moved to ``parent``, or kept or a Variable's), and how many were handed
-        out. Records Python already collected are counted in ``num_collected``."""
+        handed here (moved to ``parent``, or kept or a Variable's), how many were handed out,
+        and the doomed batches. Records Python already collected are counted in
+        ``num_collected``."""
         doomed: list[_registry.Buffer] = []
         survivors: list[_registry.Buffer] = []  # made or handed here, and outliving the exit
+        batches: list[Batch] = []
         handed = 0
         for rec in owned:
             if rec.dead is not None:
+                continue
+            if type(rec) is Batch:
+                if rec.scope is not self:
+                    continue  # kept whole, or handed on
+                if id(rec) in escaping:
+                    rec.scope = parent
+                    if parent is not None:
+                        parent._owned.append(rec)
+                        if isinstance(parent, Scope):
+                            parent._moved_in += 1
+                    handed += rec.live
+                elif rec.live or rec.stale:
+                    batches.append(rec)
                 continue
             if rec.scope is not self:
                 if rec.scope is KEPT or rec.scope is VARIABLE:
@@ -347,7 +415,7 @@ class Scope(Tracker):
                 doomed.append(rec)
             else:  # Python collected it, and JAX freed it
                 self._collected += 1
-        return doomed, survivors, handed
+        return doomed, survivors, handed, batches
 
     def _hand_everything_out(self) -> None:
         """Give every buffer this scope owns, and its Tensor objects, to the enclosing scope
@@ -373,7 +441,11 @@ class Scope(Tracker):
         those made or handed here are disposed (objects only, nothing deleted) unless returned
         or kept; those returned become the parent's."""
         # Returned or kept holders (None: disposed meanwhile); a Variable is counted in nvars.
-        held = [rec for t in handed_tensors.values() if not _is_variable(t, rec := t._rec)]
+        held = [
+            rec
+            for t in handed_tensors.values()
+            if type(rec := t._r) is not Batch and not _is_variable(t, rec)
+        ]
         if parent is not None:
             self._hand_objects_to(parent, handed_tensors)
         held += self._dispose_aliases(handed_tensors, why)
@@ -387,7 +459,10 @@ class Scope(Tracker):
         parent._aliases.extend(
             weakref.ref(t)
             for t in handed_tensors.values()
-            if t._id >= first and (rec := t._rec) is not None and not _is_flagged(t, rec)
+            if t._id >= first
+            and (rec := t._r) is not None
+            and type(rec) is not Batch  # its batch went to the parent as one
+            and not _is_flagged(t, rec)
         )
 
     def _dispose_aliases(self, handed_tensors: dict[int, Any], why: Any) -> list[Any]:
@@ -467,10 +542,13 @@ class Scope(Tracker):
             s = s.parent
         if s is None:
             inner = []
-        recs, tensors = records_in(values)
+        batched: list[Tensor] = []
+        recs, tensors = records_in(values, None, batched)
         if not recs and not tensors:
             for value in values:
                 _check_found(value, [], [], f"scope {self.path!r}.keep()")
+        if batched:
+            recs += self._claim_batches(batched, inner)
         for rec in recs:
             owner = rec.scope
             if owner is not self and any(owner is s for s in inner):
@@ -484,6 +562,29 @@ class Scope(Tracker):
             if isinstance(scope, Scope):
                 scope._handed_tensors.update(zip(map(id, tensors), tensors, strict=True))
         return values[0] if len(values) == 1 else values
+
+    def _claim_batches(self, batched: list[Tensor], inner: list[Tracker]) -> list[Any]:
+        """`keep` of Tensors on leaves batches hold: a batch of a scope inside this one, kept
+        whole, becomes this scope's as one; kept in part, its kept leaves are split out (their
+        records returned, for `keep` to hand out). This scope's own batches are sorted at its
+        exit (`_reached_batches`)."""
+        self._handed_batched = True
+        if not inner:
+            return []
+        groups: dict[int, tuple[Batch, list[Tensor]]] = {}
+        for t in batched:
+            groups.setdefault(id(t._r), (t._r, []))[1].append(t)
+        out = []
+        for b, ts in groups.values():
+            if not any(b.scope is s for s in inner):
+                continue
+            if len({id(t) for t in ts}) >= b.live:
+                b.scope = self
+                self._owned.append(b)
+                self._moved_in += 1
+            else:
+                out += [_registry.own_record(b, t) for t in ts]
+        return out
 
     def __enter__(self) -> Scope:
         return self._open(entered_by_with=True)
@@ -544,7 +645,11 @@ def close_through(scope: Scope) -> None:
 
 def owned_records(scope: Scope) -> list[_registry.Buffer]:
     """The live records ``scope`` owns now (made in it, or handed to it)."""
-    return [r for r in scope._owned if r.scope is scope and r.dead is None]
+    batches: list[Batch] = [r for r in scope._owned if type(r) is Batch and r.dead is None]
+    for b in batches:
+        for i, _ in b.held():
+            _registry.split_stale(b, i)
+    return [r for r in scope._owned if type(r) is not Batch and r.scope is scope and r.dead is None]
 
 
 def _strays(survivors: list[Any], held: list[Any]) -> list[Any]:
@@ -665,7 +770,9 @@ def _scope_html(s: Scope) -> str:
         # Records still listed: collected by Python or disposed already; those compaction
         # dropped (_pruned) went the same ways.
         gone = s._pruned + sum(
-            1 for r in s._owned if r.dead is not None or (r() is None and not r.more)
+            (r.arrays.count(None) if type(r) is Batch else 1)
+            for r in s._owned
+            if type(r) is Batch or r.dead is not None or (r() is None and not r.more)
         )
         summary = (
             f"open: {_count(created, 'buffer')} so far, {gone} of them collected early or "
@@ -1018,8 +1125,11 @@ def keep(x: T) -> T:
     Only an explicit [`dispose`][tidyjax.dispose] frees a kept Tensor. Keeping a disposed Tensor
     does nothing. Returns ``x``.
     """
-    recs, tensors = records_in(x)
+    batched: list[Tensor] = []
+    recs, tensors = records_in(x, None, batched)
     _check_found(x, recs, tensors, "keep()")
+    if batched:
+        recs += _keep_batches(batched)
     for rec in recs:
         if rec.scope is VARIABLE:  # a Variable's buffer is never scope-freed anyway...
             rec.home = KEPT  # ...and kept once no Variable holds it
@@ -1028,9 +1138,24 @@ def keep(x: T) -> T:
     scope = current()
     for t in tensors:  # a clone made in a scope on a buffer it does not own survives it too
         t._kept = True
-        if scope is not None:  # accounted for at the scope's exit (see Scope._free)
+        if scope is not None and type(t._r) is not Batch:  # settled at the scope's exit
             scope._aliases.append(weakref.ref(t))
     return x
+
+
+def _keep_batches(batched: list[Tensor]) -> list[Any]:
+    """`keep` of Tensors on leaves batches hold: a batch kept whole is kept as one; kept in
+    part, its kept leaves are split out (their records returned, for `keep` to mark)."""
+    groups: dict[int, tuple[Batch, list[Tensor]]] = {}
+    for t in batched:
+        groups.setdefault(id(t._r), (t._r, []))[1].append(t)
+    out = []
+    for b, ts in groups.values():
+        if len({id(t) for t in ts}) >= b.live:
+            b.scope = KEPT
+        else:
+            out += [_registry.own_record(b, t) for t in ts]
+    return out
 
 
 def dispose(x: Any) -> None:

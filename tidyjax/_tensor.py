@@ -64,6 +64,7 @@ _new = object.__new__
 _buffers = _registry._buffers
 _UNTRACKED = _registry.UNTRACKED
 _fresh = _registry.fresh
+_Batch = _registry.Batch
 VARIABLE = _registry.VARIABLE
 
 
@@ -85,14 +86,15 @@ class Tensor:
         ```
     """
 
-    __slots__ = ("__weakref__", "_array", "_id", "_kept", "_rec", "_var", "_why")
+    __slots__ = ("__weakref__", "_array", "_i", "_id", "_kept", "_r", "_var", "_why")
 
     # numpy defers to our reflected operators (``np_array + t`` gives a Tensor), as with jax.Array.
     __array_priority__ = 100
 
     _array: Any
     _id: int
-    _rec: _registry.Buffer | None  # None once this Tensor is disposed
+    _r: Any  # the record (a Buffer), or a Batch holding leaf `_i`; None once disposed
+    _i: int  # the leaf index in a Batch (unset otherwise)
     _why: Reason
     _kept: bool  # set by tidyjax.keep: no scope disposes this object (unset: False)
     _var: Any  # a Variable's name and trainable flag (see _variable.py; unset: a plain Tensor)
@@ -117,13 +119,32 @@ class Tensor:
         # buffer is not freed here; its owner (or JAX, when the last array reference goes) does.
         # The modules are bound as defaults: at interpreter exit their globals are already None.
         try:
-            rec = self._rec
+            rec = self._r
         except AttributeError:  # a half-built Tensor
             return
+        if type(rec) is _Batch:
+            if rec.dead is not None:
+                return
+            rec = _registry.leave_batch(rec, self)
+            if rec is None:
+                return
         if rec is not None and rec is not _UNTRACKED:
             rec.n -= 1
             if _registry.observers and rec.dead is None:
                 _registry._notify("tensor_removed", rec)
+
+    @property
+    def _rec(self) -> Any:
+        """This Tensor's record (a `Buffer`; None once disposed). A leaf a `Batch` holds gets a
+        record of its own first: the batch's fast paths read ``_r``."""
+        rec = self._r
+        if type(rec) is _Batch:
+            return _registry.own_record(rec, self)
+        return rec
+
+    @_rec.setter
+    def _rec(self, rec: Any) -> None:
+        self._r = rec
 
     # -- state -----------------------------------------------------------------------------
     # The liveness test `rec is None or rec.dead is not None` is inlined on the hot paths
@@ -131,7 +152,7 @@ class Tensor:
 
     def _value(self) -> Any:
         """The live jax value, or raise `DisposedError`."""
-        rec = self._rec
+        rec = self._r
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         return self._array
@@ -142,7 +163,7 @@ class Tensor:
 
         Also the Tensor's one pytree child: JAX reads it in C++ when it flattens a tree
         (``jax.tree_util.keystr`` names the leaf ``….array``)."""
-        rec = self._rec  # `_value`, inlined: JAX calls this once per Tensor in every flatten
+        rec = self._r  # `_value`, inlined: JAX calls this once per Tensor in every flatten
         if rec is None or rec.dead is not None:
             raise disposed_error(self)
         return self._array
@@ -159,9 +180,14 @@ class Tensor:
         Also true once its buffer was deleted behind tidyjax's back (``t.array.delete()``, a
         raw ``jax.jit(..., donate_argnums=...)`` call): the buffer's record is marked dead then.
         """
-        rec = self._rec
+        rec = self._r
         if rec is None or rec.dead is not None:
             return True
+        if type(rec) is _Batch:
+            if type(self._array) in CONCRETE and self._array.is_deleted():
+                rec = self._rec  # deleted outside tidyjax: the leaf's own record says so
+            else:
+                return False
         if rec is not _UNTRACKED and type(self._array) in CONCRETE and self._array.is_deleted():
             _registry.check(rec)  # deleted outside tidyjax: the record is dead from now on
             return rec.dead is not None
@@ -688,7 +714,7 @@ def _waiting(method: Any, wait: bool) -> Any:
     def waiting(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
             if wait:
-                rec = self._rec
+                rec = self._r
                 if rec is not None and rec.dead is None and type(self._array) in CONCRETE:
                     self._array.block_until_ready()
             return method(self, *args, **kwargs)
@@ -734,8 +760,9 @@ def wrap(arr: Any) -> Any:
         t._id = next(_ids)
         rec = _buffers.get(id(arr))
         if rec is not None:
-            first = rec()
-            if first is not arr:  # a stale entry (the usual case in a loop), or an alias object
+            if type(rec) is _Batch:  # an array a batch holds: its leaf gets a record of its own
+                rec = _registry.lookup(arr)
+            elif (first := rec()) is not arr:  # a stale entry (usual in a loop), or an alias
                 rec = None if first is None and not rec.more else _registry.lookup(arr)
         scope = CURRENT.get()
         if rec is None or rec.dead is not None:
@@ -746,14 +773,14 @@ def wrap(arr: Any) -> Any:
                 _buffers[id(arr)] = rec
                 if len(_buffers) > _registry._sweep_at:
                     _registry.sweep()
-            t._rec = rec
+            t._r = rec
             if scope is not None:
                 owned = scope._owned
                 owned.append(rec)
                 if len(owned) > scope._compact_at:
                     scope._compact()
         else:
-            t._rec = rec
+            t._r = rec
             _join(t, rec, scope)
         return t
     if isinstance(arr, Tracer):
@@ -775,7 +802,7 @@ def shell(value: Any) -> Tensor:
     t = _new(Tensor)
     t._array = value
     t._id = next(_ids)
-    t._rec = _UNTRACKED
+    t._r = _UNTRACKED
     return t
 
 
@@ -798,7 +825,7 @@ def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
     may be a second object over too (then the buffer stays the caller's)."""
     t = wrap(arr)
     if type(t) is Tensor:
-        rec = t._rec
+        rec = t._r
         fresh = rec is not None and rec is not _UNTRACKED and rec.n == 1 and rec.more is None
         if fresh and arr.committed:
             twins = [
@@ -806,16 +833,57 @@ def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
                 for r in raw or ()
                 if r.committed and r.shape == arr.shape and r.dtype == arr.dtype
             ]
-            _registry.suspect(rec, twins)  # type: ignore[arg-type]
+            _registry.suspect(rec, twins)
     return t
 
 
 def wrap_all(arrays: list[Any]) -> list[Any]:
-    """``wrap`` for every leaf of a jitted call's outputs, the per-call work done once."""
+    """``wrap`` for every leaf of a jitted call's outputs, the per-call work done once. In a
+    scope, the new buffers form one `Batch`: one record and one entry in the scope's list."""
     scope = CURRENT.get()
     if _registry.observers:
         return [wrap(a) for a in arrays]
-    append = scope._owned.append if scope is not None else None
+    buffers = _buffers
+    get = buffers.get
+    ids = _ids
+    out: list[Any] = []
+    if scope is None:
+        return _wrap_all_unscoped(arrays)
+    b = _new(_Batch)
+    held: list[Any] = []
+    b.arrays, b.dead, b.live, b.pos, b.scope, b.stale = held, None, 0, None, scope, None
+    for arr in arrays:
+        ta = type(arr)
+        if ta is not ArrayImpl and ta is not PRNGKeyArray:
+            out.append(wrap(arr) if isinstance(arr, Tracer) else arr)
+            continue
+        key = id(arr)
+        rec = get(key)
+        if rec is not None and (type(rec) is _Batch or rec() is not None):  # recorded already
+            out.append(wrap(arr))
+            continue
+        t = _new(Tensor)
+        t._array = arr
+        t._id = next(ids)
+        t._r = b
+        t._i = len(held)
+        held.append(arr)
+        b.live += 1
+        buffers[key] = b
+        out.append(t)
+    if held:
+        owned = scope._owned
+        owned.append(b)
+        scope._extra += len(held) - 1  # one entry, len(held) buffers made: num_created
+        if len(owned) > scope._compact_at:
+            scope._compact()
+        if len(buffers) > _registry._sweep_at:
+            _registry.sweep()
+    return out
+
+
+def _wrap_all_unscoped(arrays: list[Any]) -> list[Any]:
+    """`wrap_all` outside every scope: a record per leaf, owned by no scope."""
     buffers = _buffers
     get = buffers.get
     ids = _ids
@@ -828,7 +896,7 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
             continue
         key = id(arr)
         rec = get(key)
-        if rec is not None and rec() is not None:  # an array tidyjax already records
+        if rec is not None and (type(rec) is _Batch or rec() is not None):  # recorded already
             out.append(wrap(arr))
             continue
         t = _new(Tensor)
@@ -840,16 +908,12 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         rec.n = 1
         rec.nbytes = -1
         rec.owned = True
-        rec.scope = scope
+        rec.scope = None
         buffers[key] = rec
-        t._rec = rec
-        if append is not None:
-            append(rec)
+        t._r = rec
         out.append(t)
     if len(_buffers) > _registry._sweep_at:
         _registry.sweep()
-    if scope is not None and len(scope._owned) > scope._compact_at:
-        scope._compact()
     return out
 
 
@@ -870,7 +934,7 @@ def wrap_borrowed(arr: Any) -> Any:
         return wrap(arr)
     t = _wrap_unowned(arr)
     if arr.committed:
-        _registry.suspect(t._rec)  # type: ignore[arg-type]
+        _registry.suspect(t._rec)
     return t
 
 
@@ -879,7 +943,7 @@ def _wrap_unowned(arr: Any) -> Tensor:
     t = _new(Tensor)
     t._array = arr
     t._id = next(_ids)
-    t._rec = _registry.new(arr, None, owned=False, tensor=t._id)
+    t._r = _registry.new(arr, None, owned=False, tensor=t._id)
     scope = CURRENT.get()
     if scope is not None:
         scope._aliases.append(weakref.ref(t))
@@ -930,12 +994,29 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     doomed: list[_registry.Buffer] = []
     survivors: list[Tensor] = []
     released: list[_registry.Buffer] | None = [] if _registry.observers else None
+    batched: list[Any] = []  # arrays batches held, deleted after the lock
+    pop = _buffers.pop
     with _registry._lock:
         for t in tensors:
-            rec = t._rec
+            rec = t._r
             if rec is None:
                 continue
-            t._rec = None
+            if type(rec) is _Batch:
+                if rec.dead is None:  # inline: the usual case, a leaf the batch holds
+                    i = t._i
+                    x = rec.arrays[i]
+                    if type(x) is not _registry.Buffer:
+                        t._r = None
+                        t._why = why
+                        rec.arrays[i] = None
+                        rec.live -= 1
+                        pop(id(x), None)  # its entry is the batch's while the batch holds it
+                        batched.append(x)
+                        continue
+                rec = _dispose_leaf(t, rec, why, batched)
+                if rec is None:
+                    continue
+            t._r = None
             dead = rec.dead
             t._why = why if dead is None else dead
             if rec is _UNTRACKED:
@@ -955,9 +1036,35 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
         for rec in released:
             _registry._notify("tensor_removed", rec)
     freed = _registry.free_all(doomed)
+    for arr in batched:
+        arr.delete()
     for t in survivors:
         forget_array(t)
-    return freed
+    return freed + batched if batched else freed
+
+
+def _dispose_leaf(t: Tensor, b: Any, why: Reason, batched: list[Any]) -> Any:
+    """Dispose ``t``, a Tensor on batch ``b`` (under the lock): the leaf's array, of which
+    ``t`` is the one holder, goes to ``batched`` to be deleted. Returns the leaf's own record
+    instead when it was split out (the caller disposes ``t`` from it), else None."""
+    if b.dead is not None:
+        t._r = None
+        t._why = b.dead
+        return None
+    i = t._i
+    x = b.arrays[i]
+    if type(x) is _registry.Buffer:
+        if b.stale is not None:
+            b.stale.discard(i)
+        return x
+    t._r = None
+    t._why = why
+    b.arrays[i] = None
+    b.live -= 1
+    if _buffers.get(id(x)) is b:
+        del _buffers[id(x)]
+    batched.append(x)
+    return None
 
 
 class _Meta:

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _registry
 from ._arrays import CONCRETE, PLAIN, Tracer
+from ._registry import Batch as _Batch
 from ._tensor import (
     TENSOR_TYPES,
     Tensor,
@@ -160,7 +161,7 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
         out_dict = {}
         for k, v in x.items():  # the liveness test inlined: a call per leaf costs more
             if type(v) in TENSOR_TYPES:
-                rec = v._rec
+                rec = v._r
                 if rec is None or rec.dead is not None:
                     raise disposed_error(v)
                 out_dict[k] = v._array
@@ -171,7 +172,7 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
         out = []
         for v in x:
             if type(v) in TENSOR_TYPES:
-                rec = v._rec
+                rec = v._r
                 if rec is None or rec.dead is not None:
                     raise disposed_error(v)
                 out.append(v._array)
@@ -360,20 +361,35 @@ def _items(v: Any) -> Any:
     return None
 
 
-def records_in(x: Any, among: Any = None) -> tuple[list[_registry.Buffer], list[Tensor]]:
+def records_in(
+    x: Any, among: Any = None, batched: list[Tensor] | None = None
+) -> tuple[list[_registry.Buffer], list[Tensor]]:
     """The live buffer records reached from ``x`` (its Tensors, and its raw jax.Arrays: those
     tidyjax records, and other array objects over a recorded buffer, looked for ``among`` the
-    given records or else all), and the live Tensors among its leaves."""
+    given records or else all), and the live Tensors among its leaves.
+
+    A Tensor on a leaf a `Batch` holds goes to ``batched`` when given (the caller acts on
+    whole batches), else its leaf gets a record of its own."""
     tensors: list[Tensor] = []
     raws: list[Any] = []
     _gather(x, tensors, raws)
     untracked = _registry.UNTRACKED
-    recs = [
-        rec
-        for t in tensors
-        if (rec := t._rec) is not None and rec.dead is None and rec is not untracked
-    ]
-    live = tensors if len(recs) == len(tensors) else [t for t in tensors if _alive(t)]
+    recs = []
+    live = []
+    for t in tensors:
+        rec = t._r
+        if rec is None or rec.dead is not None or rec is untracked:
+            continue
+        if type(rec) is _Batch:
+            if batched is not None and type(rec.arrays[t._i]) is not _registry.Buffer:
+                batched.append(t)
+                live.append(t)
+                continue
+            rec = _registry.own_record(rec, t)
+            if rec.dead is not None:
+                continue
+        recs.append(rec)
+        live.append(t)
     unknown = []
     for arr in raws:
         rec = _registry.lookup(arr)
@@ -384,8 +400,3 @@ def records_in(x: Any, among: Any = None) -> tuple[list[_registry.Buffer], list[
     if unknown:  # a raw device_put of a recorded buffer to where it is: the same buffer
         recs += _registry.aliases_of(unknown, among)
     return recs, live
-
-
-def _alive(t: Tensor) -> bool:
-    rec = t._rec
-    return rec is not None and rec.dead is None and rec is not _registry.UNTRACKED

@@ -134,7 +134,7 @@ def assign(self: Tensor, value: Any) -> Tensor:
             f"{old.dtype}; cast with value.astype({str(old.dtype)!r})."
         )
     old_rec = self._rec
-    if old_rec is not None and old_rec is _registry.lookup(new) and old_rec.dead is None:
+    if old_rec is not None and old_rec.dead is None and old_rec is _registry.lookup(new):
         self._array = new  # the same buffer (v.assign(v), a clone, a same-dtype astype)
         return self
     rec = _hold(new, value, self._id)
