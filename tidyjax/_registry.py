@@ -123,11 +123,12 @@ class Batch:
     at hand (a report, a second Tensor over the array), whose Tensor still points here.
     """
 
-    __slots__ = ("arrays", "dead", "live", "pos", "scope", "stale")
+    __slots__ = ("arrays", "dead", "live", "nsplit", "pos", "scope", "stale")
 
     arrays: list[Any]
     dead: Reason | None
     live: int
+    nsplit: int  # leaves split out so far
     pos: dict[int, int] | None  # id(array) -> leaf index, built on the first lookup by array
     scope: Any  # the owner of the leaves it holds: a scope, or KEPT
     stale: set[int] | None
@@ -157,6 +158,7 @@ def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
     rec.n = n
     b.arrays[i] = rec
     b.live -= 1
+    b.nsplit += 1
     _buffers[id(arr)] = rec
     if scope is _Marker and owner is not None and hasattr(owner, "_owned"):
         owner._owned.append(rec)  # listed again, not made again: num_created stays

@@ -11,11 +11,13 @@ marked disposed without deleting anything.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import gc
 import inspect
 import logging
+import operator
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -45,6 +47,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+_record_of = operator.attrgetter("_r")
 _log = logging.getLogger("tidyjax")
 # While a jax.profiler trace runs (``jax.profiler.trace``, ``start_trace`` or a capture from
 # TensorBoard), each scope is a named range in it, beside XLA's ops. ``is_enabled`` is one C++
@@ -339,33 +342,29 @@ class Scope(Tracker):
         as one. A batch reached in part has the reached leaves split out first, each with its
         Tensor (their ids are in the result too). Runs before the owned list is taken."""
         self._handed_batched = False
-        reached: dict[int, list[Any]] = {}  # id(batch) -> [batch, Tensors handed out on it]
-        others = False  # a Tensor handed out is not on a batch
-        for t in handed_tensors.values():
-            b = t._r
-            if type(b) is Batch:
-                entry = reached.get(id(b))
-                if entry is None:
-                    reached[id(b)] = [b, 1]
-                else:
-                    entry[1] += 1
-            else:
-                others = True
+        # what each handed-out Tensor is on, counted per object in C (a loop per leaf in
+        # Python was most of the exit)
+        on = list(map(_record_of, handed_tensors.values()))
+        counts = collections.Counter(map(id, on))
+        objects = dict(zip(map(id, on), on, strict=True))
+        others = False  # a Tensor handed out is not on a batch this scope may move whole
         whole: set[int] = set()
         partial = []
-        for b, n in reached.values():
-            if b.dead is not None:
+        for key, n in counts.items():
+            b = objects[key]
+            if type(b) is not Batch or b.dead is not None:
                 others = True
                 continue
             if b.scope is not self or b.stale:
                 partial.append(b)  # Tensors on its split leaves: their records escape
                 others = True
                 continue
-            if n >= b.live and b.live + b.arrays.count(None) == len(b.arrays):  # none split
+            if n >= b.live and not b.nsplit:
                 whole.add(id(b))
             else:
                 partial.append(b)
-        for t in [t for t in handed_tensors.values() if any(t._r is b for b in partial)]:
+        partial_ids = {id(b) for b in partial}
+        for t in [t for t in handed_tensors.values() if id(t._r) in partial_ids] if partial else ():
             b = t._r
             if b.scope is self or type(b.arrays[t._i]) is Buffer:
                 whole.add(id(_registry.own_record(b, t)))
@@ -770,7 +769,7 @@ def _scope_html(s: Scope) -> str:
         # Records still listed: collected by Python or disposed already; those compaction
         # dropped (_pruned) went the same ways.
         gone = s._pruned + sum(
-            (r.arrays.count(None) if type(r) is Batch else 1)
+            (sum(a is None for a in r.arrays) if type(r) is Batch else 1)
             for r in s._owned
             if type(r) is Batch or r.dead is not None or (r() is None and not r.more)
         )

@@ -114,7 +114,12 @@ class Tensor:
             raise TidyjaxTypeError("Tensor() needs data: tidyjax.Tensor([1.0, 2.0])")
         return tensor(data, dtype, device=device)
 
-    def __del__(self, _registry: Any = _registry, _UNTRACKED: Any = _UNTRACKED) -> None:  # noqa: N803
+    def __del__(
+        self,
+        _registry: Any = _registry,
+        _UNTRACKED: Any = _UNTRACKED,  # noqa: N803
+        _Batch: Any = _Batch,  # noqa: N803
+    ) -> None:
         # The one place a collected Tensor is noticed: its record has one holder fewer. The
         # buffer is not freed here; its owner (or JAX, when the last array reference goes) does.
         # The modules are bound as defaults: at interpreter exit their globals are already None.
@@ -125,7 +130,10 @@ class Tensor:
         if type(rec) is _Batch:
             if rec.dead is not None:
                 return
-            rec = _registry.leave_batch(rec, self)
+            try:
+                rec = _registry.leave_batch(rec, self)
+            except Exception:  # at interpreter exit, with the module's globals gone
+                return
             if rec is None:
                 return
         if rec is not None and rec is not _UNTRACKED:
@@ -851,7 +859,15 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         return _wrap_all_unscoped(arrays)
     b = _new(_Batch)
     held: list[Any] = []
-    b.arrays, b.dead, b.live, b.pos, b.scope, b.stale = held, None, 0, None, scope, None
+    b.arrays, b.dead, b.live, b.nsplit, b.pos, b.scope, b.stale = (
+        held,
+        None,
+        0,
+        0,
+        None,
+        scope,
+        None,
+    )
     for arr in arrays:
         ta = type(arr)
         if ta is not ArrayImpl and ta is not PRNGKeyArray:
