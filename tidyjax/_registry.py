@@ -133,6 +133,10 @@ class Batch:
     scope: Any  # the owner of the leaves it holds: a scope, or KEPT
     stale: set[int] | None
 
+    def __init__(self, scope: Any) -> None:
+        self.arrays, self.dead, self.live, self.nsplit = [], None, 0, 0
+        self.pos, self.scope, self.stale = None, scope, None
+
     def array(self) -> Any:
         """Any array the batch still holds, or None (for a scope's compaction)."""
         if self.live:
@@ -167,6 +171,15 @@ def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
         else:
             owner._extra -= 1
     return rec
+
+
+def by_batch(tensors: list[Any]) -> list[tuple[Batch, list[Any], bool]]:
+    """Tensors on leaves batches hold (as `records_in` gives them), grouped by batch:
+    ``(batch, its Tensors, whether they are every leaf it holds)``."""
+    groups: dict[int, tuple[Batch, list[Any]]] = {}
+    for t in tensors:
+        groups.setdefault(id(t._r), (t._r, []))[1].append(t)
+    return [(b, ts, len({id(t) for t in ts}) >= b.live) for b, ts in groups.values()]
 
 
 def leaf_of(b: Batch, arr: Any) -> int:
@@ -255,9 +268,14 @@ def materialize_all() -> None:
     report or alias check that reads records one by one)."""
     batches: list[Any] = [b for b in list(_buffers.values()) if type(b) is Batch]
     for b in {id(b): b for b in batches}.values():
-        if b.dead is None:
-            for i, _ in b.held():
-                split_stale(b, i)
+        split_all(b)
+
+
+def split_all(b: Batch) -> None:
+    """Split every leaf ``b`` still holds (stale: their Tensors are not at hand)."""
+    if b.dead is None:
+        for i, _ in b.held():
+            split_stale(b, i)
 
 
 def delete_batch(b: Batch, why: Reason) -> list[Any]:

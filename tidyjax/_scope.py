@@ -97,7 +97,6 @@ class Scope(Tracker):
         "_handed_batched",
         "_handed_tensors",
         "_moved_in",
-        "_only_batches",
         "_state",
         "_token",
         "name",
@@ -114,7 +113,6 @@ class Scope(Tracker):
         self._handed: set[int] = set()  # ids of records handed out by scope.keep
         self._handed_tensors: dict[int, Any] = {}  # Tensor objects handed out likewise, by id
         self._handed_batched = False  # some of them are on leaves a batch holds
-        self._only_batches = False  # set by _reached_batches
         self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
         self._moved_in = 0  # records handed in by inner scopes (not created here)
@@ -289,8 +287,8 @@ class Scope(Tracker):
         escaping = self._handed | {id(r) for r in recs} if recs else self._handed
         only_batches = False  # every Tensor handed out is on a batch handed out whole
         if batched or self._handed_batched:
-            escaping = escaping | self._reached_batches(handed_tensors)
-            only_batches = self._only_batches
+            whole, only_batches = self._reached_batches(handed_tensors)
+            escaping = escaping | whole
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
         doomed, survivors, handed, batches = self._sort_owned(owned, escaping, parent)
@@ -337,10 +335,11 @@ class Scope(Tracker):
                 "other mappings and sequences, or registered pytrees."
             ) from e
 
-    def _reached_batches(self, handed_tensors: dict[int, Any]) -> set[int]:
+    def _reached_batches(self, handed_tensors: dict[int, Any]) -> tuple[set[int], bool]:
         """The batches this scope owns whose every leaf is returned or kept (ids): each moves
-        as one. A batch reached in part has the reached leaves split out first, each with its
-        Tensor (their ids are in the result too). Runs before the owned list is taken."""
+        as one; and whether every Tensor handed out is on one of them. A batch reached in part
+        has the reached leaves split out first, each with its Tensor (their ids are in the
+        result too). Runs before the owned list is taken."""
         self._handed_batched = False
         # what each handed-out Tensor is on, counted per object in C (a loop per leaf in
         # Python was most of the exit)
@@ -368,8 +367,7 @@ class Scope(Tracker):
             b = t._r
             if b.scope is self or type(b.arrays[t._i]) is Buffer:
                 whole.add(id(_registry.own_record(b, t)))
-        self._only_batches = not others and not partial
-        return whole
+        return whole, not others and not partial
 
     def _sort_owned(
         self, owned: list[Any], escaping: set[int], parent: Any
@@ -385,31 +383,25 @@ class Scope(Tracker):
         for rec in owned:
             if rec.dead is not None:
                 continue
-            if type(rec) is Batch:
-                if rec.scope is not self:
-                    continue  # kept whole, or handed on
-                if id(rec) in escaping:
-                    rec.scope = parent
-                    if parent is not None:
-                        parent._owned.append(rec)
-                        if isinstance(parent, Scope):
-                            parent._moved_in += 1
-                    handed += rec.live
-                elif rec.live or rec.stale:
-                    batches.append(rec)
-                continue
+            batch = type(rec) is Batch
             if rec.scope is not self:
-                if rec.scope is KEPT or rec.scope is VARIABLE:
+                if not batch and (rec.scope is KEPT or rec.scope is VARIABLE):
                     survivors.append(rec)  # its Tensor objects made here may still go
-                continue  # handed on, or another scope's
+                continue  # handed on, or another scope's (a batch: kept whole, or handed on)
             if id(rec) in escaping:
                 rec.scope = parent
                 if parent is not None:
                     parent._owned.append(rec)
                     if isinstance(parent, Scope):
                         parent._moved_in += 1
-                handed += 1
-                survivors.append(rec)
+                if batch:
+                    handed += rec.live
+                else:
+                    handed += 1
+                    survivors.append(rec)
+            elif batch:
+                if rec.live or rec.stale:
+                    batches.append(rec)
             elif rec() is not None or rec.more:
                 doomed.append(rec)
             else:  # Python collected it, and JAX freed it
@@ -570,14 +562,11 @@ class Scope(Tracker):
         self._handed_batched = True
         if not inner:
             return []
-        groups: dict[int, tuple[Batch, list[Tensor]]] = {}
-        for t in batched:
-            groups.setdefault(id(t._r), (t._r, []))[1].append(t)
         out = []
-        for b, ts in groups.values():
+        for b, ts, whole in _registry.by_batch(batched):
             if not any(b.scope is s for s in inner):
                 continue
-            if len({id(t) for t in ts}) >= b.live:
+            if whole:
                 b.scope = self
                 self._owned.append(b)
                 self._moved_in += 1
@@ -646,8 +635,7 @@ def owned_records(scope: Scope) -> list[_registry.Buffer]:
     """The live records ``scope`` owns now (made in it, or handed to it)."""
     batches: list[Batch] = [r for r in scope._owned if type(r) is Batch and r.dead is None]
     for b in batches:
-        for i, _ in b.held():
-            _registry.split_stale(b, i)
+        _registry.split_all(b)
     return [r for r in scope._owned if type(r) is not Batch and r.scope is scope and r.dead is None]
 
 
@@ -1145,12 +1133,9 @@ def keep(x: T) -> T:
 def _keep_batches(batched: list[Tensor]) -> list[Any]:
     """`keep` of Tensors on leaves batches hold: a batch kept whole is kept as one; kept in
     part, its kept leaves are split out (their records returned, for `keep` to mark)."""
-    groups: dict[int, tuple[Batch, list[Tensor]]] = {}
-    for t in batched:
-        groups.setdefault(id(t._r), (t._r, []))[1].append(t)
     out = []
-    for b, ts in groups.values():
-        if len({id(t) for t in ts}) >= b.live:
+    for b, ts, whole in _registry.by_batch(batched):
+        if whole:
             b.scope = KEPT
         else:
             out += [_registry.own_record(b, t) for t in ts]

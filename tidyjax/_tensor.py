@@ -847,27 +847,18 @@ def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
 
 def wrap_all(arrays: list[Any]) -> list[Any]:
     """``wrap`` for every leaf of a jitted call's outputs, the per-call work done once. In a
-    scope, the new buffers form one `Batch`: one record and one entry in the scope's list."""
+    scope, the new buffers form one `Batch`: one record and one entry in the scope's list;
+    outside every scope each gets a record of its own, owned by no scope."""
     scope = CURRENT.get()
     if _registry.observers:
         return [wrap(a) for a in arrays]
     buffers = _buffers
     get = buffers.get
     ids = _ids
+    Buffer = _registry.Buffer  # noqa: N806
+    b = _Batch(scope) if scope is not None else None
+    held = b.arrays if b is not None else []
     out: list[Any] = []
-    if scope is None:
-        return _wrap_all_unscoped(arrays)
-    b = _new(_Batch)
-    held: list[Any] = []
-    b.arrays, b.dead, b.live, b.nsplit, b.pos, b.scope, b.stale = (
-        held,
-        None,
-        0,
-        0,
-        None,
-        scope,
-        None,
-    )
     for arr in arrays:
         ta = type(arr)
         if ta is not ArrayImpl and ta is not PRNGKeyArray:
@@ -881,54 +872,29 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         t = _new(Tensor)
         t._array = arr
         t._id = next(ids)
-        t._r = b
-        t._i = len(held)
-        held.append(arr)
-        b.live += 1
-        buffers[key] = b
+        if b is not None:
+            t._r = b
+            t._i = len(held)
+            held.append(arr)
+            b.live += 1  # counted as it goes: a second object over a leaf splits it meanwhile
+            buffers[key] = b
+        else:
+            # `_registry.fresh`, inlined: a call per leaf was a sixth of this loop
+            rec = Buffer(arr)
+            rec.dead = rec.more = None
+            rec.n = 1
+            rec.nbytes = -1
+            rec.owned = True
+            rec.scope = None
+            buffers[key] = t._r = rec
         out.append(t)
-    if held:
+    if scope is not None and held:  # b is the scope's batch
         owned = scope._owned
         owned.append(b)
         scope._extra += len(held) - 1  # one entry, len(held) buffers made: num_created
         if len(owned) > scope._compact_at:
             scope._compact()
-        if len(buffers) > _registry._sweep_at:
-            _registry.sweep()
-    return out
-
-
-def _wrap_all_unscoped(arrays: list[Any]) -> list[Any]:
-    """`wrap_all` outside every scope: a record per leaf, owned by no scope."""
-    buffers = _buffers
-    get = buffers.get
-    ids = _ids
-    Buffer = _registry.Buffer  # noqa: N806
-    out: list[Any] = []
-    for arr in arrays:
-        ta = type(arr)
-        if ta is not ArrayImpl and ta is not PRNGKeyArray:
-            out.append(wrap(arr) if isinstance(arr, Tracer) else arr)
-            continue
-        key = id(arr)
-        rec = get(key)
-        if rec is not None and (type(rec) is _Batch or rec() is not None):  # recorded already
-            out.append(wrap(arr))
-            continue
-        t = _new(Tensor)
-        t._array = arr
-        t._id = next(ids)
-        # `_registry.fresh`, inlined: a call per leaf was a sixth of this loop
-        rec = Buffer(arr)
-        rec.dead = rec.more = None
-        rec.n = 1
-        rec.nbytes = -1
-        rec.owned = True
-        rec.scope = None
-        buffers[key] = rec
-        t._r = rec
-        out.append(t)
-    if len(_buffers) > _registry._sweep_at:
+    if len(buffers) > _registry._sweep_at:
         _registry.sweep()
     return out
 
@@ -1029,7 +995,7 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
                         pop(id(x), None)  # its entry is the batch's while the batch holds it
                         batched.append(x)
                         continue
-                rec = _dispose_leaf(t, rec, why, batched)
+                rec = _dispose_leaf(t, rec)
                 if rec is None:
                     continue
             t._r = None
@@ -1059,28 +1025,18 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     return freed + batched if batched else freed
 
 
-def _dispose_leaf(t: Tensor, b: Any, why: Reason, batched: list[Any]) -> Any:
-    """Dispose ``t``, a Tensor on batch ``b`` (under the lock): the leaf's array, of which
-    ``t`` is the one holder, goes to ``batched`` to be deleted. Returns the leaf's own record
-    instead when it was split out (the caller disposes ``t`` from it), else None."""
+def _dispose_leaf(t: Tensor, b: Any) -> Any:
+    """For `dispose_many` (under the lock), ``t`` being on batch ``b`` whose leaf is not held
+    (that case is inlined there): the leaf's own record when it was split out (the caller
+    disposes ``t`` from it), else None, ``t`` marked disposed with the batch's reason."""
     if b.dead is not None:
         t._r = None
         t._why = b.dead
         return None
     i = t._i
-    x = b.arrays[i]
-    if type(x) is _registry.Buffer:
-        if b.stale is not None:
-            b.stale.discard(i)
-        return x
-    t._r = None
-    t._why = why
-    b.arrays[i] = None
-    b.live -= 1
-    if _buffers.get(id(x)) is b:
-        del _buffers[id(x)]
-    batched.append(x)
-    return None
+    if b.stale is not None:
+        b.stale.discard(i)
+    return b.arrays[i]
 
 
 class _Meta:
