@@ -286,6 +286,7 @@ class Timeline:
         self.peak_time = 0.0
         self._peak_seq = -1  # the event that reached the peak (-1: none yet)
         self._peak_live: list[TimelineEvent] | None = None  # set when that event is dropped
+        self._dropped_at = 0.0  # the time of the last event dropped
         self.started_at: float | None = None
         self.start_time: float | None = None
         self.stop_time: float | None = None
@@ -363,21 +364,22 @@ class Timeline:
         a peak reached among the dropped events (``_peak_live``)."""
         events = self._events
         first = self._seq - len(events)  # the sequence number of events[0]
-        if self._peak_live is not None:
+        base = list(self._base.values())
+        running = sum(e.bytes for e in base)
+        # the moment the dropped events left (the start when none were)
+        at = self._dropped_at if self.dropped else (self.start_time or 0.0)
+        best, seq, live = running, first - 1, (base if self.dropped else None)
+        if self._peak_live is not None and sum(e.bytes for e in self._peak_live) >= best:
             best, at, seq = sum(e.bytes for e in self._peak_live), self.peak_time, self._peak_seq
-        else:
-            best, at, seq = 0, (self.start_time or 0.0), -1
-        running = sum(e.bytes for e in self._base.values())
+            live = self._peak_live
         for i, ev in enumerate(events):
             if ev.kind == ALLOC:
                 running += ev.bytes
                 if running > best:
-                    best, at, seq = running, ev.time, first + i
+                    best, at, seq, live = running, ev.time, first + i, None
             elif ev.kind == FREE:
                 running -= ev.bytes
-        if seq != self._peak_seq:
-            self._peak_live = None  # the peak is now at an event kept
-        self.peak_bytes, self.peak_time, self._peak_seq = best, at, seq
+        self.peak_bytes, self.peak_time, self._peak_seq, self._peak_live = best, at, seq, live
 
     def live_at(self, time: float) -> list[TensorRecord]:
         """The buffers alive at ``time`` (``time.perf_counter()``'s clock), oldest first.
@@ -1261,6 +1263,7 @@ class Timeline:
         old = events.popleft()
         seq = self._seq - len(events) - 1
         self.dropped += 1
+        self._dropped_at = old.time
         if old.kind == ALLOC:
             self._base[old.buffer] = old
         elif old.kind == FREE:
