@@ -42,14 +42,17 @@ from typing import Any, TypeVar, overload
 from . import _html, _registry, _timeline_format, _timeline_html, _variable, _watch
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._census import (
+    UNTRACKED,
     WATCHED,
     Site,
     SiteStat,
     TensorRecord,
     books,
+    collector_paused,
     creation_site,
     holders,
     released,
+    scope_path,
     watched_ids,
 )
 from ._context import CURRENT
@@ -58,7 +61,7 @@ from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import fmt_bytes
 from ._jaxdoors import base_array, buffer_addresses
 from ._newarrays import ArrayMark
-from ._registry import KEPT, VARIABLE
+from ._registry import VARIABLE
 from ._sites import LIBRARY_FOLDERS
 from ._snapshot import Snapshot
 from ._timeline_format import (
@@ -69,14 +72,11 @@ from ._timeline_format import (
     Codec,
     Mark,
     TimelineEvent,
-    collection_paused,
 )
 from ._watch import watched
 
 __all__ = ["UNTRACKED", "Timeline", "TimelineEvent", "active", "timeline"]
 
-#: The scope of an allocation of a plain jax.Array, one no Tensor holds (tidyjax never frees it).
-UNTRACKED = _timeline_format.UNTRACKED
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -191,16 +191,6 @@ def _layout(
             _layouts.clear()
         _layouts[key] = layout
     return layout
-
-
-def _owner(rec: Any) -> str:
-    """The scope path of ``rec``'s owner, as events name it."""
-    owner = rec.scope
-    if owner is KEPT:
-        return "<kept>"
-    if owner is VARIABLE:
-        return "<variable>"
-    return "" if owner is None else owner.path
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -501,7 +491,7 @@ class Timeline:
         """A timeline from `to_json`'s data (see `load` for the errors)."""
         data = _timeline_format.check(data, where)
         try:
-            with collection_paused():
+            with collector_paused():
                 return cls._decode(data, where)
         except TidyjaxValueError:
             raise
@@ -826,8 +816,8 @@ class Timeline:
             rec.nbytes = nbytes
         self._next += 1
         ev = _event(TimelineEvent, (
-            ALLOC, now, nbytes, device, self._site(arr), _owner(rec), shape, dtype, ids,
-            self._next, "", per_device,
+            ALLOC, now, nbytes, device, self._site(arr), scope_path(rec.scope), shape, dtype,
+            ids, self._next, "", per_device,
         ))  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
         todo = self._addr_todo
@@ -895,7 +885,8 @@ class Timeline:
                 self._watch.pop(id(r), None)
         # a's fields by position (a NamedTuple's names cost a lookup each)
         ev = _event(TimelineEvent, (
-            FREE, now, a[2], a[3], a[4], _owner(rec), a[6], a[7], tuple(ids), a[9], "", a[11],
+            FREE, now, a[2], a[3], a[4], scope_path(rec.scope), a[6], a[7], tuple(ids), a[9], "",
+            a[11],
         ))  # fmt: skip
         self._append(ev, -a[2])
         if self._views:  # raw objects over a buffer that lived on: plain arrays now

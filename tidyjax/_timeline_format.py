@@ -30,17 +30,16 @@ going back) is a `TidyjaxValueError` naming what is wrong, never another excepti
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import json
 import operator
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from ._census import collector_paused
 from ._errors import TidyjaxValueError
 from ._format import fmt_bytes
 from ._sites import Site
@@ -53,12 +52,10 @@ __all__ = [
     "Mark",
     "SCOPE_ENTER",
     "SCOPE_EXIT",
-    "UNTRACKED",
     "Codec",
     "TimelineEvent",
     "check",
     "check_version",
-    "collection_paused",
     "is_clock",
     "is_count",
     "is_unix_time",
@@ -72,8 +69,6 @@ __all__ = [
 ]
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
-#: The scope of a plain jax.Array's events: no Tensor holds it, tidyjax never frees it.
-UNTRACKED = "<untracked>"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
 _SIGNED = (ALLOC, FREE)
 FORMAT, VERSION = "tidyjax.timeline", 1
@@ -213,19 +208,6 @@ class Mark(NamedTuple):
     time: float
     label: str
     bytes: int | None = None
-
-
-@contextlib.contextmanager
-def collection_paused() -> Iterator[None]:
-    """Pause Python's cyclic collector while a million records are built at once: it would run
-    full collections over the whole heap many times, for nothing (nothing built is garbage)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 _COLUMNS = ("kind", "time", "bytes", "meta", "scope", "tensors", "buffer", "name", "placement")
@@ -466,7 +448,7 @@ def encode(
     null]``, present only when there are some). Files without the last three load too (older
     ones)."""
     codec = Codec()
-    with collection_paused():
+    with collector_paused():
         out: dict[str, Any] = {"format": FORMAT, "version": VERSION, **header}
         out["events"] = codec.encode(events)
         out["base"] = codec.encode(base)
