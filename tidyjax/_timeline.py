@@ -286,9 +286,7 @@ class Timeline:
     @property
     def events(self) -> list[TimelineEvent]:
         """The events kept, oldest first."""
-        with _lock:
-            self._catch_up()
-            return list(self._events)
+        return self._window()[1]
 
     @property
     def annotations(self) -> list[Mark]:
@@ -303,21 +301,16 @@ class Timeline:
         return self._depth > 0
 
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
-        """What dropped events left alive, and the events kept: together, the whole replay."""
+        """What dropped events left alive, and the events kept: together, the whole replay.
+        While recording, the buffers just added are settled first, the frees of buffers
+        deleted behind tidyjax's back recorded and the Variables named; then `_forget_failed`."""
         with _lock:
-            self._catch_up()
-            if self._depth and _variable._variables:
+            if self._depth:
+                self._settle()
+                self._check_deleted_buffers()
                 self._name_variables()
+            self._forget_failed()
             return list(self._base.values()), list(self._events)
-
-    def _catch_up(self) -> None:
-        """Before the events are read (under ``_lock``): while recording, settle the buffers
-        just added and record the frees of buffers deleted behind tidyjax's back; then
-        `_forget_failed`."""
-        if self._depth:
-            self._settle()
-            self._check_deleted_buffers()
-        self._forget_failed()
 
     def _entries(self) -> list[list[Any]]:
         """The live entries, each once (records over one buffer share theirs), in the order
@@ -448,8 +441,9 @@ class Timeline:
             )
         return found[-1]
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _fragment(self)
+        return _timeline_html.fragment(self)
 
     # -- files ------------------------------------------------------------------------------
 
@@ -682,8 +676,7 @@ class Timeline:
         with _lock:
             self._reconcile(before, found)
             self._forget_failed()  # a buffer that failed before: not counted from the start
-            if _variable._variables:
-                self._name_variables()
+            self._name_variables()
 
     def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
         """What changed while not recording: the buffers of ``before`` (ids of records) freed or
@@ -714,8 +707,7 @@ class Timeline:
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
                 self._look()
                 self._array_mark = None
-                if _variable._variables:
-                    self._name_variables()
+                self._name_variables()
                 for scope, number in list(self._scopes.values()):
                     self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
                 self._scopes.clear()
@@ -788,7 +780,7 @@ class Timeline:
             number = self._next = self._next + 1
             self._scopes[id(scope)] = (scope, number)
         else:
-            if _variable._variables and self._variables_moved():
+            if self._variables_moved():
                 self._name_variables()
             opened, number = self._scopes.pop(id(scope), (None, 0))
             if opened is not scope:  # entered before the recording started
@@ -857,6 +849,8 @@ class Timeline:
     def _name_variables(self) -> None:
         """Note the name of each named Variable whose buffer is recorded live (under ``_lock``):
         the page labels a Variable's buffers by its name, not by the line of ``assign``."""
+        if not _variable._variables:
+            return
         self._vars_seen = len(_variable._variables)
         self._named_upto = self._next
         self._vars_dirty = False
@@ -1264,11 +1258,6 @@ class Timeline:
 
 
 Timeline.__module__ = "tidyjax"
-
-
-@_html.never_raises
-def _fragment(tl: Timeline) -> str:
-    return _timeline_html.fragment(tl)
 
 
 @overload
