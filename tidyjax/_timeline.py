@@ -62,7 +62,7 @@ from ._format import fmt_bytes
 from ._jaxdoors import base_array, buffer_addresses
 from ._newarrays import ArrayMark
 from ._registry import VARIABLE
-from ._sites import LIBRARY_FOLDERS
+from ._sites import LIBRARY_FOLDERS, site_of_frames
 from ._snapshot import Snapshot
 from ._timeline_format import (
     ALLOC,
@@ -87,9 +87,6 @@ _recording: list[Timeline] = []  # open timelines, in the order they started
 
 #: The most frames of a site's stack: the first frames outside tidyjax and JAX, innermost first.
 STACK_FRAMES = 4
-_NO_SITE: tuple[None, tuple[Site, ...]] = (None, ())
-# JAX creation traceback -> (first user frame, the short user stack): per code location
-_sites: dict[Any, tuple[Site | None, tuple[Site, ...]]] = {}
 #: A dtype's or a device's name, read once.
 _name = functools.lru_cache(maxsize=4096)(str)
 #: An equal value seen before: a million events share a few thousand shapes and placements.
@@ -99,17 +96,17 @@ _same = functools.lru_cache(maxsize=65536)(lambda value: value)
 def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
     """The creation site of ``arr`` and its short stack, read once per code location."""
     tb = getattr(arr, "traceback", None)
-    if tb is None:
-        return _NO_SITE
     try:
-        return _sites[tb]
-    except KeyError:
-        if len(_sites) > 65536:
-            _sites.clear()
-        found = _sites[tb] = (creation_site(arr), _stack(tb))
-        return found
+        return _site_and_stack(tb)
     except TypeError:  # a jaxlib whose tracebacks do not hash
         return creation_site(arr), _stack(tb)
+
+
+@functools.lru_cache(maxsize=65536)
+def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
+    """The first user frame of a JAX creation traceback and the short user stack (none for
+    None)."""
+    return (None, ()) if tb is None else (site_of_frames(tb.frames), _stack(tb))
 
 
 def _stack(tb: Any) -> tuple[Site, ...]:
