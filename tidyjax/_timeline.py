@@ -33,6 +33,7 @@ import collections
 import contextlib
 import functools
 import os
+import pathlib
 import threading
 import time
 import weakref
@@ -421,9 +422,7 @@ class Timeline:
         self, path: str | os.PathLike[str], *, top: int = 10, at: str | None = None
     ) -> None:
         """Write [`to_html`][tidyjax.Timeline.to_html] to ``path`` (UTF-8)."""
-        page = self.to_html(top=top, at=at)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(page)
+        pathlib.Path(path).write_text(self.to_html(top=top, at=at), encoding="utf-8")
 
     def _annotation(self, label: str | None) -> Mark | None:
         if label is None:

@@ -551,9 +551,7 @@ def check(data: Any, where: str) -> dict[str, Any]:
 
 def write(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write ``data`` to ``path`` as compact JSON (UTF-8)."""
-    text = json.dumps(data, separators=(",", ":"))
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    pathlib.Path(path).write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
 
 
 def read(path: str | os.PathLike[str]) -> Any:
