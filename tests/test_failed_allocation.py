@@ -392,6 +392,24 @@ def test_a_failure_found_while_a_timeline_records_is_rewritten_with_its_peak(mon
     keep.dispose()
 
 
+def test_a_failure_rewritten_after_dropped_events_keeps_what_they_left_alive(monkeypatch):
+    with tj.timeline(max_events=3) as tl:
+        a = tj.tensor(np.ones(16, np.float32))  # 64 B, held throughout
+        b = tj.tensor(np.ones(1024, np.float32))  # 4 KiB
+        b.dispose()
+        t = tj.tensor(np.ones(2048, np.float32))  # 8 KiB: the peak, until it is found failed
+        u = tj.tensor(np.ones(32, np.float32))  # 128 B
+        assert tl.dropped == 2 and tl.peak_bytes == 64 + 8192 + 128
+        _fail_on(monkeypatch, t.array)
+        assert [e.kind for e in tl.events] == ["free", "alloc", "alloc"]
+        # the moment the dropped events left (a and b alive) is the largest one replayed
+        assert tl.peak_bytes == 64 + 4096
+        assert sorted(r.bytes for r in tl.live_at(tl.peak_time)) == [64, 4096]
+        assert tl.peak_time < tl.events[0].time
+    assert tl.peak_bytes == 64 + 4096
+    tj.dispose([a, t, u])
+
+
 def test_displays_and_figures_of_a_simulated_failure(monkeypatch):
     t = tj.tensor(np.ones(1024, np.float32))
     keep = tj.tensor(np.ones(4, np.float32))

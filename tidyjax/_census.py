@@ -53,6 +53,7 @@ __all__ = [
     "books",
     "buffer_id",
     "census",
+    "collector_paused",
     "creation_site",
     "find_untracked",
     "held",
@@ -61,6 +62,7 @@ __all__ = [
     "live_tensors",
     "one_per_buffer",
     "released",
+    "scope_path",
     "site_label",
     "site_table",
     "statistics",
@@ -268,7 +270,7 @@ class Row:
 
     @property
     def scope(self) -> str:
-        return _scope_path(self.rec.scope) if self.rec is not None else f"<{self.kind}>"
+        return scope_path(self.rec.scope) if self.rec is not None else f"<{self.kind}>"
 
     @property
     def buffer(self) -> int:
@@ -343,7 +345,7 @@ class Census:
         """A `TensorRecord` per live Tensor (oldest first), after the watched arrays' and
         before the escaped and untracked buffers' (largest first)."""
         names = self.names()
-        with _collector_paused():
+        with collector_paused():
             out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
         head = [_raw_record(r, names) for r in self.of("watched")]
         tail = [_raw_record(r, names) for r in self.of("escaped")]
@@ -358,7 +360,9 @@ def census(*, untracked: bool = True) -> Census:
     return Census(untracked)
 
 
-def _scope_path(owner: Any) -> str:
+def scope_path(owner: Any) -> str:
+    """A record's owner as reports name it: its scope's path, ``"<kept>"`` or ``"<variable>"``
+    (``""`` outside every scope)."""
     if owner is KEPT:
         return "<kept>"
     if owner is _registry.VARIABLE:
@@ -663,7 +667,7 @@ def _record(
         # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
         bytes=0 if failed(arr) or base_array(arr).is_deleted() else rec.size(),
         devices=_devices(arr),
-        scope="<variable>" if variable else _scope_path(rec.scope),
+        scope="<variable>" if variable else scope_path(rec.scope),
         site=site_of(arr),
         kept=rec.scope is KEPT,
         variable=variable,
@@ -710,7 +714,7 @@ def tensor_records(
     only those are built, so a leak check's report costs its new Tensors. ``names``: the
     watched arrays' paths by the arrays' ids; ``holding``: `live_holders`, by default found
     now. ``site_of``: how a site is found (a leak check names the outermost user frame)."""
-    with _collector_paused():
+    with collector_paused():
         out = [
             _record(t, rec, names or {}, site_of)
             for rec, ts in (live_holders() if holding is None else holding)
@@ -722,7 +726,7 @@ def tensor_records(
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """The garbage collector paused while a report builds its records: they make no cycles,
     and so many new objects would start collections of the whole heap."""
     enabled = gc.isenabled()

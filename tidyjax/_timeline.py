@@ -33,6 +33,7 @@ import collections
 import contextlib
 import functools
 import os
+import pathlib
 import threading
 import time
 import weakref
@@ -42,14 +43,17 @@ from typing import Any, TypeVar, overload
 from . import _html, _registry, _timeline_format, _timeline_html, _variable, _watch
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._census import (
+    UNTRACKED,
     WATCHED,
     Site,
     SiteStat,
     TensorRecord,
     books,
+    collector_paused,
     creation_site,
     holders,
     released,
+    scope_path,
     watched_ids,
 )
 from ._context import CURRENT
@@ -58,8 +62,8 @@ from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import fmt_bytes
 from ._jaxdoors import base_array, buffer_addresses
 from ._newarrays import ArrayMark
-from ._registry import KEPT, VARIABLE
-from ._sites import LIBRARY_FOLDERS
+from ._registry import VARIABLE
+from ._sites import LIBRARY_FOLDERS, site_of_frames
 from ._snapshot import Snapshot
 from ._timeline_format import (
     ALLOC,
@@ -69,14 +73,11 @@ from ._timeline_format import (
     Codec,
     Mark,
     TimelineEvent,
-    collection_paused,
 )
 from ._watch import watched
 
 __all__ = ["UNTRACKED", "Timeline", "TimelineEvent", "active", "timeline"]
 
-#: The scope of an allocation of a plain jax.Array, one no Tensor holds (tidyjax never frees it).
-UNTRACKED = _timeline_format.UNTRACKED
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,9 +88,6 @@ _recording: list[Timeline] = []  # open timelines, in the order they started
 
 #: The most frames of a site's stack: the first frames outside tidyjax and JAX, innermost first.
 STACK_FRAMES = 4
-_NO_SITE: tuple[None, tuple[Site, ...]] = (None, ())
-# JAX creation traceback -> (first user frame, the short user stack): per code location
-_sites: dict[Any, tuple[Site | None, tuple[Site, ...]]] = {}
 #: A dtype's or a device's name, read once.
 _name = functools.lru_cache(maxsize=4096)(str)
 #: An equal value seen before: a million events share a few thousand shapes and placements.
@@ -99,17 +97,17 @@ _same = functools.lru_cache(maxsize=65536)(lambda value: value)
 def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
     """The creation site of ``arr`` and its short stack, read once per code location."""
     tb = getattr(arr, "traceback", None)
-    if tb is None:
-        return _NO_SITE
     try:
-        return _sites[tb]
-    except KeyError:
-        if len(_sites) > 65536:
-            _sites.clear()
-        found = _sites[tb] = (creation_site(arr), _stack(tb))
-        return found
+        return _site_and_stack(tb)
     except TypeError:  # a jaxlib whose tracebacks do not hash
         return creation_site(arr), _stack(tb)
+
+
+@functools.lru_cache(maxsize=65536)
+def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
+    """The first user frame of a JAX creation traceback and the short user stack (none for
+    None)."""
+    return (None, ()) if tb is None else (site_of_frames(tb.frames), _stack(tb))
 
 
 def _stack(tb: Any) -> tuple[Site, ...]:
@@ -191,16 +189,6 @@ def _layout(
             _layouts.clear()
         _layouts[key] = layout
     return layout
-
-
-def _owner(rec: Any) -> str:
-    """The scope path of ``rec``'s owner, as events name it."""
-    owner = rec.scope
-    if owner is KEPT:
-        return "<kept>"
-    if owner is VARIABLE:
-        return "<variable>"
-    return "" if owner is None else owner.path
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -286,6 +274,7 @@ class Timeline:
         self.peak_time = 0.0
         self._peak_seq = -1  # the event that reached the peak (-1: none yet)
         self._peak_live: list[TimelineEvent] | None = None  # set when that event is dropped
+        self._dropped_at = 0.0  # the time of the last event dropped
         self.started_at: float | None = None
         self.start_time: float | None = None
         self.stop_time: float | None = None
@@ -295,9 +284,7 @@ class Timeline:
     @property
     def events(self) -> list[TimelineEvent]:
         """The events kept, oldest first."""
-        with _lock:
-            self._catch_up()
-            return list(self._events)
+        return self._window()[1]
 
     @property
     def annotations(self) -> list[Mark]:
@@ -312,21 +299,16 @@ class Timeline:
         return self._depth > 0
 
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
-        """What dropped events left alive, and the events kept: together, the whole replay."""
+        """What dropped events left alive, and the events kept: together, the whole replay.
+        While recording, the buffers just added are settled first, the frees of buffers
+        deleted behind tidyjax's back recorded and the Variables named; then `_forget_failed`."""
         with _lock:
-            self._catch_up()
-            if self._depth and _variable._variables:
+            if self._depth:
+                self._settle()
+                self._check_deleted_buffers()
                 self._name_variables()
+            self._forget_failed()
             return list(self._base.values()), list(self._events)
-
-    def _catch_up(self) -> None:
-        """Before the events are read (under ``_lock``): while recording, settle the buffers
-        just added and record the frees of buffers deleted behind tidyjax's back; then
-        `_forget_failed`."""
-        if self._depth:
-            self._settle()
-            self._check_deleted_buffers()
-        self._forget_failed()
 
     def _entries(self) -> list[list[Any]]:
         """The live entries, each once (records over one buffer share theirs), in the order
@@ -363,21 +345,22 @@ class Timeline:
         a peak reached among the dropped events (``_peak_live``)."""
         events = self._events
         first = self._seq - len(events)  # the sequence number of events[0]
-        if self._peak_live is not None:
+        base = list(self._base.values())
+        running = sum(e.bytes for e in base)
+        # the moment the dropped events left (the start when none were)
+        at = self._dropped_at if self.dropped else (self.start_time or 0.0)
+        best, seq, live = running, first - 1, (base if self.dropped else None)
+        if self._peak_live is not None and sum(e.bytes for e in self._peak_live) >= best:
             best, at, seq = sum(e.bytes for e in self._peak_live), self.peak_time, self._peak_seq
-        else:
-            best, at, seq = 0, (self.start_time or 0.0), -1
-        running = sum(e.bytes for e in self._base.values())
+            live = self._peak_live
         for i, ev in enumerate(events):
             if ev.kind == ALLOC:
                 running += ev.bytes
                 if running > best:
-                    best, at, seq = running, ev.time, first + i
+                    best, at, seq, live = running, ev.time, first + i, None
             elif ev.kind == FREE:
                 running -= ev.bytes
-        if seq != self._peak_seq:
-            self._peak_live = None  # the peak is now at an event kept
-        self.peak_bytes, self.peak_time, self._peak_seq = best, at, seq
+        self.peak_bytes, self.peak_time, self._peak_seq, self._peak_live = best, at, seq, live
 
     def live_at(self, time: float) -> list[TensorRecord]:
         """The buffers alive at ``time`` (``time.perf_counter()``'s clock), oldest first.
@@ -439,9 +422,7 @@ class Timeline:
         self, path: str | os.PathLike[str], *, top: int = 10, at: str | None = None
     ) -> None:
         """Write [`to_html`][tidyjax.Timeline.to_html] to ``path`` (UTF-8)."""
-        page = self.to_html(top=top, at=at)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(page)
+        pathlib.Path(path).write_text(self.to_html(top=top, at=at), encoding="utf-8")
 
     def _annotation(self, label: str | None) -> Mark | None:
         if label is None:
@@ -456,8 +437,9 @@ class Timeline:
             )
         return found[-1]
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _fragment(self)
+        return _timeline_html.fragment(self)
 
     # -- files ------------------------------------------------------------------------------
 
@@ -499,7 +481,7 @@ class Timeline:
         """A timeline from `to_json`'s data (see `load` for the errors)."""
         data = _timeline_format.check(data, where)
         try:
-            with collection_paused():
+            with collector_paused():
                 return cls._decode(data, where)
         except TidyjaxValueError:
             raise
@@ -690,8 +672,7 @@ class Timeline:
         with _lock:
             self._reconcile(before, found)
             self._forget_failed()  # a buffer that failed before: not counted from the start
-            if _variable._variables:
-                self._name_variables()
+            self._name_variables()
 
     def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
         """What changed while not recording: the buffers of ``before`` (ids of records) freed or
@@ -722,8 +703,7 @@ class Timeline:
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
                 self._look()
                 self._array_mark = None
-                if _variable._variables:
-                    self._name_variables()
+                self._name_variables()
                 for scope, number in list(self._scopes.values()):
                     self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
                 self._scopes.clear()
@@ -796,7 +776,7 @@ class Timeline:
             number = self._next = self._next + 1
             self._scopes[id(scope)] = (scope, number)
         else:
-            if _variable._variables and self._variables_moved():
+            if self._variables_moved():
                 self._name_variables()
             opened, number = self._scopes.pop(id(scope), (None, 0))
             if opened is not scope:  # entered before the recording started
@@ -824,8 +804,8 @@ class Timeline:
             rec.nbytes = nbytes
         self._next += 1
         ev = _event(TimelineEvent, (
-            ALLOC, now, nbytes, device, self._site(arr), _owner(rec), shape, dtype, ids,
-            self._next, "", per_device,
+            ALLOC, now, nbytes, device, self._site(arr), scope_path(rec.scope), shape, dtype,
+            ids, self._next, "", per_device,
         ))  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
         todo = self._addr_todo
@@ -865,6 +845,8 @@ class Timeline:
     def _name_variables(self) -> None:
         """Note the name of each named Variable whose buffer is recorded live (under ``_lock``):
         the page labels a Variable's buffers by its name, not by the line of ``assign``."""
+        if not _variable._variables:
+            return
         self._vars_seen = len(_variable._variables)
         self._named_upto = self._next
         self._vars_dirty = False
@@ -893,7 +875,8 @@ class Timeline:
                 self._watch.pop(id(r), None)
         # a's fields by position (a NamedTuple's names cost a lookup each)
         ev = _event(TimelineEvent, (
-            FREE, now, a[2], a[3], a[4], _owner(rec), a[6], a[7], tuple(ids), a[9], "", a[11],
+            FREE, now, a[2], a[3], a[4], scope_path(rec.scope), a[6], a[7], tuple(ids), a[9], "",
+            a[11],
         ))  # fmt: skip
         self._append(ev, -a[2])
         if self._views:  # raw objects over a buffer that lived on: plain arrays now
@@ -1261,6 +1244,7 @@ class Timeline:
         old = events.popleft()
         seq = self._seq - len(events) - 1
         self.dropped += 1
+        self._dropped_at = old.time
         if old.kind == ALLOC:
             self._base[old.buffer] = old
         elif old.kind == FREE:
@@ -1270,11 +1254,6 @@ class Timeline:
 
 
 Timeline.__module__ = "tidyjax"
-
-
-@_html.never_raises
-def _fragment(tl: Timeline) -> str:
-    return _timeline_html.fragment(tl)
 
 
 @overload

@@ -30,17 +30,16 @@ going back) is a `TidyjaxValueError` naming what is wrong, never another excepti
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import json
 import operator
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from ._census import collector_paused
 from ._errors import TidyjaxValueError
 from ._format import fmt_bytes
 from ._sites import Site
@@ -53,12 +52,10 @@ __all__ = [
     "Mark",
     "SCOPE_ENTER",
     "SCOPE_EXIT",
-    "UNTRACKED",
     "Codec",
     "TimelineEvent",
     "check",
     "check_version",
-    "collection_paused",
     "is_clock",
     "is_count",
     "is_unix_time",
@@ -72,8 +69,6 @@ __all__ = [
 ]
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
-#: The scope of a plain jax.Array's events: no Tensor holds it, tidyjax never frees it.
-UNTRACKED = "<untracked>"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
 _SIGNED = (ALLOC, FREE)
 FORMAT, VERSION = "tidyjax.timeline", 1
@@ -107,10 +102,6 @@ def short(value: Any) -> str:
 def is_count(x: Any) -> bool:
     """``x`` is an int (not a bool) from 0 below `COUNT_LIMIT`."""
     return type(x) is int and 0 <= x < COUNT_LIMIT
-
-
-def _count_or_none(x: Any) -> bool:
-    return x is None or is_count(x)
 
 
 def is_clock(x: Any) -> bool:
@@ -215,19 +206,6 @@ class Mark(NamedTuple):
     bytes: int | None = None
 
 
-@contextlib.contextmanager
-def collection_paused() -> Iterator[None]:
-    """Pause Python's cyclic collector while a million records are built at once: it would run
-    full collections over the whole heap many times, for nothing (nothing built is garbage)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 _COLUMNS = ("kind", "time", "bytes", "meta", "scope", "tensors", "buffer", "name", "placement")
 
 
@@ -301,18 +279,24 @@ class Codec:
             ValueError: a table or a row is not as `encode` writes it.
         """
         codec = cls()
-        strings = codec.string_list = _rows(data, "strings")
-        if not all(type(x) is str for x in strings):
-            raise ValueError('"strings" holds something other than strings')
-        sites = codec.site_list = [_site(row) for row in _rows(data, "sites")]
-        codec.meta_list = [_meta_row(row, strings, sites) for row in _rows(data, "metas")]
-        for pd in _rows(data, "placements"):
-            if type(pd) not in _SEQ or not all(
-                type(x) in _SEQ and len(x) == 2 and _index(x[0], strings) and is_count(x[1])
-                for x in pd
-            ):
-                raise ValueError('a row of "placements" is not [[device, bytes], ...]')
-            codec.placement_list.append(tuple((strings[d], b) for d, b in pd))
+        strings = codec.string_list = _table(data, "strings", lambda x: type(x) is str, "a str")
+        sites = codec.site_list = [
+            Site(row[0], row[1], row[2], Site(row[3], row[4], row[5]) if len(row) == 6 else None)
+            for row in _table(data, "sites", _is_site, "[file, line, function] (3 or 6 fields)")
+        ]
+        in_strings, in_sites = _below(len(strings)), _below(len(sites), -1)
+        metas = _table(data, "metas", lambda r: (
+            type(r) in _SEQ and len(r) == 4 and in_strings(r[0]) and in_sites(r[1])
+            and type(r[2]) in _SEQ and all(map(is_count, r[2])) and in_strings(r[3])
+        ), '[device, site, shape, dtype] (indexes into "strings", "sites")')  # fmt: skip
+        codec.meta_list = [
+            (strings[d], None if si < 0 else sites[si], tuple(shape), strings[dt])
+            for d, si, shape, dt in metas
+        ]
+        placements = _table(data, "placements", lambda pd: type(pd) in _SEQ and all(
+            type(x) in _SEQ and len(x) == 2 and in_strings(x[0]) and is_count(x[1]) for x in pd
+        ), '[[device, bytes], ...] (devices index "strings")')  # fmt: skip
+        codec.placement_list = [tuple((strings[d], b) for d, b in pd) for pd in placements]
         return codec
 
     def decode(self, cols: dict[str, list[Any]], where: str, what: str) -> list[TimelineEvent]:
@@ -396,31 +380,23 @@ def _is_ids(ids: Any) -> bool:
     )
 
 
-def _rows(data: dict[str, Any], key: str) -> list[Any]:
-    """The table ``data[key]``, a list (KeyError when missing)."""
-    rows = data[key]
+def _table(
+    data: dict[str, Any], key: str, ok: Callable[[Any], bool], expected: str, *, old: bool = False
+) -> list[Any]:
+    """The rows of the table ``data[key]``, each checked by ``ok`` (``expected``: what a row is,
+    in words). ``old``: a table older files lack (none when missing or null).
+
+    Raises:
+        KeyError: the table is missing (and not ``old``).
+        ValueError: it is not a list, or a row is not as `encode` writes it.
+    """
+    rows = [] if old and data.get(key) is None else data[key]
     if type(rows) not in _SEQ:
         raise ValueError(f"{key!r} is {short(rows)}, not a list")
+    for row in rows:
+        if not ok(row):
+            raise ValueError(f'a row of "{key}" is {short(row)}, not {expected}')
     return rows
-
-
-def _index(i: Any, table: list[Any]) -> bool:
-    """``i`` is the index of a row of ``table`` (a negative int is not)."""
-    return type(i) is int and 0 <= i < len(table)
-
-
-def _meta_row(row: Any, strings: list[str], sites: list[Site]) -> tuple[Any, ...]:
-    """A row of ``metas``: (device, site or None, shape, dtype)."""
-    if type(row) not in _SEQ or len(row) != 4:
-        raise ValueError(f'a row of "metas" is {short(row)}, not [device, site, shape, dtype]')
-    d, si, shape, dt = row
-    if not (_index(d, strings) and _index(dt, strings)):
-        raise ValueError('a row of "metas" names a device or dtype not in "strings"')
-    if not (si == -1 or _index(si, sites)):
-        raise ValueError(f'a row of "metas" names the site {short(si)}, not in "sites"')
-    if type(shape) not in _SEQ or not all(is_count(n) for n in shape):
-        raise ValueError(f'a row of "metas" has the shape {short(shape)}')
-    return strings[d], None if si < 0 else sites[si], tuple(shape), strings[dt]
 
 
 def _site_row(site: Site) -> list[Any]:
@@ -429,16 +405,13 @@ def _site_row(site: Site) -> list[Any]:
     return row if d is None else [*row, d.file, d.line, d.function]
 
 
-def _site(row: Any) -> Site:
-    """A site from ``[file, line, function]``, with ``detail`` when three more follow."""
-    if (
-        type(row) not in _SEQ
-        or len(row) not in (3, 6)
-        or not all(_is_frame(row[j : j + 3]) for j in range(0, len(row), 3))
-    ):
-        raise ValueError(f"a site is [file, line, function] (3 or 6 fields), not {short(row)}")
-    detail = Site(row[3], row[4], row[5]) if len(row) == 6 else None
-    return Site(row[0], row[1], row[2], detail)
+def _is_site(row: Any) -> bool:
+    """``row`` is ``[file, line, function]``, followed by the library frame's when the site has
+    a ``detail``."""
+    return (
+        type(row) in _SEQ and len(row) in (3, 6)
+        and all(_is_frame(row[j : j + 3]) for j in range(0, len(row), 3))
+    )  # fmt: skip
 
 
 def _is_frame(row: Any) -> bool:
@@ -466,7 +439,7 @@ def encode(
     null]``, present only when there are some). Files without the last three load too (older
     ones)."""
     codec = Codec()
-    with collection_paused():
+    with collector_paused():
         out: dict[str, Any] = {"format": FORMAT, "version": VERSION, **header}
         out["events"] = codec.encode(events)
         out["base"] = codec.encode(base)
@@ -492,38 +465,22 @@ def decode_extras(
         ValueError: a row is not as `encode` writes it.
     """
     sites = codec.site_list
-    stacks = {}
-    for row in _extra(data, "stacks"):
-        if not _index(row[0], sites):
-            raise ValueError('a row of "stacks" does not start with an index into "sites"')
-        stacks[sites[row[0]]] = [tuple(Site(*f) for f in st) for st in row[1:]]
-    marks = [Mark(float(t), label, b) for t, label, b in _extra(data, "marks")]
-    return stacks, dict(_extra(data, "names")), sorted(marks, key=lambda m: m.time)
-
-
-def _extra(data: dict[str, Any], key: str) -> list[Any]:
-    """The rows of the table ``data[key]`` that older files lack (none when missing or null),
-    each checked."""
-    rows = [] if data.get(key) is None else _rows(data, key)
-    ok, expected = _EXTRAS[key]
-    for row in rows:
-        if type(row) not in _SEQ or not ok(row):
-            raise ValueError(f'a row of "{key}" is {short(row)}, not {expected}')
-    return rows
-
-
-#: The rows of the tables `_extra` reads: what each must be, and that in words.
-_EXTRAS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "stacks": (
-        lambda r: len(r) > 0 and all(type(st) in _SEQ and all(map(_is_frame, st)) for st in r[1:]),
-        "[site, [[file, line, function], ...], ...]",
-    ),
-    "names": (lambda r: len(r) == 2 and is_count(r[0]) and type(r[1]) is str, "[buffer, name]"),
-    "marks": (
-        lambda r: len(r) == 3 and is_clock(r[0]) and type(r[1]) is str and _count_or_none(r[2]),
-        "[time, label, bytes or null]",
-    ),
-}
+    stacks = {
+        sites[site]: [tuple(Site(*f) for f in st) for st in sts]
+        for site, *sts in _table(data, "stacks", lambda r: (
+            type(r) in _SEQ and len(r) > 0 and _below(len(sites))(r[0])
+            and all(type(st) in _SEQ and all(map(_is_frame, st)) for st in r[1:])
+        ), '[site, [[file, line, function], ...], ...] (site indexes "sites")', old=True)
+    }  # fmt: skip
+    names = _table(data, "names", lambda r: (
+        type(r) in _SEQ and len(r) == 2 and is_count(r[0]) and type(r[1]) is str
+    ), "[buffer, name]", old=True)  # fmt: skip
+    marks = _table(data, "marks", lambda r: (
+        type(r) in _SEQ and len(r) == 3 and is_clock(r[0]) and type(r[1]) is str
+        and (r[2] is None or is_count(r[2]))
+    ), "[time, label, bytes or null]", old=True)  # fmt: skip
+    marks = [Mark(float(t), label, b) for t, label, b in marks]
+    return stacks, dict(names), sorted(marks, key=lambda m: m.time)
 
 
 #: The header's fields, what each must be, and what that is in words. Each is checked when
@@ -569,9 +526,7 @@ def check(data: Any, where: str) -> dict[str, Any]:
 
 def write(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write ``data`` to ``path`` as compact JSON (UTF-8)."""
-    text = json.dumps(data, separators=(",", ":"))
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    pathlib.Path(path).write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
 
 
 def read(path: str | os.PathLike[str]) -> Any:

@@ -25,6 +25,7 @@ import zlib
 from importlib import resources
 from typing import Any
 
+from ._census import UNTRACKED, WATCHED, site_label
 from ._format import esc, fmt_bytes
 
 __all__ = ["alive_after", "elapsed", "fragment", "page"]
@@ -36,22 +37,14 @@ TABLE_ROWS = 25
 # columns, the peak's label above it.
 _W, _H, _X0, _Y0, _PW, _PH = 900, 200, 12, 30, 876, 160
 _COLUMNS = 450
-#: The scopes of a plain jax.Array's events (``_timeline_format.UNTRACKED``, a module of this
-#: layer, so not imported), and of one a watched object holds: each kind drawn as series apart
-#: from the Tensors made at the same site.
-_KINDS = {"<untracked>": "untracked", "<watched>": "watched"}
+#: The scopes of a plain jax.Array's events, and of one a watched object holds: each kind drawn
+#: as series apart from the Tensors made at the same site.
+_KINDS = {UNTRACKED: "untracked", WATCHED: "watched"}
 _SIGN = {"alloc": 1, "free": -1}
 # Cells carry their alignment inline: an untrusted notebook's sanitizer drops the page's style
 # sheet, and JupyterLab's own rule would right-align every cell.
 _LEFT, _RIGHT = ' style="text-align:left"', ' style="text-align:right"'
 _NOTHING = '<tr><td colspan="6">nothing was alive</td></tr>'
-
-
-def _label(site: Any, kind: str = "") -> str:
-    """A site as every report names it (``train.py:12 in step``); plain arrays' "(untracked)",
-    watched ones' "(watched)"."""
-    text = "<unknown site>" if site is None else str(site)
-    return f"{text} ({kind})" if kind else text
 
 
 def elapsed(seconds: float) -> str:
@@ -67,12 +60,12 @@ def _top(counter: collections.Counter[str], n: int = 3) -> str:
 
 
 class _Sites:
-    """The sites seen (``keys``: (site, untracked) to index), each with its live and largest bytes,
+    """The sites seen (``keys``: (site, kind) to index), each with its live and largest bytes,
     what it allocated and how long it held bytes; compared by value once per object, then by id."""
 
     def __init__(self) -> None:
         # id(site) to index, for Tensors' and plain arrays' events (which keep their sites alive)
-        self._ids: dict[str, dict[int, int]] = {"": {}, "untracked": {}, "watched": {}}
+        self._ids: dict[str, dict[int, int]] = {"tensor": {}, "untracked": {}, "watched": {}}
         self.keys: dict[tuple[Any, str], int] = {}
         self.info: list[dict[tuple[str, tuple[int, ...], str], int]] = []
         self.cur: list[int] = []
@@ -82,7 +75,7 @@ class _Sites:
 
     def index(self, ev: Any) -> int:
         """The index of the site of ``ev``, an allocation or a free."""
-        kind = _KINDS.get(ev.scope, "")
+        kind = _KINDS.get(ev.scope, "tensor")
         i = self._ids[kind].get(id(ev.site))
         if i is None:
             key = (ev.site, kind)
@@ -165,7 +158,7 @@ class _Chart:
         """The ``top`` sites by largest live bytes, with hover text (``sites``), the rest one
         "other"; returns each site's slot, bottom up from the longest held (tenths of the run)."""
         site_list, most, info = [site for site, _ in sites.keys], sites.most, sites.info
-        labels = [_label(site, kind) for site, kind in sites.keys]
+        labels = [site_label(site, kind) for site, kind in sites.keys]
         ranked = sorted(range(len(site_list)), key=lambda s: (-most[s], labels[s]))
         lived = [int(10 * life / self.span) for life in sites.life]  # tenths of the run
         self.top = sorted(ranked[:top], key=lambda s: (-lived[s], -most[s], labels[s]))
@@ -364,9 +357,9 @@ def _peak_table(ch: _Chart, j: int) -> str:
         nbytes = dict(ev.per_device or ((ev.device, ev.bytes),)).get(device, 0)
         if several and not nbytes:
             continue
-        kind = _KINDS.get(ev.scope, "")  # a plain jax.Array: no scope frees it
-        key = (_label(ev.site, kind), f"{ev.dtype}{list(ev.shape)}".replace(" ", ""),
-               kind or ev.scope or "(no scope)",
+        kind = _KINDS.get(ev.scope)  # a plain jax.Array: no scope frees it
+        key = (site_label(ev.site, kind or "tensor"),
+               f"{ev.dtype}{list(ev.shape)}".replace(" ", ""), kind or ev.scope or "(no scope)",
                device if several else ev.device)  # fmt: skip
         g = groups.setdefault(key, [0, 0])
         g[0], g[1] = g[0] + (nbytes if several else ev.bytes), g[1] + 1
