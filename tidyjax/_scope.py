@@ -210,12 +210,7 @@ class Scope(Tracker):
                 return  # already closed by an enclosing scope that exited first
             what = "has not been entered" if self._state == _NEW else "has already exited"
             raise ScopeError(f"cannot exit scope {self.path!r}: it {what}.")
-        innermost = CURRENT.get()
-        above: list[Tracker] = []  # the scopes between the innermost one and this one
-        s = innermost
-        while s is not None and s is not self:
-            above.append(s)
-            s = s.parent
+        above, s = self._inside()
         if s is None and self._frame is None:  # not on this context's stack
             raise ScopeError(
                 f"cannot exit scope {self.path!r} from another thread, task or context than the "
@@ -224,12 +219,7 @@ class Scope(Tracker):
         forced = [t for t in above if isinstance(t, Scope) and not t._transparent()]
         try:  # whatever arrives meanwhile (a KeyboardInterrupt), no scope is left open
             for inner in forced:  # innermost first
-                inner._forced = True
-                inner._end_annotation()
-                inner._state = _CLOSED
-                inner._token = None
-                inner._frame = None
-                inner._free(None)
+                inner._close_forced()
         finally:
             self._unlink(s is None, above[-1] if above and not forced else None)
         if self._annotation is not None:
@@ -245,6 +235,25 @@ class Scope(Tracker):
                 "they were closed first and freed what they owned. Exit scopes in reverse order "
                 "of entry (close an ExitStack, leave a with-block)."
             )
+
+    def _inside(self) -> tuple[list[Tracker], Tracker | None]:
+        """The scopes between the innermost one and this one (innermost first), and this scope
+        if it is on this context's stack (else None)."""
+        above: list[Tracker] = []
+        s = CURRENT.get()
+        while s is not None and s is not self:
+            above.append(s)
+            s = s.parent
+        return above, s
+
+    def _close_forced(self) -> None:
+        """Close this scope because one around it exits first: free what it owns."""
+        self._forced = True
+        self._end_annotation()
+        self._state = _CLOSED
+        self._token = None
+        self._frame = None
+        self._free(None)
 
     def _unlink(self, off_stack: bool, suspended_inside: Tracker | None) -> None:
         """Take this scope off the context's stack and mark it closed. ``suspended_inside``: the
@@ -279,16 +288,7 @@ class Scope(Tracker):
         of what this scope owns is deleted, and its Tensor objects are settled."""
         if _registry.suspects:  # first: resolving splits batches, adding to the owned list
             _registry.resolve()
-        batched: list[Tensor] = []
-        recs, tensors = self._walk_result(result, batched)
-        handed_tensors = self._handed_tensors
-        for t in tensors:
-            handed_tensors[id(t)] = t
-        escaping = self._handed | {id(r) for r in recs} if recs else self._handed
-        only_batches = False  # every Tensor handed out is on a batch handed out whole
-        if batched or self._handed_batched:
-            whole, only_batches = self._reached_batches(handed_tensors)
-            escaping = escaping | whole
+        escaping, handed_tensors, only_batches = self._escaping(result)
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
         doomed, survivors, handed, batches = self._sort_owned(owned, escaping, parent)
@@ -306,7 +306,27 @@ class Scope(Tracker):
             self._handed = set()
         if parent is not None and _overgrown(parent):  # a long loop of child scopes inside
             parent._compact()
-        self._created = len(owned) + self._pruned + self._extra - self._moved_in
+        self._count_exit(len(owned), handed)
+
+    def _escaping(self, result: Any) -> tuple[set[int], dict[int, Any], bool]:
+        """What leaves at exit: the ids of the records and batches ``result`` and ``keep``
+        reach, the Tensors handed out (by id), and whether every one of them is on a batch
+        handed out whole."""
+        batched: list[Tensor] = []
+        recs, tensors = self._walk_result(result, batched)
+        handed_tensors = self._handed_tensors
+        for t in tensors:
+            handed_tensors[id(t)] = t
+        escaping = self._handed | {id(r) for r in recs} if recs else self._handed
+        only_batches = False
+        if batched or self._handed_batched:
+            whole, only_batches = self._reached_batches(handed_tensors)
+            escaping = escaping | whole
+        return escaping, handed_tensors, only_batches
+
+    def _count_exit(self, owned: int, handed: int) -> None:
+        """The exit's counts (``owned``: the entries of the owned list), logged at DEBUG."""
+        self._created = owned + self._pruned + self._extra - self._moved_in
         self.num_freed = len(self._freed)
         self.num_handed_out = handed
         if _log.isEnabledFor(logging.DEBUG):

@@ -1016,6 +1016,15 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
                     doomed.append(rec)
                 else:
                     survivors.append(t)
+    return _after_dispose(released, doomed, batched, survivors)
+
+
+def _after_dispose(
+    released: list[Any] | None, doomed: list[Any], batched: list[Any], survivors: list[Tensor]
+) -> list[Any]:
+    """`dispose_many`'s work after the lock: notify the observers, free the ``doomed`` records
+    and the arrays batches held, let the ``survivors`` (their buffers live on) drop their
+    arrays. Returns the deleted arrays."""
     if released:
         for rec in released:
             _registry._notify("tensor_removed", rec)

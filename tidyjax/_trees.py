@@ -34,11 +34,13 @@ __all__ = [
 ]  # fmt: skip
 
 _NAMEDTUPLES: set[type] = set()
+_SEQUENCES: set[type] = {list, tuple}  # and the namedtuples seen: walked in order
 
 
 def _is_namedtuple(tx: type) -> bool:
     if issubclass(tx, tuple) and hasattr(tx, "_fields"):
         _NAMEDTUPLES.add(tx)
+        _SEQUENCES.add(tx)
         return True
     return False
 
@@ -168,7 +170,7 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
             else:
                 out_dict[k] = unwrap(v, raw)
         return out_dict
-    if tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
+    if tx in _SEQUENCES or _is_namedtuple(tx):
         out = []
         for v in x:
             if type(v) in TENSOR_TYPES:
@@ -295,7 +297,7 @@ def _gather(
     elif tx in PLAIN:
         if tx is np.ndarray and x.dtype == object:  # a NumPy array of Python objects
             _gather_items(x, x.flat, tensors, raws, seen)
-    elif tx is dict or tx is list or tx is tuple or tx in _NAMEDTUPLES or _is_namedtuple(tx):
+    elif tx is dict or tx in _SEQUENCES or _is_namedtuple(tx):
         for v in x.values() if tx is dict else x:
             tv = type(v)
             if tv in TENSOR_TYPES:  # inline: most leaves of a parameter tree
