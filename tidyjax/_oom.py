@@ -10,8 +10,9 @@ untracked arrays' apart. Any other error passes through untouched.
 
 Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
 raised) that calls ``_context.on_jax_error``; `install` (at package import) makes
-`raise_for` its handler and guards Tensor's waiting methods, so the core never imports this
-module. The census (``_census``) and the timeline are imported when a report is built.
+`raise_for` its handler, so the core never imports this module. Tensor's waiting methods wait
+for the buffer first and pass ``method=True`` (``_tensor``). The census (``_census``) and the
+timeline are imported when a report is built.
 """
 
 from __future__ import annotations
@@ -664,10 +665,9 @@ def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
 # -- waiting for a value -----------------------------------------------------------------------
 
 
-#: Tensor methods that wait for the value: where an allocation that failed asynchronously (as
-#: it can on a GPU, or in a large CPU computation) surfaces. Each first waits on the buffer:
-#: JAX raises for a failed buffer there, where reading its values would abort the process.
 def _waited_text(t: Any, name: str) -> str:
+    """What ran out, for a Tensor method that waited for the value (where an allocation that
+    failed asynchronously surfaces): the method, the Tensor and where it was computed."""
     from ._sites import creation_site
 
     site = creation_site(t._array)
