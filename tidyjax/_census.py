@@ -41,6 +41,7 @@ from ._watch import watched as _watched
 __all__ = [
     "ESCAPED",
     "LIBRARY_FOLDERS",
+    "NOUNS",
     "UNTRACKED",
     "WATCHED",
     "Census",
@@ -65,6 +66,7 @@ __all__ = [
     "site_table",
     "statistics",
     "summary",
+    "summed",
     "top_per_device",
     "tensor_records",
     "untracked_record",
@@ -79,7 +81,7 @@ __all__ = [
 WATCHED, UNTRACKED, ESCAPED = "<watched>", "<untracked>", "<escaped>"
 #: A row's kind from a record's scope, and each kind's noun.
 _KINDS = {WATCHED: "watched", UNTRACKED: "untracked", ESCAPED: "escaped"}
-_NOUNS = {
+NOUNS = {
     "tensor": "tensor",
     "escaped": "escaped array",
     "watched": "watched array",
@@ -325,11 +327,7 @@ class Census:
         return [r for r in self.rows if r.kind in kinds]
 
     def per_device(self, *kinds: str) -> dict[Any, int]:
-        out: dict[Any, int] = {}
-        for row in self.of(*kinds):
-            for dev, b in row.spread:
-                out[dev] = out.get(dev, 0) + b
-        return out
+        return summed(dict(row.spread) for row in self.of(*kinds))
 
     def names(self) -> dict[int, str]:
         """The watched arrays' paths, by the arrays' ids (the first name of each)."""
@@ -356,6 +354,15 @@ def census(*, untracked: bool = True) -> Census:
     """One census of what is alive now (see the module docstring); ``untracked`` also scans
     ``jax.live_arrays()`` for the arrays tidyjax does not own."""
     return Census(untracked)
+
+
+def summed(parts: Iterable[Mapping[Any, int]]) -> dict[Any, int]:
+    """The mappings' values added key by key (bytes by device, by name)."""
+    out: dict[Any, int] = {}
+    for part in parts:
+        for k, b in part.items():
+            out[k] = out.get(k, 0) + b
+    return out
 
 
 def _scope_path(owner: Any) -> str:
@@ -423,7 +430,7 @@ class SiteStat:
     def __str__(self) -> str:
         shapes = _shapes(self.shapes)
         where = self.label if self.name is not None else site_label(self.site)  # noun: the kind
-        text = f"{where}: {count(self.count, _NOUNS[self.kind])}, {fmt_bytes(self.bytes)}"
+        text = f"{where}: {count(self.count, NOUNS[self.kind])}, {fmt_bytes(self.bytes)}"
         text += f" [{shapes}]" if shapes else ""
         if self.scope is not None and self.tracked:
             text += _SCOPES.get(self.scope, f", scope {self.scope!r}")
@@ -747,7 +754,7 @@ def summary(records: Iterable[TensorRecord]) -> str:
     parts = []
     for kind in ("tensor", "escaped", "watched", "untracked"):
         if n[kind] or kind == "tensor":
-            noun = "live tensor" if kind == "tensor" else _NOUNS[kind]
+            noun = "live tensor" if kind == "tensor" else NOUNS[kind]
             parts.append(
                 f"{count(n[kind], noun)}, {fmt_bytes(sum(by_buffer.get(kind, {}).values()))}"
             )

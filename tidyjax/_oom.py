@@ -37,6 +37,7 @@ from ._context import set_jax_error_hook
 from ._decorating import check_callable, decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
+from ._memory import device_stats
 from ._tensor import disposed_error
 from ._trees import tensors_in
 
@@ -446,14 +447,7 @@ def _failed(c: Any) -> tuple[str, ...]:
 
 def _fullest_device() -> tuple[str | None, int | None, int | None]:
     """The device with the most memory in use, its limit and its use, where the backend says."""
-    stats = []
-    for dev in jax.local_devices():
-        try:
-            s = dict(dev.memory_stats() or {})
-        except Exception:  # some backends raise instead of returning None
-            s = {}
-        if s.get("bytes_limit"):
-            stats.append((dev, s))
+    stats = [(dev, s) for dev, s in device_stats().items() if s.get("bytes_limit")]
     if not stats:
         return None, None, None
     dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
