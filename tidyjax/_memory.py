@@ -424,6 +424,8 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
     def total(field: str) -> int:
         return sum(getattr(r, field) or 0 for r in reports)
 
+    merged: dict[str, Any] = {f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS}
+    merged.update({f: MappingProxyType(summed(getattr(r, f) for r in reports)) for f in _SUMMED})
     return MemoryInfo(
         num_tensors=total("num_tensors"),
         num_data_buffers=total("num_data_buffers"),
@@ -436,8 +438,7 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
         untracked_bytes=total("untracked_bytes") if scanned else None,
         device_stats=MappingProxyType({d: s for r in reports for d, s in r.device_stats.items()}),
         per_process=tuple(reports),
-        **{f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS},  # devices differ
-        **{f: MappingProxyType(summed(getattr(r, f) for r in reports)) for f in _SUMMED},
+        **merged,  # the rows of every process (their devices differ), the sums key by key
     )
 
 
