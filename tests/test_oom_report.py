@@ -287,6 +287,16 @@ def test_message_names_the_big_holders_by_site_and_scope_and_the_untracked_bytes
     del raw
 
 
+def test_what_the_failed_call_made_on_the_way_is_no_holder_but_a_users_scalar_is():
+    mine = jnp.float32(3.0)  # SITE:mine  (tiny, and the user's)
+    for make in (lambda: jnp.zeros(HUGE), lambda: jnp.full(HUGE, mine)):  # mine passed in
+        with pytest.raises(tj.OutOfMemoryError) as info, tj.oom_report():
+            make()  # JAX makes the fill value, a float32[], before the allocation fails
+        rows = [h for h in check_oom(info).report.holders if h.untracked]
+        scalars = [str(h.site) for h in rows if h.shapes == {"float32[]": 1}]
+        assert len(scalars) == 1 and scalars[0].startswith(_site("SITE:mine") + " in ")
+
+
 def test_report_fields_match_memory_and_are_frozen():
     raw = jnp.ones((256, 256))  # SITE:raw-fields
     k = tj.keep(tj.tensor(np.ones((64, 64), np.float32)))  # SITE:kept

@@ -286,6 +286,22 @@ def test_a_same_device_view_made_in_a_profile_adds_no_bytes():
     tj.dispose(t)
 
 
+@pytest.mark.parametrize("together", [False, True])
+def test_a_buffer_shared_before_a_profile_opens_counts_while_any_of_its_records_lives(together):
+    t = _ready_tensor()
+    a = jax.device_put(t, jax.devices()[0])  # a second record over t's buffer
+    tj.memory()  # groups them: the group exists when the profile opens
+    with tj.profile() as p:
+        b = jax.device_put(t, jax.devices()[0])  # a third, joining the group
+        jax.block_until_ready(b)
+        for gone in [[a, t]] if together else [a, t]:
+            tj.dispose(gone)  # the buffer lives on in b
+        c = b + 1
+    assert p.bytes_before == N_BYTES
+    assert p.kernels[-1].total_bytes_snapshot == tj.memory().num_bytes == 2 * N_BYTES
+    tj.dispose([b, c])
+
+
 def test_a_same_device_tensor_view_leaks_one_tensor_of_one_buffer():
     t = _ready_tensor()
     with pytest.raises(tj.LeakError) as err, tj.check_leaks():

@@ -41,6 +41,7 @@ from ._watch import watched as _watched
 __all__ = [
     "ESCAPED",
     "LIBRARY_FOLDERS",
+    "NOUNS",
     "UNTRACKED",
     "WATCHED",
     "Census",
@@ -67,11 +68,11 @@ __all__ = [
     "site_table",
     "statistics",
     "summary",
+    "summed",
     "top_per_device",
     "tensor_records",
     "untracked_record",
     "watched_ids",
-    "watched_usage",
 ]
 
 #: The scope of a record that is no Tensor: an array only a watched object holds, a jax array
@@ -81,7 +82,7 @@ __all__ = [
 WATCHED, UNTRACKED, ESCAPED = "<watched>", "<untracked>", "<escaped>"
 #: A row's kind from a record's scope, and each kind's noun.
 _KINDS = {WATCHED: "watched", UNTRACKED: "untracked", ESCAPED: "escaped"}
-_NOUNS = {
+NOUNS = {
     "tensor": "tensor",
     "escaped": "escaped array",
     "watched": "watched array",
@@ -214,31 +215,6 @@ class WatchedUsage:
         return text
 
 
-def watched_usage(found: Mapping[str, list[tuple[str, Any]]] | None = None) -> list[WatchedUsage]:
-    """Each watched name's `WatchedUsage`, from ``found`` (``_watch.watched()``; by default,
-    read now): the one count behind ``memory().watched`` and the reports."""
-    out = []
-    for name, pairs in (_watched() if found is None else found).items():
-        arrays = nbytes = tensors = tensor_bytes = 0
-        seen: set[Any] = set()
-        for _, arr in pairs:
-            if failed(arr):  # never allocated: holds nothing
-                continue
-            rec = _registry.lookup(arr)
-            if rec is not None and released(rec):  # the caller's plain array again
-                rec = None
-            key = buffer_id(rec) if rec is not None else id(arr)
-            if key in seen:  # two objects over one recorded buffer: once
-                continue
-            seen.add(key)
-            b = local_nbytes(base_array(arr))
-            arrays, nbytes = arrays + 1, nbytes + b
-            if rec is not None:
-                tensors, tensor_bytes = tensors + 1, tensor_bytes + b
-        out.append(WatchedUsage(name, arrays, nbytes, tensors, tensor_bytes))
-    return out
-
-
 # -- the census: a row per live buffer ---------------------------------------------------------
 
 
@@ -291,7 +267,7 @@ class Census:
     def __init__(self, untracked: bool) -> None:
         self.recs, self.deleted = books()
         self.found = _watched()
-        self.usage = watched_usage(self.found)
+        self.usage: list[WatchedUsage] = []
         self.scanned = untracked
         self.rows: list[Row] = [self._tracked(rec) for rec in _registry.distinct(self.recs)]
         self.rows += self._watched()
@@ -310,28 +286,39 @@ class Census:
         return Row(kind, arr, rec, tensors=n, spread=spread, failed=bad)
 
     def _watched(self) -> list[Row]:
-        """The watched arrays no Tensor holds, each buffer once over all the names (the first
-        name that holds it claims it)."""
-        out, seen = [], set()
+        """Each watched name's `WatchedUsage` (its buffers once each) into ``usage``, the one
+        count behind ``memory().watched`` and the reports; a row per watched array no Tensor
+        holds, each buffer once over all the names (the first name that holds it claims it)."""
+        out, claimed = [], set()
         for name, pairs in self.found.items():
+            arrays = nbytes = tensors = tensor_bytes = 0
+            seen: set[Any] = set()
             for _, arr in pairs:
+                if failed(arr):  # never allocated: holds nothing
+                    continue
                 rec = _registry.lookup(arr)
+                if rec is not None and released(rec):  # the caller's plain array again
+                    rec = None
+                key = buffer_id(rec) if rec is not None else id(arr)
+                if key in seen:  # two objects over one recorded buffer: once
+                    continue
+                seen.add(key)
                 base = base_array(arr)
-                if failed(arr) or (rec is not None and not released(rec)) or id(base) in seen:
-                    continue  # nothing, a Tensor's, or claimed
-                seen.add(id(base))
-                out.append(Row("watched", arr, name=name, spread=_spread(base)))
+                b = local_nbytes(base)
+                arrays, nbytes = arrays + 1, nbytes + b
+                if rec is not None:
+                    tensors, tensor_bytes = tensors + 1, tensor_bytes + b
+                elif id(base) not in claimed:
+                    claimed.add(id(base))
+                    out.append(Row("watched", arr, name=name, spread=_spread(base)))
+            self.usage.append(WatchedUsage(name, arrays, nbytes, tensors, tensor_bytes))
         return out
 
     def of(self, *kinds: str) -> list[Row]:
         return [r for r in self.rows if r.kind in kinds]
 
     def per_device(self, *kinds: str) -> dict[Any, int]:
-        out: dict[Any, int] = {}
-        for row in self.of(*kinds):
-            for dev, b in row.spread:
-                out[dev] = out.get(dev, 0) + b
-        return out
+        return summed(dict(row.spread) for row in self.of(*kinds))
 
     def names(self) -> dict[int, str]:
         """The watched arrays' paths, by the arrays' ids (the first name of each)."""
@@ -349,7 +336,7 @@ class Census:
             out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
         head = [_raw_record(r, names) for r in self.of("watched")]
         tail = [_raw_record(r, names) for r in self.of("escaped")]
-        untracked = [untracked_record(r.array) for r in self.of("untracked")]
+        untracked = [_raw_record(r, {}) for r in self.of("untracked")]
         untracked.sort(key=lambda r: -r.bytes)
         return TensorRecordList(head + out + tail + untracked)
 
@@ -358,6 +345,15 @@ def census(*, untracked: bool = True) -> Census:
     """One census of what is alive now (see the module docstring); ``untracked`` also scans
     ``jax.live_arrays()`` for the arrays tidyjax does not own."""
     return Census(untracked)
+
+
+def summed(parts: Iterable[Mapping[Any, int]]) -> dict[Any, int]:
+    """The mappings' values added key by key (bytes by device, by name)."""
+    out: dict[Any, int] = {}
+    for part in parts:
+        for k, b in part.items():
+            out[k] = out.get(k, 0) + b
+    return out
 
 
 def scope_path(owner: Any) -> str:
@@ -427,7 +423,7 @@ class SiteStat:
     def __str__(self) -> str:
         shapes = _shapes(self.shapes)
         where = self.label if self.name is not None else site_label(self.site)  # noun: the kind
-        text = f"{where}: {count(self.count, _NOUNS[self.kind])}, {fmt_bytes(self.bytes)}"
+        text = f"{where}: {count(self.count, NOUNS[self.kind])}, {fmt_bytes(self.bytes)}"
         text += f" [{shapes}]" if shapes else ""
         if self.scope is not None and self.tracked:
             text += _SCOPES.get(self.scope, f", scope {self.scope!r}")
@@ -681,12 +677,14 @@ def _devices(arr: Any) -> tuple[str, ...]:
     return tuple(sorted(str(d) for d in arr.sharding.device_set))
 
 
-def _raw_record(row: Row, names: dict[int, str]) -> TensorRecord:
-    """A watched or escaped buffer's record: no Tensor, so id 0."""
+def _raw_record(
+    row: Row, names: Mapping[int, str], site_of: Callable[[Any], Site | None] = creation_site
+) -> TensorRecord:
+    """A watched, escaped or untracked buffer's record: no Tensor, so id 0."""
     arr = row.array
     return TensorRecord(
         id=0, shape=tuple(arr.shape), dtype=str(arr.dtype), bytes=row.bytes,
-        devices=_devices(arr), scope=f"<{row.kind}>", site=row.site,
+        devices=_devices(arr), scope=f"<{row.kind}>", site=site_of(arr),
         kept=row.rec is not None and row.rec.scope is KEPT, variable=False, _buffer=row.buffer,
         name=names.get(id(arr)),
     )  # fmt: skip
@@ -697,11 +695,7 @@ def untracked_record(
 ) -> TensorRecord:
     """A jax array tidyjax does not own: no Tensor, so id 0 and scope ``<untracked>``.
     ``site_of``: how its site is found (a leak check names the outermost user frame)."""
-    return TensorRecord(
-        id=0, shape=tuple(arr.shape), dtype=str(arr.dtype),
-        bytes=0 if failed(arr) else local_nbytes(base_array(arr)), devices=_devices(arr),
-        scope=UNTRACKED, site=site_of(arr), kept=False, variable=False, _buffer=id(arr),
-    )  # fmt: skip
+    return _raw_record(Row("untracked", arr, failed=failed(arr)), {}, site_of)
 
 
 def tensor_records(
@@ -751,7 +745,7 @@ def summary(records: Iterable[TensorRecord]) -> str:
     parts = []
     for kind in ("tensor", "escaped", "watched", "untracked"):
         if n[kind] or kind == "tensor":
-            noun = "live tensor" if kind == "tensor" else _NOUNS[kind]
+            noun = "live tensor" if kind == "tensor" else NOUNS[kind]
             parts.append(
                 f"{count(n[kind], noun)}, {fmt_bytes(sum(by_buffer.get(kind, {}).values()))}"
             )

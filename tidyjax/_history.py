@@ -29,7 +29,7 @@ from ._arrays import ArrayImpl, describe, local_nbytes
 from ._errors import DisposedError, Reason
 from ._tensor import Tensor
 
-__all__ = ["Decision", "FreedOutput", "Seen", "delete_unshared", "freed_reason"]
+__all__ = ["Decision", "FreedOutput", "Seen", "delete_unshared", "freed_reason", "held_only_by"]
 
 # IPython's history names in a namespace (``_``, ``__``, ``_N``, ``_i``, ``_iN``): never a
 # user's value. ``Out`` is walked whole; ``In``, ``_ih``, ``_oh``, ``_dh`` hold only IPython's
@@ -147,9 +147,12 @@ def _history(
                 values.append(value)
     hidden, hook, manager = shell.user_ns_hidden, shell.displayhook, shell.history_manager
     skip = {id(ns), id(hidden), id(shell), id(hook), id(manager), id(ns.get("In")), id(out)}
-    skip |= {id(r) for r in roots}
-    skip |= {id(d) for m in list(sys.modules.values()) if (d := getattr(m, "__dict__", None))}
+    skip |= {id(r) for r in roots} | _module_dicts()
     return roots, values, skip
+
+
+def _module_dicts() -> set[int]:
+    return {id(d) for m in list(sys.modules.values()) if (d := getattr(m, "__dict__", None))}
 
 
 def _freeable(obj: Any) -> bool:
@@ -169,42 +172,14 @@ def _freeable(obj: Any) -> bool:
     )
 
 
-class Decision:
-    """What only IPython's history holds (``free``, ids of ``nodes``), and the graph below the
-    history that showed it. ``created``: the cell's own Tensors (held only by this dict), by
-    id. ``inert``: ``Out`` entries (key -> id of the value) known to hold nothing to free and
-    nothing held elsewhere, not walked again; updated here. ``part``: see ``_history``."""
+class _Graph:
+    """The objects below some roots (``nodes``, by id), walked with every reference counted
+    exactly (see the module docstring); ``expanded``: the nodes whose referents were walked."""
 
-    def __init__(
-        self,
-        shell: Any,
-        created: dict[int, Tensor],
-        results: Iterable[Any],
-        inert: dict[Any, int],
-        part: Part | None = None,
-    ) -> None:
-        gc.collect(1)  # young unreachable cycles would count as holders
-        self.shell = shell
+    def __init__(self) -> None:
         self.nodes: dict[int, Any] = {}
         self.expanded: set[int] = set()
-        out = shell.user_ns.get("Out")
-        out = out if isinstance(out, dict) else {}
-        frozen = {id(v) for n, v in out.items() if inert.get(n) == id(v)}
-        inner = self._walk(_history(shell, results, part), created, frozen)
-        held = self._held_outside(inner, created)
-        self.free = {
-            key
-            for key, obj in self.nodes.items()
-            if key not in held and (key in created or _freeable(obj))
-        }
-        walked = out.keys() if part is None else part[1]  # the other entries: as they were
-        for n, v in out.items():
-            if n in walked and (id(v) in frozen or self._inert(v, held, created)):
-                inert[n] = id(v)
-            elif n in walked:
-                inert.pop(n, None)
-        for n in [n for n in inert if n not in out]:
-            del inert[n]
+        self.roots: list[Any] = []
 
     def _below(self, value: Any) -> Iterator[Any]:
         """``value`` and every object the walked graph shows below it, once each."""
@@ -217,16 +192,6 @@ class Decision:
                 yield obj
                 if id(obj) in self.expanded:  # what was never walked holds nothing walked
                     stack.extend(_referents(obj))
-
-    def _inert(self, value: Any, held: set[int], created: dict[int, Tensor]) -> bool:
-        """Whether ``value`` and all below it were walked, are held by the history alone and
-        hold nothing to free: nothing there can change but through the history itself."""
-        nodes, expanded = self.nodes, self.expanded
-        for obj in self._below(value):
-            k = id(obj)
-            if k in nodes and (k not in expanded or k in held or k in created or _freeable(obj)):
-                return False
-        return True
 
     def _walk(
         self, history: tuple[list[Any], list[Any], set[int]], created: Any, frozen: set[int]
@@ -291,6 +256,62 @@ class Decision:
                     held.add(id(ref))
                     stack.append(ref)
         return held
+
+
+def held_only_by(roots: list[Any]) -> dict[int, Any]:
+    """The objects below ``roots`` (by id) that nothing else holds: what goes when the roots
+    go (the finished frames of a failed call: its temporaries), found by the history's walk."""
+    graph = _Graph()
+    inner = graph._walk((roots, [], {id(r) for r in roots} | _module_dicts()), {}, set())
+    held = graph._held_outside(inner, {})
+    return {k: o for k, o in graph.nodes.items() if k not in held}
+
+
+class Decision(_Graph):
+    """What only IPython's history holds (``free``, ids of ``nodes``), and the graph below the
+    history that showed it. ``created``: the cell's own Tensors (held only by this dict), by
+    id. ``inert``: ``Out`` entries (key -> id of the value) known to hold nothing to free and
+    nothing held elsewhere, not walked again; updated here. ``part``: see ``_history``."""
+
+    def __init__(
+        self,
+        shell: Any,
+        created: dict[int, Tensor],
+        results: Iterable[Any],
+        inert: dict[Any, int],
+        part: Part | None = None,
+    ) -> None:
+        gc.collect(1)  # young unreachable cycles would count as holders
+        super().__init__()
+        self.shell = shell
+        out = shell.user_ns.get("Out")
+        out = out if isinstance(out, dict) else {}
+        frozen = {id(v) for n, v in out.items() if inert.get(n) == id(v)}
+        inner = self._walk(_history(shell, results, part), created, frozen)
+        held = self._held_outside(inner, created)
+        self.free = {
+            key
+            for key, obj in self.nodes.items()
+            if key not in held and (key in created or _freeable(obj))
+        }
+        walked = out.keys() if part is None else part[1]  # the other entries: as they were
+        for n, v in out.items():
+            if n in walked and (id(v) in frozen or self._inert(v, held, created)):
+                inert[n] = id(v)
+            elif n in walked:
+                inert.pop(n, None)
+        for n in [n for n in inert if n not in out]:
+            del inert[n]
+
+    def _inert(self, value: Any, held: set[int], created: dict[int, Tensor]) -> bool:
+        """Whether ``value`` and all below it were walked, are held by the history alone and
+        hold nothing to free: nothing there can change but through the history itself."""
+        nodes, expanded = self.nodes, self.expanded
+        for obj in self._below(value):
+            k = id(obj)
+            if k in nodes and (k not in expanded or k in held or k in created or _freeable(obj)):
+                return False
+        return True
 
     def labels(self, targets: set[int]) -> dict[int, str]:
         """For each id in ``targets`` the history entry that showed it, as the user would

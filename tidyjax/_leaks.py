@@ -42,12 +42,12 @@ from ._census import (
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError, check_count, check_flag, check_seconds
 from ._format import count as _count
+from ._format import esc
 from ._format import fmt_bytes as _fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site
-from ._snapshot import stats_html
 from ._tensor import _ids
 from ._trees import _gather
 
@@ -115,30 +115,25 @@ class LeakReport:
         return f"{' and '.join(parts)} created inside {self.where} {verb} still alive"
 
     def _repr_html_(self) -> str:
-        if not self.records:
-            return stats_html(f"no leaks after {self.where}", [])
         return _report_html(self)
 
     def __str__(self) -> str:
         if not self.records:
             return f"no leaks: no Tensor or jax array created inside {self.where} is still alive."
         lines = [self._headline() + ":"]
-        for groups, by_site in ((self.groups, _by_site(self.tensors)),
-                                (self.array_groups, _by_site(self.arrays))):  # fmt: skip
-            for g in groups:
-                lines.append(f"  {g}")
-                lines += [
-                    f"    through {chain}" for chain in _chains(by_site.get(site_label(g.site), []))
-                ]
+        chains = _chains_of(self)
+        for g in self.groups + self.array_groups:
+            lines += [f"  {g}", *(f"    through {chain}" for chain in chains(g))]
         lines.append(_advice(self))
         return "\n".join(lines)
 
 
-def _by_site(records: Iterable[TensorRecord]) -> dict[str, list[TensorRecord]]:
-    out: dict[str, list[TensorRecord]] = collections.defaultdict(list)
-    for r in records:
-        out[str(r.site) if r.site is not None else "<unknown site>"].append(r)
-    return out
+def _chains_of(report: LeakReport) -> Callable[[SiteStat], list[str]]:
+    """The stacks under a row of the report (`_chains` of the records of its kind and site)."""
+    by_site: dict[tuple[bool, str], list[TensorRecord]] = collections.defaultdict(list)
+    for r in report.records:
+        by_site[r.scope == UNTRACKED, site_label(r.site)].append(r)
+    return lambda g: _chains(by_site.get((g.untracked, site_label(g.site)), []))
 
 
 #: The most distinct stacks a leak report shows under one site.
@@ -161,12 +156,13 @@ def _bytes(records: Iterable[TensorRecord]) -> int:
 
 @_html.never_raises
 def _report_html(report: LeakReport) -> str:
-    by_site = {"tensor": _by_site(report.tensors), "untracked": _by_site(report.arrays)}
+    chains = _chains_of(report)
 
     def through(g: SiteStat) -> str:
-        chains = _chains(by_site[g.kind].get(site_label(g.site), []))
-        return "".join(_html.dim(f" through {c}") for c in chains)
+        return "".join(_html.dim(f" through {c}") for c in chains(g))
 
+    if not report.records:
+        return _html.box(f"<b>{esc(f'no leaks after {report.where}')}</b>")
     return _html.box(
         _html.bad(f"leak: {report._headline()}"),
         site_table(report.groups + report.array_groups, more=through),
@@ -260,9 +256,16 @@ def plain_leaks(
     inside its block).
     """
     found = [a for a in _candidates(mark, allowed) if _user_site(a) is not None]
-    out = [untracked_record(a, site_of) for a in _one_per_buffer(found, allowed or {})]
+    taken = [r() for r in (allowed or {}).values()] + _held_arrays()
+    out = [untracked_record(a, site_of) for a in one_per_buffer(found, taken, wait=True)]
     out.sort(key=lambda r: -r.bytes)
     return out
+
+
+def _held_arrays() -> list[Any]:
+    """The array objects over the buffers that live Tensors hold."""
+    recs, _ = books()
+    return [a for r in recs if held(r) for a in r.arrays()]
 
 
 def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
@@ -278,20 +281,9 @@ def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
         if rec is None or (rec.dead is None and not held(rec)):
             out.append(a)
     if out:  # jax.live_arrays lists a recorded typed key as its words: that is the Tensor
-        recs, _ = books()
-        words = {
-            id(w) for r in recs if held(r) for k in r.arrays() if (w := base_array(k)) is not k
-        }
+        words = {id(w) for k in _held_arrays() if (w := base_array(k)) is not k}
         out = [a for a in out if id(a) not in words]
     return out
-
-
-def _one_per_buffer(arrays: list[Any], allowed: dict[int, Any]) -> list[Any]:
-    """``arrays`` (oldest first) less the objects over a buffer a live Tensor holds or an
-    allowed array views, one per buffer (the most shards first, then the oldest)."""
-    recs, _ = books()
-    taken = [r() for r in allowed.values()] + [a for r in recs if held(r) for a in r.arrays()]
-    return one_per_buffer(arrays, taken, wait=True)
 
 
 class check_leaks:  # noqa: N801 - used like a function, as a context manager and decorator

@@ -11,13 +11,21 @@ from typing import Any
 import jax
 
 from . import _format, _html
-from ._census import Census, SiteStat, census, site_table, statistics, top_per_device
+from ._census import Census, SiteStat, census, site_table, statistics, summed, top_per_device
 from ._errors import check_flag, check_seconds
 from ._format import count as _count
 from ._format import fmt_bytes as _fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
 
-__all__ = ["ALARM_BYTES", "ALARM_SHARE", "DEVICE_TOP", "TOP_SITES", "MemoryInfo", "memory"]
+__all__ = [
+    "ALARM_BYTES",
+    "ALARM_SHARE",
+    "DEVICE_TOP",
+    "TOP_SITES",
+    "MemoryInfo",
+    "device_stats",
+    "memory",
+]
 
 #: How many creation sites of untracked arrays ``memory()`` names per device, largest first.
 TOP_SITES = 5
@@ -98,11 +106,7 @@ class MemoryInfo:
 
     @property
     def total_per_device(self) -> dict[Any, int]:
-        out: dict[Any, int] = {}
-        for part in (self.bytes_per_device, self.watched_per_device, self.untracked_per_device):
-            for d, b in part.items():
-                out[d] = out.get(d, 0) + b
-        return out
+        return summed((self.bytes_per_device, self.watched_per_device, self.untracked_per_device))
 
     def __repr__(self) -> str:
         per_device = {str(d): b for d, b in self.bytes_per_device.items()}
@@ -343,7 +347,7 @@ def memory(
         unreliable=bool(reasons),
         reasons=reasons,
         **_scanned(c),
-        device_stats=MappingProxyType(_device_stats()),
+        device_stats=MappingProxyType(device_stats()),
         watched=MappingProxyType({u.name: u.bytes for u in c.usage}),
         watched_arrays=MappingProxyType({u.name: u.arrays for u in c.usage}),
         watched_per_device=MappingProxyType(c.per_device("watched")),
@@ -392,7 +396,8 @@ def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-def _device_stats() -> dict[Any, Mapping[str, int]]:
+def device_stats() -> dict[Any, Mapping[str, int]]:
+    """``Device.memory_stats()`` of each local device whose backend reports it."""
     out: dict[Any, Mapping[str, int]] = {}
     for dev in jax.local_devices():
         try:
@@ -414,48 +419,32 @@ _ROWS = ("untracked_sites", "top_sites")
 def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
     local = _to_json(memory(scan_untracked=scan_untracked))
     reports = [_from_json(d) for d in gather("memory", local, timeout)]
-    untracked = [r.untracked_arrays for r in reports]
-    scanned = None not in untracked
+    scanned = all(r.untracked_arrays is not None for r in reports)
+
+    def total(field: str) -> int:
+        return sum(getattr(r, field) or 0 for r in reports)
+
+    merged: dict[str, Any] = {f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS}
+    merged.update({f: MappingProxyType(summed(getattr(r, f) for r in reports)) for f in _SUMMED})
     return MemoryInfo(
-        num_tensors=sum(r.num_tensors for r in reports),
-        num_data_buffers=sum(r.num_data_buffers for r in reports),
-        num_bytes=sum(r.num_bytes for r in reports),
+        num_tensors=total("num_tensors"),
+        num_data_buffers=total("num_data_buffers"),
+        num_bytes=total("num_bytes"),
         unreliable=any(r.unreliable for r in reports),
-        reasons=_reasons_of(reports),
-        untracked_arrays=sum(u or 0 for u in untracked) if scanned else None,
-        untracked_bytes=sum(r.untracked_bytes or 0 for r in reports) if scanned else None,
+        reasons=reports[0].reasons
+        if len(reports) == 1
+        else tuple(f"process {i}: {why}" for i, r in enumerate(reports) for why in r.reasons),
+        untracked_arrays=total("untracked_arrays") if scanned else None,
+        untracked_bytes=total("untracked_bytes") if scanned else None,
         device_stats=MappingProxyType({d: s for r in reports for d, s in r.device_stats.items()}),
         per_process=tuple(reports),
-        **_rows(reports),
-        **_summed_all(reports),
+        **merged,  # the rows of every process (their devices differ), the sums key by key
     )
 
 
 #: The fields summed key by key over the processes.
 _SUMMED = ("bytes_per_device", "watched", "watched_arrays", "watched_per_device",
            "untracked_per_device")  # fmt: skip
-
-
-def _summed_all(reports: list[MemoryInfo]) -> dict[str, Any]:
-    return {f: MappingProxyType(_summed(reports, f)) for f in _SUMMED}
-
-
-def _summed(reports: list[MemoryInfo], field: str) -> dict[Any, int]:
-    out: dict[Any, int] = {}
-    for r in reports:
-        for k, b in getattr(r, field).items():
-            out[k] = out.get(k, 0) + b
-    return out
-
-
-def _reasons_of(reports: list[MemoryInfo]) -> tuple[str, ...]:
-    if len(reports) == 1:
-        return reports[0].reasons
-    return tuple(f"process {i}: {reason}" for i, r in enumerate(reports) for reason in r.reasons)
-
-
-def _rows(reports: list[MemoryInfo]) -> dict[str, Any]:
-    return {f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS}  # devices differ
 
 
 def _to_json(m: MemoryInfo) -> dict[str, Any]:

@@ -10,8 +10,9 @@ untracked arrays' apart. Any other error passes through untouched.
 
 Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
 raised) that calls ``_context.on_jax_error``; `install` (at package import) makes
-`raise_for` its handler and guards Tensor's waiting methods, so the core never imports this
-module. The census (``_census``) and the timeline are imported when a report is built.
+`raise_for` its handler, so the core never imports this module. Tensor's waiting methods wait
+for the buffer first and pass ``method=True`` (``_tensor``). The census (``_census``) and the
+timeline are imported when a report is built.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime
-import gc
 import os
 import re
 import sys
@@ -36,6 +36,7 @@ from ._context import set_jax_error_hook
 from ._decorating import check_callable, decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
+from ._memory import device_stats
 from ._tensor import disposed_error
 from ._trees import tensors_in
 
@@ -402,13 +403,13 @@ def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
     from ._census import census, statistics, untracked_record
 
+    temporaries = _call_temporaries(_reporting.get())  # before the census holds them too
     c = census()  # what memory() counts, read once: its sections agree
     broken = {r.buffer for r in c.rows if r.failed}
     # The Tensors only: a watched raw array is in the watched section, counted there.
     raws = ("<watched>", "<untracked>")
     tracked = [r for r in c.records() if r.scope not in raws and r._buffer not in broken]
     raw = [r.array for r in c.of("untracked")]
-    temporaries = _call_temporaries(_reporting.get(), raw, tuple(c.of("untracked")))
     untracked = [untracked_record(a) for a in raw if id(a) not in temporaries]
     tensor_rows = statistics(tracked, ("scope", "site"))
     untracked_rows = statistics(untracked, ("scope", "site"))
@@ -445,14 +446,7 @@ def _failed(c: Any) -> tuple[str, ...]:
 
 def _fullest_device() -> tuple[str | None, int | None, int | None]:
     """The device with the most memory in use, its limit and its use, where the backend says."""
-    stats = []
-    for dev in jax.local_devices():
-        try:
-            s = dict(dev.memory_stats() or {})
-        except Exception:  # some backends raise instead of returning None
-            s = {}
-        if s.get("bytes_limit"):
-            stats.append((dev, s))
+    stats = [(dev, s) for dev, s in device_stats().items() if s.get("bytes_limit")]
     if not stats:
         return None, None, None
     dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
@@ -464,40 +458,24 @@ def _fullest_device() -> tuple[str | None, int | None, int | None]:
 # A call that fails at once leaves the arrays it made on the way alive in the frames of the
 # error's traceback: ``jnp.zeros(shape)`` makes its fill value, a float32[] scalar, before the
 # allocation fails. JAX's traceback names the user's line as its creation site, so the report
-# would list it as the user's untracked holder. It is left out when every reference to it is
-# accounted for by JAX's (or tidyjax's) finished frames of the failed call, or by a tuple, list
-# or dict only they hold: then nothing of the user's can reach it, and it goes with the error.
-# Reference counts are compared exactly, so any reference not seen (a user's variable, a
-# running frame, a container the collector does not track) keeps the array a holder. Only tiny
-# ones are left out: a large array the failed call made on the way held memory when the
-# allocation failed, and the report names it.
+# would list it as the user's untracked holder. It is left out when JAX's (or tidyjax's)
+# finished frames of the failed call, and what only they hold, hold it alone
+# (``_history.held_only_by``: reference counts compared exactly, so any reference not seen, a
+# user's variable, a running frame, keeps the array a holder). Only tiny ones are left out: a
+# large array the failed call made on the way held memory when the allocation failed, and the
+# report names it.
 
-_CONTAINERS = (tuple, list, dict)
 #: The most bytes of a temporary of the failed call that the report leaves out.
 TINY = 1024
 
 
-def _call_temporaries(
-    err: BaseException | None, arrays: list[Any], rows: tuple[Any, ...]
-) -> set[int]:
-    """The ids of the tiny ones of ``arrays`` that only ``err``'s failed call itself holds
-    (``rows``: the census rows of this report, which hold them too)."""
+def _call_temporaries(err: BaseException | None) -> set[int]:
+    """The ids of the tiny arrays that only ``err``'s failed call itself holds."""
+    from ._history import held_only_by  # the error path only: not loaded at import
+
     frames = _failed_call_frames(err)
-    tiny = [a for a in arrays if int(a.nbytes) <= TINY]
-    if not frames or not tiny:
-        return set()
-    inside: dict[int, Any] = {id(f): f for f in frames}
-    containers = _referents_of(frames, lambda x: type(x) in _CONTAINERS)
-    if containers:
-        for c, alone in zip(containers, _held_only_by(containers, inside, ()), strict=True):
-            if alone:
-                inside[id(c)] = c
-    want = {id(a) for a in tiny}
-    found = _referents_of(list(inside.values()), lambda x: id(x) in want)
-    if not found:
-        return set()
-    held = _held_only_by(found, inside, (arrays, tiny, *rows))  # this report's own
-    return {id(a) for a, alone in zip(found, held, strict=True) if alone}
+    alone = held_only_by(frames) if frames else {}
+    return {k for k, a in alone.items() if type(a) in CONCRETE and int(a.nbytes) <= TINY}
 
 
 def _failed_call_frames(err: BaseException | None) -> list[Any]:
@@ -520,35 +498,6 @@ def _failed_call_frames(err: BaseException | None) -> list[Any]:
             frames.append(f)
         err = err.__cause__ if err.__cause__ is not None else err.__context__
     return frames
-
-
-def _referents_of(objs: list[Any], keep: Callable[[Any], bool]) -> list[Any]:
-    """The distinct objects that ``objs`` reference and ``keep`` accepts."""
-    out: dict[int, Any] = {}
-    for o in objs:
-        for x in gc.get_referents(o):
-            if id(x) not in out and keep(x):
-                out[id(x)] = x
-    return list(out.values())
-
-
-def _held_only_by(objs: list[Any], inside: dict[int, Any], ours: tuple[Any, ...]) -> list[bool]:
-    """For each of ``objs``: whether every reference to it comes from ``inside``'s objects (by
-    id) or from the lists ``objs`` and ``ours`` (this report's own), counted exactly."""
-    index = {id(o): i for i, o in enumerate(objs)}
-    counted = [0] * len(objs)
-    alone = [True] * len(objs)
-    for r in gc.get_referrers(*objs):
-        hits = [i for x in gc.get_referents(r) if (i := index.get(id(x))) is not None]
-        if r is objs or any(r is o for o in ours) or inside.get(id(r)) is r:
-            for i in hits:
-                counted[i] += 1
-        else:
-            for i in hits:
-                alone[i] = False
-    r = None  # the loop's last referrer may be one of objs: no reference of ours is left over
-    # sys.getrefcount counts its own argument too
-    return [alone[i] and sys.getrefcount(objs[i]) - 1 == counted[i] for i in range(len(objs))]
 
 
 # -- what was running --------------------------------------------------------------------------
@@ -664,10 +613,9 @@ def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
 # -- waiting for a value -----------------------------------------------------------------------
 
 
-#: Tensor methods that wait for the value: where an allocation that failed asynchronously (as
-#: it can on a GPU, or in a large CPU computation) surfaces. Each first waits on the buffer:
-#: JAX raises for a failed buffer there, where reading its values would abort the process.
 def _waited_text(t: Any, name: str) -> str:
+    """What ran out, for a Tensor method that waited for the value (where an allocation that
+    failed asynchronously surfaces): the method, the Tensor and where it was computed."""
     from ._sites import creation_site
 
     site = creation_site(t._array)

@@ -352,8 +352,9 @@ class _Observer:
                 self.bytes, self.tensors = m.num_bytes, m.num_tensors
                 self.pending, self.shared, self.released = [], {}, {}
                 for group in {id(g): g for g in _registry._groups.values()}.values():
+                    members = group[:]  # one list per buffer, shared by its records
                     for r in group:
-                        self.shared[id(r)] = group[:]  # counted once by memory()
+                        self.shared[id(r)] = members  # counted once by memory()
                 _registry.observers.append(self)
                 _ops.set_kernel_hook(_run_kernel)
             self.open_profiles.append(p)
@@ -476,12 +477,11 @@ class _Observer:
         the records over one buffer before any free). Reads addresses only for a record
         already dead with its arrays alive (dropped from its group, its buffer lives on)."""
 
-        def counted(r: Any) -> bool:
+        def counted(r: Any) -> bool:  # a record dead but not yet uncounted (shared) counts
             return (
                 r is not rec
                 and id(r) not in waiting
-                and r.dead is None
-                and r.array() is not None
+                and (id(r) in self.shared or (r.dead is None and r.array() is not None))
                 and self.released.get(id(r)) is not r
             )
 

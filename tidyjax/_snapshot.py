@@ -14,6 +14,7 @@ from typing import Any
 
 from . import _html
 from ._census import (
+    NOUNS,
     UNTRACKED,
     Site,
     SiteStat,
@@ -29,10 +30,7 @@ from ._format import count as _count
 from ._format import esc
 from ._format import fmt_bytes as _fmt_bytes
 
-__all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot", "stats_html"]
-
-_NOUNS = {"tensor": "tensor", "escaped": "escaped array", "watched": "watched array",
-          "untracked": "untracked array"}  # fmt: skip
+__all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,7 +59,7 @@ class SiteDiff:
         sign = "+" if self.bytes_diff >= 0 else "-"
         return (
             f"{self.label}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
-            f"{_count(self.count, _NOUNS[self.kind])} ({self.count_diff:+d})"
+            f"{_count(self.count, NOUNS[self.kind])} ({self.count_diff:+d})"
         )
 
 
@@ -97,14 +95,7 @@ class Snapshot:
         return f"<Snapshot of {summary(self.records + self.untracked)}>"
 
     def _repr_html_(self) -> str:
-        stats = self.statistics()
-        title = summary(self.records + self.untracked)
-        untracked = [s for s in stats if s.untracked]
-        return stats_html(title, [s for s in stats if not s.untracked]) + (
-            _html.box(_html.line(_html.dim(_UNTRACKED_NOTE)), site_table(untracked))
-            if untracked
-            else ""
-        )
+        return _snapshot_html(self)
 
     def __str__(self) -> str:
         stats = self.statistics()
@@ -224,27 +215,29 @@ class SiteDiffList(list[SiteDiff]):
 
 
 @_html.never_raises
+def _snapshot_html(snap: Snapshot) -> str:
+    return _html.box(
+        f"<b>{esc(summary(snap.records + snap.untracked))}</b>", *_tables(snap.statistics())
+    )
+
+
+@_html.never_raises
 def _diffs_html(diffs: list[SiteDiff]) -> str:
     if not diffs:
         return _html.box("<b>no change</b> between the snapshots")
-    parts = [f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"]
+    head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
+    return _html.box(head, *_tables(diffs))
+
+
+def _tables(rows: list[Any]) -> list[str]:
+    """`SiteStat` or `SiteDiff` rows as tables: the Tensors' (and watched arrays') sites, then
+    the untracked arrays' under a note."""
+    parts = []
     for untracked in (False, True):
-        rows = [d for d in diffs if d.untracked == untracked]
-        parts += [_html.line(_html.dim(_UNTRACKED_NOTE))] * (untracked and bool(rows))
-        parts += [site_table(rows)] * bool(rows)
-    return _html.box(*parts)
+        part = [r for r in rows if r.untracked == untracked]
+        parts += [_html.line(_html.dim(_UNTRACKED_NOTE))] * (untracked and bool(part))
+        parts += [site_table(part)] * bool(part)
+    return parts
 
 
 _UNTRACKED_NOTE = "untracked: jax arrays tidyjax does not own, by the line that made them"
-
-
-def stats_html(title: str, stats: list[SiteStat], bad: bool = False, note: str = "") -> str:
-    """A title over `SiteStat` rows (none if none) and a dim note."""
-
-    @_html.never_raises
-    def build(_: object) -> str:
-        head = _html.bad(title) if bad else f"<b>{esc(title)}</b>"
-        table = site_table(stats) if stats else ""
-        return _html.box(head, table, _html.line(_html.dim(note)) if note else "")
-
-    return build(None)
