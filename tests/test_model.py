@@ -1,11 +1,13 @@
 """A model-based test: random programs of tidyjax calls against a model of what must be alive.
 
-Rules create tensors, run ops, alias buffers (clone, same-dtype astype, ``x[...]``, a raw
-``jax.device_put`` to the same device, by ``adopt`` or through a pytree rebuild or
-``tensors()``), dispose, keep, open and close (nested, named) scopes handing out a random subset,
-raise inside scopes, leave scopes with an inner one still open, create, assign (also with
-``-=``) and dispose Variables, run generators decorated with ``@tidy``, return unregistered
-containers, and drop references for the garbage collector.
+Rules create tensors, run ops and a jitted function of three outputs (one batch), alias buffers
+(clone, same-dtype astype, ``x[...]``, a raw ``jax.device_put`` to the same device, by ``adopt``
+or through a pytree rebuild or ``tensors()``), dispose, keep, open and close (nested, named)
+scopes handing out a random subset, raise inside scopes, leave scopes with an inner one still
+open, create, assign (also with ``-=``) and dispose Variables, run generators decorated with
+``@tidy``, return unregistered containers, and drop references for the garbage collector.
+``TestBatchModel`` runs the same programs reading memory() only now and then (a report splits
+batches).
 
 The model holds both rules at once. Buffers (groups of Tensors over one buffer): a scope deletes
 every buffer it created (or was handed) that nothing returned, kept or held by a Variable
@@ -70,6 +72,9 @@ class Model:
     nvars: dict[int, int] = field(default_factory=dict)  # group -> live Variables holding it
     parent: dict[int, int] = field(default_factory=dict)  # serial -> parent serial or TOP
     closed: set[int] = field(default_factory=set)
+
+
+_THREE = tj.jit(lambda a: (a + 1.0, a * 2.0, -a))  # a call whose outputs form one batch
 
 
 class Box:
@@ -174,6 +179,14 @@ class TidyjaxMachine(RuleBasedStateMachine):
             "sum": lambda: (t.sum(), np.float32(x.sum())),
         }[op]()
         self.add(out, want)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.model.live)
+    def jitted(self, data):
+        e = self.pick(data)
+        outs = _THREE(e.tensor)
+        for out, want in zip(outs, (e.expected + 1.0, e.expected * 2.0, -e.expected), strict=True):
+            self.add(out, want)
 
     @rule(
         data=st.data(),
@@ -382,3 +395,22 @@ class TidyjaxMachine(RuleBasedStateMachine):
 
 
 TestTidyjaxModel = TidyjaxMachine.TestCase
+
+
+class BatchMachine(TidyjaxMachine):
+    """The same programs with memory() read only now and then, not after every step.
+
+    A report splits every batch of a jitted call's outputs into records of their own; read after
+    every step, it would hide the batch paths (keep, hand-out, exit and dispose of whole batches).
+    """
+
+    @invariant()
+    def memory_matches_the_model(self):
+        pass
+
+    @rule()
+    def report(self):
+        TidyjaxMachine.memory_matches_the_model(self)
+
+
+TestBatchModel = BatchMachine.TestCase

@@ -250,6 +250,10 @@ def leave_batch(b: Batch, t: Any) -> Buffer | None:
         return None  # split with ``t`` repointed: `t._r` was not the batch then
     if x is None:
         return None
+    if suspects:  # a suspect may be a second object over the buffer: `resolve` decides
+        split(b, i, 0)
+        orphan(x)
+        return None
     # references: the batch's list, ``t._array``, ``x``, getrefcount's argument
     if sys.getrefcount(x) <= 4:
         b.arrays[i] = None
@@ -345,7 +349,20 @@ def suspect(rec: Buffer, raw: list[Any] | None = None) -> None:
     never deleted)."""
     if raw:
         _twins[id(rec)] = (rec, [weakref.ref(a) for a in raw])
+    arr = rec()
+    if arr is not None:
+        _kinds.add((arr.shape, arr.dtype))
     suspects.append(rec)
+    if len(orphans) > _MAX_ORPHANS:
+        resolve()
+
+
+def orphan(arr: Any) -> None:
+    """The last Tensor on an owned record of ``arr`` is being collected (``__del__``: no lock)
+    while suspects are pending: a suspect of its kind may be a second object over its buffer,
+    so ``arr`` is held until the next `resolve` hands that suspect the buffer."""
+    if (arr.shape, arr.dtype) in _kinds:
+        orphans.append(arr)
 
 
 def lookup(arr: Any) -> Buffer | None:
@@ -634,6 +651,13 @@ suspects: list[Buffer] = []
 _groups: dict[int, list[Buffer]] = {}  # id(record) -> the records over its buffer (2 or more)
 # id(suspect) -> (the suspect, weak references to the caller's raw arrays it may be over)
 _twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]] = {}
+# The (shape, dtype) of each pending suspect, and the array objects of owned records whose last
+# Tensor was collected while a suspect of their kind was pending: held until the next `resolve`,
+# which may find the suspect over the same buffer and give it the buffer's ownership (else the
+# buffer would outlive its owner as a caller's array that nothing deletes), then let go.
+_kinds: set[tuple[Any, Any]] = set()
+orphans: list[Any] = []
+_MAX_ORPHANS = 16  # more, and the next suspect resolves at once (memory stays bounded)
 
 
 def resolve() -> None:
@@ -644,7 +668,17 @@ def resolve() -> None:
     with _lock:
         pending = suspects[:]
         suspects.clear()
+        _kinds.clear()
         twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
+    try:
+        _group_suspects(pending, twins)
+    finally:
+        orphans.clear()  # grouped now, or over no suspect's buffer: JAX may free them
+
+
+def _group_suspects(
+    pending: list[Buffer], twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]]
+) -> None:
     wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]] = {}
     for rec in pending:
         arr = rec.array()  # a suspect being freed right now is dead already: checked too
@@ -659,6 +693,7 @@ def resolve() -> None:
             rec.owned = False  # a new object over the caller's own array: the caller's buffer
     if not wanted:
         return
+    held = {id(a) for a in orphans}
     for other in _records(_buffers.values(), wanted):
         if other.dead is not None:
             continue
@@ -670,7 +705,14 @@ def resolve() -> None:
             continue
         key = _address(arr, wait=False)
         for k, rec in found:
-            if rec is not other and k == key:
+            if rec is other or k != key:
+                continue
+            if id(arr) in held and other.n <= 0:
+                # Only `orphans` holds ``other``'s object: the suspect inherits the buffer if
+                # a Tensor holds it, else it is the caller's plain array (no group: ``other``
+                # goes with its object).
+                rec.owned = rec.owned or rec.n > 0
+            else:
                 _join_group(rec, other)
 
 

@@ -138,6 +138,8 @@ class Tensor:
                 return
         if rec is not None and rec is not _UNTRACKED:
             rec.n -= 1
+            if _registry.suspects and rec.n <= 0 and rec.owned and rec.dead is None:
+                _registry.orphan(self._array)  # a suspect may be its buffer's next holder
             if _registry.observers and rec.dead is None:
                 _registry._notify("tensor_removed", rec)
 
