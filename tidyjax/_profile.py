@@ -18,14 +18,14 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from . import _html, _ops, _registry
 from ._arrays import CONCRETE
-from ._census import released
+from ._census import holds, released, same_buffer
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
@@ -441,7 +441,7 @@ class _Observer:
         members = self.shared.pop(id(rec), None)
         if members is not None and any(m is rec for m in members):
             members[:] = [m for m in members if m is not rec]  # by identity: a record
-            if any(m.dead is None and m.array() is not None for m in members):
+            if any(map(holds, members)):
                 if len(members) == 1:
                     self.shared.pop(id(members[0]), None)
                 return
@@ -481,7 +481,7 @@ class _Observer:
             return (
                 r is not rec
                 and id(r) not in waiting
-                and (id(r) in self.shared or (r.dead is None and r.array() is not None))
+                and (id(r) in self.shared or holds(r))
                 and self.released.get(id(r)) is not r
             )
 
@@ -490,7 +490,7 @@ class _Observer:
         if twin is not None or rec.dead is None:
             return twin
         others = [r for r in list(_registry._buffers.values()) if counted(r)]
-        return next(_same_buffer(rec.array(), others, wait=True), None)
+        return next(same_buffer(rec.array(), others, wait=True), None)
 
     def _share(self, twin: Any, rec: Any) -> None:
         members = self.shared.get(id(twin))
@@ -503,19 +503,8 @@ class _Observer:
     def _adopt_pending(self, rec: Any) -> None:
         """Before ``rec``'s free: a record just added over its buffer takes the buffer on
         (``rec`` dropped from its group while its buffer lives on)."""
-        for other in _same_buffer(rec.array(), self.pending, wait=False):
+        for other in same_buffer(rec.array(), self.pending):
             self._share(rec, other)
-
-
-def _same_buffer(arr: Any, records: Iterable[Any], wait: bool) -> Iterator[Any]:
-    """The records whose arrays share ``arr``'s buffer (None: no array, no record); reads
-    ``arr``'s address (waiting for it with ``wait``), then those of its shape and dtype."""
-    key = _registry._address(arr, wait=wait) if arr is not None else None
-    for other in records if key is not None else ():
-        a = other.array()
-        same_kind = a is not None and (a.shape, a.dtype) == (arr.shape, arr.dtype)
-        if same_kind and _registry._address(a, wait=False) == key:
-            yield other
 
 
 _observer = _Observer()

@@ -1,29 +1,20 @@
 """``timeline()``: every allocation, free and scope of device memory, in order.
 
-While a `Timeline` records it is one of the registry's observers (``_registry.observers``, as
-``profile()`` is): each buffer added, freed or collected, and each scope entered or exited
-(``_scope`` reports those only while an observer listens), becomes one immutable
-`TimelineEvent`. With no timeline open nothing here runs. Replaying the events (``live_at``)
-gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
+A recording `Timeline` is one of ``_registry.observers`` (as ``profile()`` is; ``_scope``
+reports scopes only while one listens): each buffer added, freed or collected and each scope
+entered or exited becomes one `TimelineEvent`. Replaying them (``live_at``) gives at every moment
+the tidyjax bytes ``memory()`` reports then, each shared buffer once.
 
-Plain ``jax.Array`` objects (no Tensor, so the registry never hears of them) are seen through an
-``_newarrays.ArrayMark`` at each scope event, ``mark()`` and stop: those made since the last look
-and still alive become allocations of scope ``"<untracked>"``, timed at that look, each followed
-by a weak reference that records its free (or it is found deleted at a ``mark()`` or stop):
-O(new arrays) per look, nothing per op.
+Plain ``jax.Array`` objects are seen through an ``_newarrays.ArrayMark`` at each scope event,
+``mark()`` and stop (O(new arrays) per look, nothing per op): those alive become allocations of
+scope ``"<untracked>"``, freed by a weak reference's callback (or found deleted at a look).
 
-Each creation site keeps its short user stack (the first ``STACK_FRAMES`` frames outside tidyjax
-and JAX, at most 3 per site), and named Variables' buffers their names (looked up at start, stop,
-and a scope exit after Variables changed), so the page labels them by name. Both are saved with
-the timeline, as are the moments marked with ``annotate``.
-
-One device buffer is one allocation, whatever array objects view it: the records over one
-buffer (a raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the
-next event (`Timeline._settle`; addresses read only for the registry's suspects, once per entry,
-see ``Timeline._find``); raw objects no record knows over a recorded or plain buffer are views of
-its entry, plain arrays again when the records go. A caller's array whose last Tensor went is
-plain again (``_census.released``). A buffer deleted behind tidyjax's back (a raw ``jax.jit``
-donation) is freed at the next ``mark()``, stop or read.
+One device buffer is one allocation, whatever objects view it: the records over one buffer (a
+raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the next
+event (`Timeline._settle`; addresses read only for the registry's suspects, see ``_find``); raw
+objects no record knows are views of an entry. Sites keep a short user stack (`STACK_FRAMES`),
+Variables' buffers their names; both are saved, as are ``annotate``'s marks. A buffer deleted
+behind tidyjax's back (a raw ``jax.jit`` donation) is freed at the next ``mark()``, stop or read.
 """
 
 from __future__ import annotations
@@ -52,7 +43,9 @@ from ._census import (
     collector_paused,
     creation_site,
     holders,
+    holds,
     released,
+    same_buffer,
     scope_path,
     watched_ids,
 )
@@ -692,7 +685,7 @@ class Timeline:
                 twin = self._twin(rec) if _registry._groups else None
                 if twin is not None:  # records over one buffer (see _settle)
                     self._share(twin, rec, 0)
-                    twin[2].extend(i for i in ids if i not in twin[2])
+                    self._hold(twin, rec, ids, False)
                 else:
                     self._alloc(rec, now, ids)
 
@@ -761,13 +754,10 @@ class Timeline:
         """A Tensor was made on ``rec``: one more holder, or a caller's array tidyjax's again."""
         entry = self._live.get(id(rec))
         if entry is None:
-            if rec.dead is None and rec.array() is not None:
+            if holds(rec):
                 self._added(rec, time.perf_counter(), tensor)
             return
-        if tensor and tensor not in entry[2]:
-            entry[2].append(tensor)
-        if rec.more:
-            self._watch_arrays(rec)
+        self._hold(entry, rec, (tensor,), rec.more)
 
     def _scope(self, kind: str, scope: Any) -> None:
         """``scope`` entered or exited: its event, after the plain arrays made before it."""
@@ -869,10 +859,7 @@ class Timeline:
         if self._live.get(id(rec)) is not entry:
             return  # freed already
         for r in members or (rec,):
-            if self._live.get(id(r)) is entry:
-                del self._live[id(r)]
-            if self._watch:
-                self._watch.pop(id(r), None)
+            self._unlive(r, entry)
         # a's fields by position (a NamedTuple's names cost a lookup each)
         ev = _event(TimelineEvent, (
             FREE, now, a[2], a[3], a[4], scope_path(rec.scope), a[6], a[7], tuple(ids), a[9], "",
@@ -918,9 +905,13 @@ class Timeline:
 
     def _entry_of(self, arr: Any) -> list[Any] | None:
         """The plain entry of ``arr``, or the entry ``arr`` is a view of, or None."""
+        return self._plain_of(arr) or self._view_entry(arr)
+
+    def _plain_of(self, arr: Any) -> list[Any] | None:
         entry = self._plain.get(id(arr))
-        if entry is not None and entry[0]() is arr:
-            return entry
+        return entry if entry is not None and entry[0]() is arr else None
+
+    def _view_entry(self, arr: Any) -> list[Any] | None:
         got = self._view_of.get(id(arr))
         return got[1] if got is not None and got[0]() is arr else None
 
@@ -1021,54 +1012,50 @@ class Timeline:
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
-        if tensor and tensor not in entry[2]:
-            entry[2].append(tensor)
-        if self._plain:
-            for arr in rec.arrays():  # seen as a plain array before: a view of the entry now
-                plain = self._plain.get(id(arr))
-                if plain is not None and plain[0]() is arr:
-                    self._free_plain(id(arr), plain, time.perf_counter())
-        if rec.__callback__ is None or rec.more:
+        for arr in rec.arrays() if self._plain else ():  # a plain array before: a view now
+            plain = self._plain_of(arr)
+            if plain is not None:
+                self._free_plain(id(arr), plain, time.perf_counter())
+        self._hold(entry, rec, (tensor,), rec.__callback__ is None or rec.more)
+
+    def _hold(self, entry: list[Any], rec: Any, tensors: Any, watch: Any) -> None:
+        """``tensors`` (ids, 0 for none) hold ``entry``'s buffer too; ``watch``: follow the
+        collection of ``rec``'s arrays (see `_watch_arrays`)."""
+        entry[2].extend(t for t in dict.fromkeys(tensors) if t and t not in entry[2])
+        if watch:
             self._watch_arrays(rec)
 
     def _leave(self, entry: list[Any], rec: Any) -> bool:
         """``rec`` leaves its shared entry (freed, dropped or collected); whether another
         record over the buffer still holds it (then nothing is freed)."""
         members = [m for m in entry[3] if m is not rec]
-        alive = [m for m in members if m.dead is None and m.array() is not None]
+        alive = [m for m in members if holds(m)]
         if not alive:
             return False
         entry[3] = members
+        self._unlive(rec, entry)
+        if entry[0] is rec:
+            entry[0] = alive[0]
+        return True
+
+    def _unlive(self, rec: Any, entry: list[Any]) -> None:
         if self._live.get(id(rec)) is entry:
             del self._live[id(rec)]
         if self._watch:
             self._watch.pop(id(rec), None)
-        if entry[0] is rec:
-            entry[0] = alive[0]
-        return True
 
     def _adopt_pending(self, rec: Any) -> None:
         """Before ``rec``'s free (under ``_lock``): a record just added over its buffer takes
         the buffer on (``rec`` dropped from its group while its buffer lives on)."""
         entry = self._live.get(id(rec))
-        arr = rec.array()
-        if entry is None or arr is None or arr.is_deleted() or failed(arr):
-            return
-        key = _registry.same_buffer_key(arr)
-        if key is None:
-            return
-        for other, _now, tensor in self._pending:
-            if tensor == _LET_GO:
-                continue
-            a = other.array()
-            same_kind = a is not None and a.shape == arr.shape and a.dtype == arr.dtype
-            if same_kind and not a.is_deleted() and _registry.same_buffer_key(a) == key:
-                self._share(entry, other, tensor)
+        added = {id(r): t for r, _, t in self._pending if t != _LET_GO}
+        for other in same_buffer(rec.array() if entry else None, [r for r, _, _ in self._pending]):
+            if id(other) in added:
+                self._share(entry, other, added[id(other)])
 
     def _add_view(self, entry: list[Any], arr: Any) -> None:
         """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
-        got = self._view_of.get(id(arr))
-        if got is not None and got[0]() is arr:
+        if self._view_entry(arr) is not None:
             return  # a view already
         ref = weakref.ref(arr)
         self._views.setdefault(id(entry), [entry, []])[1].append((id(arr), ref))
