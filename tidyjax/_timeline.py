@@ -1048,8 +1048,10 @@ class Timeline:
         """Before ``rec``'s free (under ``_lock``): a record just added over its buffer takes
         the buffer on (``rec`` dropped from its group while its buffer lives on)."""
         entry = self._live.get(id(rec))
+        if entry is None:
+            return
         added = {id(r): t for r, _, t in self._pending if t != _LET_GO}
-        for other in same_buffer(rec.array() if entry else None, [r for r, _, _ in self._pending]):
+        for other in same_buffer(rec.array(), [r for r, _, _ in self._pending]):
             if id(other) in added:
                 self._share(entry, other, added[id(other)])
 
