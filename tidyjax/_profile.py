@@ -334,10 +334,8 @@ class _Observer:
         self.bytes = self.tensors = 0
         # per thread: the list collecting the buffers the running op makes
         self.sink = threading.local()
-        # Committed buffers just added, their bytes not counted yet: each may be a second
-        # record over a buffer already counted (a raw device_put to where it is). Decided
-        # (`_settle`) once the registry has grouped such records: before any free, at any
-        # event while the registry has no suspect left; an op's own outputs at its end.
+        # Committed buffers just added, not counted yet: each may be a second record over a
+        # counted buffer (a raw device_put). Settled once the registry has grouped them.
         self.pending: list[Any] = []
         # id(record) -> the records over its buffer (2 or more), whose bytes count once
         self.shared: dict[int, list[Any]] = {}
@@ -398,11 +396,9 @@ class _Observer:
             scope = scope.parent
 
     def event(self, kind: str, rec: Any, tensor: int = 0) -> None:
-        """A change to the registry's books (see ``_registry``'s observers; ``tensor`` unused).
-        Scopes entered and exited only settle the buffers just added."""
+        """A change to the registry's books (``tensor`` unused); a scope event only settles."""
         with self.lock:
-            # First what came before: the buffers just added, once the registry has grouped
-            # them (it does before every free: no suspect is left then).
+            # first the buffers just added, once grouped (no suspect is left before a free)
             if self.pending and (kind == "buffer_freed" or not _registry.suspects):
                 if kind == "buffer_freed":
                     self._adopt_pending(rec)
@@ -425,12 +421,11 @@ class _Observer:
                 if released(rec) and self.released.get(id(rec)) is not rec:
                     self.released[id(rec)] = rec  # the caller's plain array again
                     self._uncount(rec)
-            elif kind == "buffer_freed":  # its remaining holders are disposed with it
-                self.tensors -= max(rec.n, 0)
+            elif kind in ("buffer_freed", "buffer_collected"):
+                if kind == "buffer_freed":  # its remaining holders are disposed with it
+                    self.tensors -= max(rec.n, 0)
                 if self.released.pop(id(rec), None) is not rec:
                     self._uncount(rec)
-            elif kind == "buffer_collected" and self.released.pop(id(rec), None) is not rec:
-                self._uncount(rec)
 
     def _uncount(self, rec: Any) -> None:
         """``rec`` no longer counts: its bytes go, unless another record over its buffer
@@ -450,8 +445,7 @@ class _Observer:
         self.bytes -= rec.size()
 
     def _settle(self, outputs: set[int] | None = None) -> None:
-        """Count the committed buffers just added: each is a new buffer, or one more record
-        over a buffer already counted (then its bytes count once). ``outputs``: settle only
+        """Count the committed buffers just added, each once per buffer. ``outputs``: only
         these, an op's own outputs (new buffers)."""
         pending = self.pending
         if outputs is not None:
@@ -473,9 +467,8 @@ class _Observer:
                 self._share(twin, rec)
 
     def _twin(self, rec: Any, waiting: set[int]) -> Any:
-        """A counted record over ``rec``'s buffer, or None: its group's (the registry groups
-        the records over one buffer before any free). Reads addresses only for a record
-        already dead with its arrays alive (dropped from its group, its buffer lives on)."""
+        """A counted record over ``rec``'s buffer, or None: its group's; addresses are read only
+        for a dead record whose buffer lives on (dropped from its group)."""
 
         def counted(r: Any) -> bool:  # a record dead but not yet uncounted (shared) counts
             return (

@@ -98,8 +98,7 @@ def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
 
 @functools.lru_cache(maxsize=65536)
 def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
-    """The first user frame of a JAX creation traceback and the short user stack (none for
-    None)."""
+    """The first user frame of a JAX creation traceback and its short user stack."""
     return (None, ()) if tb is None else (site_of_frames(tb.frames), _stack(tb))
 
 
@@ -120,9 +119,8 @@ def _stack(tb: Any) -> tuple[Site, ...]:
 
 
 def _buffer_key(arr: Any) -> Any:
-    """The addresses of ``arr``'s buffer as ``_registry.same_buffer_key`` gives them, or None
-    while it is not ready (or deleted, or its allocation failed: reading that address would
-    abort the process). One device's buffer is read directly: no shard view is made."""
+    """The addresses of ``arr``'s buffer, or None while it is not ready, deleted or failed (that
+    address would abort the process). One device's is read directly: no shard view is made."""
     base = base_array(arr)
     if type(base) not in CONCRETE:
         return None
@@ -182,6 +180,11 @@ def _layout(
             _layouts.clear()
         _layouts[key] = layout
     return layout
+
+
+def _first(entry: list[Any]) -> Any:
+    """The array object of a plain entry (``[weak reference, event]``) or of a live one."""
+    return entry[0]() if len(entry) == 2 else entry[0].array()
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -292,9 +295,8 @@ class Timeline:
         return self._depth > 0
 
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
-        """What dropped events left alive, and the events kept: together, the whole replay.
-        While recording, the buffers just added are settled first, the frees of buffers
-        deleted behind tidyjax's back recorded and the Variables named; then `_forget_failed`."""
+        """What dropped events left alive, and the events kept: together, the whole replay
+        (while recording, caught up first)."""
         with _lock:
             if self._depth:
                 self._settle()
@@ -304,22 +306,18 @@ class Timeline:
             return list(self._base.values()), list(self._events)
 
     def _entries(self) -> list[list[Any]]:
-        """The live entries, each once (records over one buffer share theirs), in the order
-        recorded."""
+        """The live entries, each once, in the order recorded."""
         return list({id(e): e for e in self._live.values()}.values())
 
     def _forget_failed(self) -> None:
         """Rewrite to 0 bytes the allocations of live buffers whose computation has failed by
-        now, and the running total and the peak with them: such a buffer never held memory.
-
-        JAX says an allocation failed only when the array is waited for (the per-op path never
-        asks), so this runs when the timeline is read or stops; nothing here waits for an array
-        still being computed. Under ``_lock``.
-        """
+        now, with the total and the peak: such a buffer never held memory. JAX tells only when
+        the array is waited for (the per-op path never asks), so this runs at a read or a stop,
+        waiting for nothing."""
         amended: dict[int, TimelineEvent] = {}
         for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
-            if ev.bytes and failed(entry[0]() if len(entry) == 2 else entry[0].array()):
+            if ev.bytes and failed(_first(entry)):
                 entry[1] = amended[id(ev)] = ev._replace(
                     bytes=0, per_device=tuple((d, 0) for d, _ in ev.per_device)
                 )
@@ -333,9 +331,8 @@ class Timeline:
         self._repeak()
 
     def _repeak(self) -> None:
-        """The peak again, after allocations were rewritten smaller: the largest total of the
-        moments that can be replayed (what dropped events left alive, each event kept), or of
-        a peak reached among the dropped events (``_peak_live``)."""
+        """The peak again, after allocations were rewritten smaller: over the moments that can be
+        replayed, and a peak among the dropped events (``_peak_live``)."""
         events = self._events
         first = self._seq - len(events)  # the sequence number of events[0]
         base = list(self._base.values())
@@ -623,8 +620,7 @@ class Timeline:
                 self._look()
 
     def _look(self) -> None:
-        """Catch up (under ``_lock``, recording): the buffers just added, those deleted behind
-        tidyjax's back, and the plain arrays made, dropped or deleted since the last look."""
+        """Catch up: the buffers just added or deleted behind tidyjax's back, the plain arrays."""
         self._settle()
         self._check_deleted_buffers()
         if self._array_mark is not None:
@@ -818,10 +814,8 @@ class Timeline:
         return site
 
     def _variables_moved(self) -> bool:
-        """Whether a Variable may hold a buffer not named yet (under ``_lock``): Variables were
-        made or dropped, a Variable's buffer was freed (an ``assign`` frees the old value), or a
-        buffer recorded since the last lookup is a Variable's: O(those buffers), not O(Variables).
-        """
+        """Whether a Variable may hold a buffer not named yet: Variables made or dropped, one's
+        buffer freed (an ``assign``), or a buffer recorded since is one's (O(those buffers))."""
         if self._vars_dirty or len(_variable._variables) != self._vars_seen:
             return True
         upto = self._named_upto
@@ -833,8 +827,7 @@ class Timeline:
         return False
 
     def _name_variables(self) -> None:
-        """Note the name of each named Variable whose buffer is recorded live (under ``_lock``):
-        the page labels a Variable's buffers by its name, not by the line of ``assign``."""
+        """Note the name of each named Variable whose buffer is live: the page's label for it."""
         if not _variable._variables:
             return
         self._vars_seen = len(_variable._variables)
@@ -878,10 +871,8 @@ class Timeline:
     # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
 
     def _added(self, rec: Any, now: float, tensor: int, plain: list[Any] | None = None) -> None:
-        """A new record: its allocation. A plain array seen before (or a view of one, or
-        ``plain``: the plain entry over its buffer) moves over to it: the plain array and its
-        views become the new entry's views; a view of a recorded buffer makes it one more record
-        on that entry."""
+        """A new record: its allocation; a plain array seen before (or its view, or ``plain``)
+        moves over, becoming the entry's views. Over a recorded buffer: one more record on it."""
         entries = [] if plain is None else [plain]
         for entry in map(self._entry_of, rec.arrays() if self._plain or self._view_of else ()):
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
@@ -916,9 +907,8 @@ class Timeline:
         return got[1] if got is not None and got[0]() is arr else None
 
     def _settle(self) -> None:
-        """Record the committed buffers just added (under ``_lock``): each is an allocation,
-        or, over a buffer already recorded, one more record on its entry; over a plain array's
-        (a raw device_put's record of it), the buffer is tidyjax's now, as memory() counts it."""
+        """Record the committed buffers just added: each an allocation, or one more record on a
+        recorded buffer's entry; over a plain array's, the buffer is tidyjax's now (memory())."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
@@ -950,16 +940,14 @@ class Timeline:
         self._free(entry, now, rec.arrays())
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
-        """The live entry of another record over ``rec``'s buffer, or None. Reads addresses
-        only for a suspect of the registry (a raw ``device_put``'s record) or a record already
-        dead with its arrays alive (dropped from its group: the buffer lives on)."""
+        """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
+        for a suspect of the registry or a dead record whose buffer lives on."""
         group = _registry._groups.get(id(rec)) if _registry._groups else None
         for other in group or ():
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry
-        # A record just added is among the registry's last suspects (each is added right
-        # after its record, and settled before the next event): ``window`` of them are looked at.
+        # a record just added is among the registry's last ``window`` suspects
         suspects = _registry.suspects
         if rec.dead is not None or any(s is rec for s in reversed(suspects[-window:])):
             entry = self._find(rec.array())
@@ -974,10 +962,8 @@ class Timeline:
         return self._live.get(id(entry[0])) is entry and entry[0].dead is None
 
     def _find(self, arr: Any) -> list[Any] | None:
-        """The live or plain entry over ``arr``'s buffer (found by its addresses), or None;
-        None too when ``arr`` is not ready (an alias shares its buffer's readiness: a fresh
-        result still being computed is none). Each entry's addresses are read once, when its
-        buffer is ready: O(1) per call, amortized."""
+        """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
+        an alias shares its readiness). Each entry's addresses are read once, when ready."""
         key = None if arr is None else _buffer_key(arr)
         if not key:
             return None
@@ -986,7 +972,7 @@ class Timeline:
         for entry in todo:
             if not self._entry_alive(entry):
                 continue
-            first = entry[0]() if len(entry) == 2 else entry[0].array()
+            first = _first(entry)
             if first is None:
                 continue
             k = _buffer_key(first)
@@ -1077,9 +1063,8 @@ class Timeline:
         return out
 
     def _check_deleted_buffers(self) -> None:
-        """Record the frees of recorded buffers deleted behind tidyjax's back (a raw
-        ``jax.jit`` donation, ``delete()``; the registry marks those only when a report asks,
-        and reports none of them): O(buffers alive), at a mark, a stop and a read."""
+        """Record the frees of recorded buffers deleted behind tidyjax's back (a raw ``jax.jit``
+        donation, ``delete()``: the registry reports none): O(buffers alive)."""
         now = time.perf_counter()
         for entry in self._entries():
             arr = entry[0].array()
@@ -1103,10 +1088,7 @@ class Timeline:
     # -- plain jax.Arrays ------------------------------------------------------------------
 
     def _see_arrays(self) -> None:
-        """Record the plain arrays made since the last look and still alive (under ``_lock``).
-
-        The mark moves to the list of live arrays it read, so an array made meanwhile by
-        another thread is found at the next look; with nothing made since, the mark stays."""
+        """Record the plain arrays made since the last look and still alive."""
         self._settle()
         mark = self._array_mark
         if mark is None:
@@ -1121,10 +1103,8 @@ class Timeline:
                 self._add_plain(arr, now, WATCHED if id(arr) in held else UNTRACKED)
 
     def _join_view(self, arr: Any) -> bool:
-        """Whether ``arr`` is a raw object over the buffer of a live or plain entry (a raw
-        ``device_put`` to where it is, a shard view JAX caches, the object printing makes);
-        then it is that entry's view: no allocation. Only a ready array can be one (it shares
-        its buffer's readiness); its addresses are read then."""
+        """Whether ``arr`` is a raw object over a live or plain entry's buffer (a raw
+        ``device_put``, a cached shard view), then that entry's view: no allocation."""
         if _registry.lookup(arr) is not None:
             return False
         entry = self._find(arr)
@@ -1134,9 +1114,8 @@ class Timeline:
         return True
 
     def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
-        """Record ``arr``'s allocation at ``now`` unless it is known, deleted or a Tensor's;
-        its entry (None when not recorded). ``scope``: ``<watched>`` for an array a watched
-        object holds (counted apart, as every report counts it), else ``<untracked>``."""
+        """Record ``arr``'s allocation unless it is known, deleted or a Tensor's; its entry, or
+        None. ``scope``: ``<watched>`` for a watched object's array, else ``<untracked>``."""
         key = id(arr)
         entry = self._plain.get(key)
         if entry is not None:
@@ -1163,8 +1142,7 @@ class Timeline:
         return entry
 
     def _check_deleted(self) -> None:
-        """Record the frees of the plain arrays dropped, or deleted (donated, ``delete()``)
-        while still referenced (under ``_lock``; O(plain arrays alive))."""
+        """Record the frees of the plain arrays dropped or deleted (O(plain arrays alive))."""
         now = time.perf_counter()
         for key, entry in list(self._plain.items()):
             arr = entry[0]()
@@ -1174,8 +1152,7 @@ class Timeline:
                 self._free_plain(key, entry, now)
 
     def _plain_collected(self, key: int, ref: Any) -> None:
-        """The weak reference's callback: a plain array was dropped (while stopped, the free
-        is recorded when recording resumes)."""
+        """A plain array was dropped (while stopped: recorded when recording resumes)."""
         with _lock:
             entry = self._plain.get(key)
             if entry is not None and entry[0] is ref and self._depth:
@@ -1184,21 +1161,17 @@ class Timeline:
     def _plain_gone(self, key: int, entry: list[Any], now: float) -> None:
         """A plain array was dropped: its buffer is freed, unless a view of it lives on (then
         that view holds the buffer, under the same entry)."""
-        views: list[Any] = self._views[id(entry)][1] if id(entry) in self._views else []
-        for pair in views:
-            view = pair[1]()
-            if view is not None and not view.is_deleted() and self._plain.get(key) is entry:
-                views[:] = [v for v in views if v is not pair]  # by identity
-                if self._view_of.get(pair[0], (None,))[0] is pair[1]:
-                    del self._view_of[pair[0]]
-                del self._plain[key]
-                vkey = id(view)
-                entry[0] = weakref.ref(view, functools.partial(self._plain_collected, vkey))
-                if vkey in self._plain:  # a stale entry of a dead array under that id
-                    self._free_plain(vkey, self._plain[vkey], now)
-                self._plain[vkey] = entry
-                return
-        self._free_plain(key, entry, now)
+        views = [v for v in self._pop_views(entry) if not v.is_deleted()] if self._views else []
+        if not views or self._plain.get(key) is not entry:
+            return self._free_plain(key, entry, now)
+        del self._plain[key]
+        vkey = id(views[0])
+        entry[0] = weakref.ref(views[0], functools.partial(self._plain_collected, vkey))
+        if vkey in self._plain:  # a stale entry of a dead array under that id
+            self._free_plain(vkey, self._plain[vkey], now)
+        self._plain[vkey] = entry
+        for view in views[1:]:
+            self._add_view(entry, view)
 
     def _free_plain(self, key: int, entry: list[Any], now: float) -> None:
         if self._plain.get(key) is not entry:
