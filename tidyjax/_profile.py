@@ -153,10 +153,9 @@ class ProfileInfo:
         )
 
     def __str__(self) -> str:
-        stats = _per_kernel(self)
+        stats, lines = _per_kernel(self), [_headline(self)]
         if not stats:
-            return _headline(self)
-        lines = [_headline(self)]
+            return lines[0]
         lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
                      f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  "
                      "called at")  # fmt: skip

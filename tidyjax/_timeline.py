@@ -562,8 +562,7 @@ class Timeline:
         with self:
             with _lock:
                 self._settle()
-                self._next += 1
-                number = self._next
+                number = self._next = self._next + 1
                 self._mark(SCOPE_ENTER, label, label, number)
             try:
                 yield self
@@ -672,7 +671,7 @@ class Timeline:
             entry = self._live.get(key)
             if entry is None:
                 continue
-            gone = key not in alive or entry[0].dead is not None or entry[0].array() is None
+            gone = key not in alive or not holds(entry[0])
             if gone and not (entry[3] and self._leave(entry, entry[0])):
                 self._free(entry, now)
         for rec, ts in found:
@@ -1090,10 +1089,7 @@ class Timeline:
     def _see_arrays(self) -> None:
         """Record the plain arrays made since the last look and still alive."""
         self._settle()
-        mark = self._array_mark
-        if mark is None:
-            return
-        arrays = mark.advance()
+        arrays = self._array_mark.advance() if self._array_mark is not None else None
         if not arrays:
             return
         now = time.perf_counter()
