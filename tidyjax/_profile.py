@@ -370,8 +370,7 @@ class _Observer:
         # raw jax.jit donation) is reported by no event, and memory() counts it no more.
         m = memory(scan_untracked=False)
         with self.lock:
-            if self.pending:
-                self._settle()
+            self._settle()
             self.tensors = m.num_tensors
             self._add(m.num_bytes - self.bytes)
             if p in self.open_profiles:

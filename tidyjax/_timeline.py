@@ -23,6 +23,7 @@ import bisect
 import collections
 import contextlib
 import functools
+import itertools
 import os
 import pathlib
 import threading
@@ -104,18 +105,14 @@ def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
 
 def _stack(tb: Any) -> tuple[Site, ...]:
     """The first ``STACK_FRAMES`` frames of ``tb`` outside tidyjax and JAX, innermost first."""
-    out: list[Site] = []
     try:
-        for frame in tb.frames:
-            file = frame.file_name
-            if file.startswith(LIBRARY_FOLDERS):
-                continue
-            out.append(Site(file, frame.line_num, frame.function_name))
-            if len(out) >= STACK_FRAMES:
-                break
+        user = (f for f in tb.frames if not f.file_name.startswith(LIBRARY_FOLDERS))
+        return tuple(
+            Site(f.file_name, f.line_num, f.function_name)
+            for f in itertools.islice(user, STACK_FRAMES)
+        )
     except Exception:  # a traceback without frames: no stack
         return ()
-    return tuple(out)
 
 
 def _buffer_key(arr: Any) -> Any:
@@ -1243,11 +1240,9 @@ def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = T
     Records process-wide (every thread) while open; timelines nest. With no timeline open this
     costs nothing. Beyond ``max_events`` the oldest events are dropped (``tl.dropped``).
 
-    Tidyjax's buffers are recorded as they are allocated and freed. With ``arrays`` (the
-    default) so are plain jax.Arrays made while it records and that no Tensor holds (an NNX or
-    Equinox program's): each is seen at the next scope event, ``tl.mark()`` or stop after it
-    was made (its allocation time), as scope ``"<untracked>"``; its free is recorded when
-    Python drops it. ``arrays=False`` records tidyjax's buffers only.
+    Tidyjax's buffers are recorded as they are allocated and freed; with ``arrays`` (the
+    default) also the plain jax.Arrays no Tensor holds (an NNX or Equinox program's), as
+    `Timeline` describes. ``arrays=False`` records tidyjax's buffers only.
 
     Raises:
         TidyjaxTypeError: ``max_events`` is not an int, ``arrays`` not a bool, or ``fn`` is
