@@ -119,6 +119,23 @@ def buffer_id(rec: _registry.Buffer) -> int:
     return id(rec) if group is None else id(group)
 
 
+def holds(rec: _registry.Buffer) -> bool:
+    """Whether ``rec`` still holds its buffer: not freed, an array object of it alive."""
+    return rec.dead is None and rec.array() is not None
+
+
+def same_buffer(arr: Any, records: Iterable[Any], wait: bool = False) -> Iterator[Any]:
+    """The records whose arrays share ``arr``'s buffer (none for None): reads ``arr``'s
+    addresses (waiting for them with ``wait``), then those of the records of its shape and
+    dtype whose buffers are ready (``_registry._address``: a failed one's is never read)."""
+    key = _registry._address(arr, wait=wait) if arr is not None else None
+    for other in records if key is not None else ():
+        a = other.array()
+        same_kind = a is not None and (a.shape, a.dtype) == (arr.shape, arr.dtype)
+        if same_kind and _registry._address(a, wait=False) == key:
+            yield other
+
+
 def held(rec: _registry.Buffer) -> bool:
     """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
     if rec.n > 0:

@@ -18,14 +18,14 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from . import _html, _ops, _registry
 from ._arrays import CONCRETE
-from ._census import released
+from ._census import holds, released, same_buffer
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
@@ -153,10 +153,9 @@ class ProfileInfo:
         )
 
     def __str__(self) -> str:
-        stats = _per_kernel(self)
+        stats, lines = _per_kernel(self), [_headline(self)]
         if not stats:
-            return _headline(self)
-        lines = [_headline(self)]
+            return lines[0]
         lines.append(f"  {'kernel':16s} {'calls':>6s} {'first call (compile)':>21s} "
                      f"{'other calls':>12s} {'allocated':>10s} {_END:>10s}  "
                      "called at")  # fmt: skip
@@ -334,10 +333,8 @@ class _Observer:
         self.bytes = self.tensors = 0
         # per thread: the list collecting the buffers the running op makes
         self.sink = threading.local()
-        # Committed buffers just added, their bytes not counted yet: each may be a second
-        # record over a buffer already counted (a raw device_put to where it is). Decided
-        # (`_settle`) once the registry has grouped such records: before any free, at any
-        # event while the registry has no suspect left; an op's own outputs at its end.
+        # Committed buffers just added, not counted yet: each may be a second record over a
+        # counted buffer (a raw device_put). Settled once the registry has grouped them.
         self.pending: list[Any] = []
         # id(record) -> the records over its buffer (2 or more), whose bytes count once
         self.shared: dict[int, list[Any]] = {}
@@ -373,8 +370,7 @@ class _Observer:
         # raw jax.jit donation) is reported by no event, and memory() counts it no more.
         m = memory(scan_untracked=False)
         with self.lock:
-            if self.pending:
-                self._settle()
+            self._settle()
             self.tensors = m.num_tensors
             self._add(m.num_bytes - self.bytes)
             if p in self.open_profiles:
@@ -398,11 +394,9 @@ class _Observer:
             scope = scope.parent
 
     def event(self, kind: str, rec: Any, tensor: int = 0) -> None:
-        """A change to the registry's books (see ``_registry``'s observers; ``tensor`` unused).
-        Scopes entered and exited only settle the buffers just added."""
+        """A change to the registry's books (``tensor`` unused); a scope event only settles."""
         with self.lock:
-            # First what came before: the buffers just added, once the registry has grouped
-            # them (it does before every free: no suspect is left then).
+            # first the buffers just added, once grouped (no suspect is left before a free)
             if self.pending and (kind == "buffer_freed" or not _registry.suspects):
                 if kind == "buffer_freed":
                     self._adopt_pending(rec)
@@ -425,12 +419,11 @@ class _Observer:
                 if released(rec) and self.released.get(id(rec)) is not rec:
                     self.released[id(rec)] = rec  # the caller's plain array again
                     self._uncount(rec)
-            elif kind == "buffer_freed":  # its remaining holders are disposed with it
-                self.tensors -= max(rec.n, 0)
+            elif kind in ("buffer_freed", "buffer_collected"):
+                if kind == "buffer_freed":  # its remaining holders are disposed with it
+                    self.tensors -= max(rec.n, 0)
                 if self.released.pop(id(rec), None) is not rec:
                     self._uncount(rec)
-            elif kind == "buffer_collected" and self.released.pop(id(rec), None) is not rec:
-                self._uncount(rec)
 
     def _uncount(self, rec: Any) -> None:
         """``rec`` no longer counts: its bytes go, unless another record over its buffer
@@ -441,7 +434,7 @@ class _Observer:
         members = self.shared.pop(id(rec), None)
         if members is not None and any(m is rec for m in members):
             members[:] = [m for m in members if m is not rec]  # by identity: a record
-            if any(m.dead is None and m.array() is not None for m in members):
+            if any(map(holds, members)):
                 if len(members) == 1:
                     self.shared.pop(id(members[0]), None)
                 return
@@ -450,8 +443,7 @@ class _Observer:
         self.bytes -= rec.size()
 
     def _settle(self, outputs: set[int] | None = None) -> None:
-        """Count the committed buffers just added: each is a new buffer, or one more record
-        over a buffer already counted (then its bytes count once). ``outputs``: settle only
+        """Count the committed buffers just added, each once per buffer. ``outputs``: only
         these, an op's own outputs (new buffers)."""
         pending = self.pending
         if outputs is not None:
@@ -473,15 +465,14 @@ class _Observer:
                 self._share(twin, rec)
 
     def _twin(self, rec: Any, waiting: set[int]) -> Any:
-        """A counted record over ``rec``'s buffer, or None: its group's (the registry groups
-        the records over one buffer before any free). Reads addresses only for a record
-        already dead with its arrays alive (dropped from its group, its buffer lives on)."""
+        """A counted record over ``rec``'s buffer, or None: its group's; addresses are read only
+        for a dead record whose buffer lives on (dropped from its group)."""
 
         def counted(r: Any) -> bool:  # a record dead but not yet uncounted (shared) counts
             return (
                 r is not rec
                 and id(r) not in waiting
-                and (id(r) in self.shared or (r.dead is None and r.array() is not None))
+                and (id(r) in self.shared or holds(r))
                 and self.released.get(id(r)) is not r
             )
 
@@ -490,7 +481,7 @@ class _Observer:
         if twin is not None or rec.dead is None:
             return twin
         others = [r for r in list(_registry._buffers.values()) if counted(r)]
-        return next(_same_buffer(rec.array(), others, wait=True), None)
+        return next(same_buffer(rec.array(), others, wait=True), None)
 
     def _share(self, twin: Any, rec: Any) -> None:
         members = self.shared.get(id(twin))
@@ -503,19 +494,8 @@ class _Observer:
     def _adopt_pending(self, rec: Any) -> None:
         """Before ``rec``'s free: a record just added over its buffer takes the buffer on
         (``rec`` dropped from its group while its buffer lives on)."""
-        for other in _same_buffer(rec.array(), self.pending, wait=False):
+        for other in same_buffer(rec.array(), self.pending):
             self._share(rec, other)
-
-
-def _same_buffer(arr: Any, records: Iterable[Any], wait: bool) -> Iterator[Any]:
-    """The records whose arrays share ``arr``'s buffer (None: no array, no record); reads
-    ``arr``'s address (waiting for it with ``wait``), then those of its shape and dtype."""
-    key = _registry._address(arr, wait=wait) if arr is not None else None
-    for other in records if key is not None else ():
-        a = other.array()
-        same_kind = a is not None and (a.shape, a.dtype) == (arr.shape, arr.dtype)
-        if same_kind and _registry._address(a, wait=False) == key:
-            yield other
 
 
 _observer = _Observer()

@@ -1,29 +1,20 @@
 """``timeline()``: every allocation, free and scope of device memory, in order.
 
-While a `Timeline` records it is one of the registry's observers (``_registry.observers``, as
-``profile()`` is): each buffer added, freed or collected, and each scope entered or exited
-(``_scope`` reports those only while an observer listens), becomes one immutable
-`TimelineEvent`. With no timeline open nothing here runs. Replaying the events (``live_at``)
-gives at every moment the tidyjax bytes ``memory()`` reports then, each shared buffer once.
+A recording `Timeline` is one of ``_registry.observers`` (as ``profile()`` is; ``_scope``
+reports scopes only while one listens): each buffer added, freed or collected and each scope
+entered or exited becomes one `TimelineEvent`. Replaying them (``live_at``) gives at every moment
+the tidyjax bytes ``memory()`` reports then, each shared buffer once.
 
-Plain ``jax.Array`` objects (no Tensor, so the registry never hears of them) are seen through an
-``_newarrays.ArrayMark`` at each scope event, ``mark()`` and stop: those made since the last look
-and still alive become allocations of scope ``"<untracked>"``, timed at that look, each followed
-by a weak reference that records its free (or it is found deleted at a ``mark()`` or stop):
-O(new arrays) per look, nothing per op.
+Plain ``jax.Array`` objects are seen through an ``_newarrays.ArrayMark`` at each scope event,
+``mark()`` and stop (O(new arrays) per look, nothing per op): those alive become allocations of
+scope ``"<untracked>"``, freed by a weak reference's callback (or found deleted at a look).
 
-Each creation site keeps its short user stack (the first ``STACK_FRAMES`` frames outside tidyjax
-and JAX, at most 3 per site), and named Variables' buffers their names (looked up at start, stop,
-and a scope exit after Variables changed), so the page labels them by name. Both are saved with
-the timeline, as are the moments marked with ``annotate``.
-
-One device buffer is one allocation, whatever array objects view it: the records over one
-buffer (a raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the
-next event (`Timeline._settle`; addresses read only for the registry's suspects, once per entry,
-see ``Timeline._find``); raw objects no record knows over a recorded or plain buffer are views of
-its entry, plain arrays again when the records go. A caller's array whose last Tensor went is
-plain again (``_census.released``). A buffer deleted behind tidyjax's back (a raw ``jax.jit``
-donation) is freed at the next ``mark()``, stop or read.
+One device buffer is one allocation, whatever objects view it: the records over one buffer (a
+raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the next
+event (`Timeline._settle`; addresses read only for the registry's suspects, see ``_find``); raw
+objects no record knows are views of an entry. Sites keep a short user stack (`STACK_FRAMES`),
+Variables' buffers their names; both are saved, as are ``annotate``'s marks. A buffer deleted
+behind tidyjax's back (a raw ``jax.jit`` donation) is freed at the next ``mark()``, stop or read.
 """
 
 from __future__ import annotations
@@ -32,6 +23,7 @@ import bisect
 import collections
 import contextlib
 import functools
+import itertools
 import os
 import pathlib
 import threading
@@ -52,7 +44,9 @@ from ._census import (
     collector_paused,
     creation_site,
     holders,
+    holds,
     released,
+    same_buffer,
     scope_path,
     watched_ids,
 )
@@ -105,31 +99,25 @@ def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
 
 @functools.lru_cache(maxsize=65536)
 def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
-    """The first user frame of a JAX creation traceback and the short user stack (none for
-    None)."""
+    """The first user frame of a JAX creation traceback and its short user stack."""
     return (None, ()) if tb is None else (site_of_frames(tb.frames), _stack(tb))
 
 
 def _stack(tb: Any) -> tuple[Site, ...]:
     """The first ``STACK_FRAMES`` frames of ``tb`` outside tidyjax and JAX, innermost first."""
-    out: list[Site] = []
     try:
-        for frame in tb.frames:
-            file = frame.file_name
-            if file.startswith(LIBRARY_FOLDERS):
-                continue
-            out.append(Site(file, frame.line_num, frame.function_name))
-            if len(out) >= STACK_FRAMES:
-                break
+        user = (f for f in tb.frames if not f.file_name.startswith(LIBRARY_FOLDERS))
+        return tuple(
+            Site(f.file_name, f.line_num, f.function_name)
+            for f in itertools.islice(user, STACK_FRAMES)
+        )
     except Exception:  # a traceback without frames: no stack
         return ()
-    return tuple(out)
 
 
 def _buffer_key(arr: Any) -> Any:
-    """The addresses of ``arr``'s buffer as ``_registry.same_buffer_key`` gives them, or None
-    while it is not ready (or deleted, or its allocation failed: reading that address would
-    abort the process). One device's buffer is read directly: no shard view is made."""
+    """The addresses of ``arr``'s buffer, or None while it is not ready, deleted or failed (that
+    address would abort the process). One device's is read directly: no shard view is made."""
     base = base_array(arr)
     if type(base) not in CONCRETE:
         return None
@@ -189,6 +177,11 @@ def _layout(
             _layouts.clear()
         _layouts[key] = layout
     return layout
+
+
+def _first(entry: list[Any]) -> Any:
+    """The array object of a plain entry (``[weak reference, event]``) or of a live one."""
+    return entry[0]() if len(entry) == 2 else entry[0].array()
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -299,9 +292,8 @@ class Timeline:
         return self._depth > 0
 
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
-        """What dropped events left alive, and the events kept: together, the whole replay.
-        While recording, the buffers just added are settled first, the frees of buffers
-        deleted behind tidyjax's back recorded and the Variables named; then `_forget_failed`."""
+        """What dropped events left alive, and the events kept: together, the whole replay
+        (while recording, caught up first)."""
         with _lock:
             if self._depth:
                 self._settle()
@@ -311,22 +303,18 @@ class Timeline:
             return list(self._base.values()), list(self._events)
 
     def _entries(self) -> list[list[Any]]:
-        """The live entries, each once (records over one buffer share theirs), in the order
-        recorded."""
+        """The live entries, each once, in the order recorded."""
         return list({id(e): e for e in self._live.values()}.values())
 
     def _forget_failed(self) -> None:
         """Rewrite to 0 bytes the allocations of live buffers whose computation has failed by
-        now, and the running total and the peak with them: such a buffer never held memory.
-
-        JAX says an allocation failed only when the array is waited for (the per-op path never
-        asks), so this runs when the timeline is read or stops; nothing here waits for an array
-        still being computed. Under ``_lock``.
-        """
+        now, with the total and the peak: such a buffer never held memory. JAX tells only when
+        the array is waited for (the per-op path never asks), so this runs at a read or a stop,
+        waiting for nothing."""
         amended: dict[int, TimelineEvent] = {}
         for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
-            if ev.bytes and failed(entry[0]() if len(entry) == 2 else entry[0].array()):
+            if ev.bytes and failed(_first(entry)):
                 entry[1] = amended[id(ev)] = ev._replace(
                     bytes=0, per_device=tuple((d, 0) for d, _ in ev.per_device)
                 )
@@ -340,9 +328,8 @@ class Timeline:
         self._repeak()
 
     def _repeak(self) -> None:
-        """The peak again, after allocations were rewritten smaller: the largest total of the
-        moments that can be replayed (what dropped events left alive, each event kept), or of
-        a peak reached among the dropped events (``_peak_live``)."""
+        """The peak again, after allocations were rewritten smaller: over the moments that can be
+        replayed, and a peak among the dropped events (``_peak_live``)."""
         events = self._events
         first = self._seq - len(events)  # the sequence number of events[0]
         base = list(self._base.values())
@@ -572,8 +559,7 @@ class Timeline:
         with self:
             with _lock:
                 self._settle()
-                self._next += 1
-                number = self._next
+                number = self._next = self._next + 1
                 self._mark(SCOPE_ENTER, label, label, number)
             try:
                 yield self
@@ -630,8 +616,7 @@ class Timeline:
                 self._look()
 
     def _look(self) -> None:
-        """Catch up (under ``_lock``, recording): the buffers just added, those deleted behind
-        tidyjax's back, and the plain arrays made, dropped or deleted since the last look."""
+        """Catch up: the buffers just added or deleted behind tidyjax's back, the plain arrays."""
         self._settle()
         self._check_deleted_buffers()
         if self._array_mark is not None:
@@ -683,7 +668,7 @@ class Timeline:
             entry = self._live.get(key)
             if entry is None:
                 continue
-            gone = key not in alive or entry[0].dead is not None or entry[0].array() is None
+            gone = key not in alive or not holds(entry[0])
             if gone and not (entry[3] and self._leave(entry, entry[0])):
                 self._free(entry, now)
         for rec, ts in found:
@@ -692,7 +677,7 @@ class Timeline:
                 twin = self._twin(rec) if _registry._groups else None
                 if twin is not None:  # records over one buffer (see _settle)
                     self._share(twin, rec, 0)
-                    twin[2].extend(i for i in ids if i not in twin[2])
+                    self._hold(twin, rec, ids, False)
                 else:
                     self._alloc(rec, now, ids)
 
@@ -761,13 +746,10 @@ class Timeline:
         """A Tensor was made on ``rec``: one more holder, or a caller's array tidyjax's again."""
         entry = self._live.get(id(rec))
         if entry is None:
-            if rec.dead is None and rec.array() is not None:
+            if holds(rec):
                 self._added(rec, time.perf_counter(), tensor)
             return
-        if tensor and tensor not in entry[2]:
-            entry[2].append(tensor)
-        if rec.more:
-            self._watch_arrays(rec)
+        self._hold(entry, rec, (tensor,), rec.more)
 
     def _scope(self, kind: str, scope: Any) -> None:
         """``scope`` entered or exited: its event, after the plain arrays made before it."""
@@ -828,10 +810,8 @@ class Timeline:
         return site
 
     def _variables_moved(self) -> bool:
-        """Whether a Variable may hold a buffer not named yet (under ``_lock``): Variables were
-        made or dropped, a Variable's buffer was freed (an ``assign`` frees the old value), or a
-        buffer recorded since the last lookup is a Variable's: O(those buffers), not O(Variables).
-        """
+        """Whether a Variable may hold a buffer not named yet: Variables made or dropped, one's
+        buffer freed (an ``assign``), or a buffer recorded since is one's (O(those buffers))."""
         if self._vars_dirty or len(_variable._variables) != self._vars_seen:
             return True
         upto = self._named_upto
@@ -843,8 +823,7 @@ class Timeline:
         return False
 
     def _name_variables(self) -> None:
-        """Note the name of each named Variable whose buffer is recorded live (under ``_lock``):
-        the page labels a Variable's buffers by its name, not by the line of ``assign``."""
+        """Note the name of each named Variable whose buffer is live: the page's label for it."""
         if not _variable._variables:
             return
         self._vars_seen = len(_variable._variables)
@@ -869,10 +848,7 @@ class Timeline:
         if self._live.get(id(rec)) is not entry:
             return  # freed already
         for r in members or (rec,):
-            if self._live.get(id(r)) is entry:
-                del self._live[id(r)]
-            if self._watch:
-                self._watch.pop(id(r), None)
+            self._unlive(r, entry)
         # a's fields by position (a NamedTuple's names cost a lookup each)
         ev = _event(TimelineEvent, (
             FREE, now, a[2], a[3], a[4], scope_path(rec.scope), a[6], a[7], tuple(ids), a[9], "",
@@ -891,10 +867,8 @@ class Timeline:
     # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
 
     def _added(self, rec: Any, now: float, tensor: int, plain: list[Any] | None = None) -> None:
-        """A new record: its allocation. A plain array seen before (or a view of one, or
-        ``plain``: the plain entry over its buffer) moves over to it: the plain array and its
-        views become the new entry's views; a view of a recorded buffer makes it one more record
-        on that entry."""
+        """A new record: its allocation; a plain array seen before (or its view, or ``plain``)
+        moves over, becoming the entry's views. Over a recorded buffer: one more record on it."""
         entries = [] if plain is None else [plain]
         for entry in map(self._entry_of, rec.arrays() if self._plain or self._view_of else ()):
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
@@ -918,16 +892,19 @@ class Timeline:
 
     def _entry_of(self, arr: Any) -> list[Any] | None:
         """The plain entry of ``arr``, or the entry ``arr`` is a view of, or None."""
+        return self._plain_of(arr) or self._view_entry(arr)
+
+    def _plain_of(self, arr: Any) -> list[Any] | None:
         entry = self._plain.get(id(arr))
-        if entry is not None and entry[0]() is arr:
-            return entry
+        return entry if entry is not None and entry[0]() is arr else None
+
+    def _view_entry(self, arr: Any) -> list[Any] | None:
         got = self._view_of.get(id(arr))
         return got[1] if got is not None and got[0]() is arr else None
 
     def _settle(self) -> None:
-        """Record the committed buffers just added (under ``_lock``): each is an allocation,
-        or, over a buffer already recorded, one more record on its entry; over a plain array's
-        (a raw device_put's record of it), the buffer is tidyjax's now, as memory() counts it."""
+        """Record the committed buffers just added: each an allocation, or one more record on a
+        recorded buffer's entry; over a plain array's, the buffer is tidyjax's now (memory())."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
@@ -959,16 +936,14 @@ class Timeline:
         self._free(entry, now, rec.arrays())
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
-        """The live entry of another record over ``rec``'s buffer, or None. Reads addresses
-        only for a suspect of the registry (a raw ``device_put``'s record) or a record already
-        dead with its arrays alive (dropped from its group: the buffer lives on)."""
+        """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
+        for a suspect of the registry or a dead record whose buffer lives on."""
         group = _registry._groups.get(id(rec)) if _registry._groups else None
         for other in group or ():
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry
-        # A record just added is among the registry's last suspects (each is added right
-        # after its record, and settled before the next event): ``window`` of them are looked at.
+        # a record just added is among the registry's last ``window`` suspects
         suspects = _registry.suspects
         if rec.dead is not None or any(s is rec for s in reversed(suspects[-window:])):
             entry = self._find(rec.array())
@@ -983,10 +958,8 @@ class Timeline:
         return self._live.get(id(entry[0])) is entry and entry[0].dead is None
 
     def _find(self, arr: Any) -> list[Any] | None:
-        """The live or plain entry over ``arr``'s buffer (found by its addresses), or None;
-        None too when ``arr`` is not ready (an alias shares its buffer's readiness: a fresh
-        result still being computed is none). Each entry's addresses are read once, when its
-        buffer is ready: O(1) per call, amortized."""
+        """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
+        an alias shares its readiness). Each entry's addresses are read once, when ready."""
         key = None if arr is None else _buffer_key(arr)
         if not key:
             return None
@@ -995,7 +968,7 @@ class Timeline:
         for entry in todo:
             if not self._entry_alive(entry):
                 continue
-            first = entry[0]() if len(entry) == 2 else entry[0].array()
+            first = _first(entry)
             if first is None:
                 continue
             k = _buffer_key(first)
@@ -1021,54 +994,52 @@ class Timeline:
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
-        if tensor and tensor not in entry[2]:
-            entry[2].append(tensor)
-        if self._plain:
-            for arr in rec.arrays():  # seen as a plain array before: a view of the entry now
-                plain = self._plain.get(id(arr))
-                if plain is not None and plain[0]() is arr:
-                    self._free_plain(id(arr), plain, time.perf_counter())
-        if rec.__callback__ is None or rec.more:
+        for arr in rec.arrays() if self._plain else ():  # a plain array before: a view now
+            plain = self._plain_of(arr)
+            if plain is not None:
+                self._free_plain(id(arr), plain, time.perf_counter())
+        self._hold(entry, rec, (tensor,), rec.__callback__ is None or rec.more)
+
+    def _hold(self, entry: list[Any], rec: Any, tensors: Any, watch: Any) -> None:
+        """``tensors`` (ids, 0 for none) hold ``entry``'s buffer too; ``watch``: follow the
+        collection of ``rec``'s arrays (see `_watch_arrays`)."""
+        entry[2].extend(t for t in dict.fromkeys(tensors) if t and t not in entry[2])
+        if watch:
             self._watch_arrays(rec)
 
     def _leave(self, entry: list[Any], rec: Any) -> bool:
         """``rec`` leaves its shared entry (freed, dropped or collected); whether another
         record over the buffer still holds it (then nothing is freed)."""
         members = [m for m in entry[3] if m is not rec]
-        alive = [m for m in members if m.dead is None and m.array() is not None]
+        alive = [m for m in members if holds(m)]
         if not alive:
             return False
         entry[3] = members
+        self._unlive(rec, entry)
+        if entry[0] is rec:
+            entry[0] = alive[0]
+        return True
+
+    def _unlive(self, rec: Any, entry: list[Any]) -> None:
         if self._live.get(id(rec)) is entry:
             del self._live[id(rec)]
         if self._watch:
             self._watch.pop(id(rec), None)
-        if entry[0] is rec:
-            entry[0] = alive[0]
-        return True
 
     def _adopt_pending(self, rec: Any) -> None:
         """Before ``rec``'s free (under ``_lock``): a record just added over its buffer takes
         the buffer on (``rec`` dropped from its group while its buffer lives on)."""
         entry = self._live.get(id(rec))
-        arr = rec.array()
-        if entry is None or arr is None or arr.is_deleted() or failed(arr):
+        if entry is None:
             return
-        key = _registry.same_buffer_key(arr)
-        if key is None:
-            return
-        for other, _now, tensor in self._pending:
-            if tensor == _LET_GO:
-                continue
-            a = other.array()
-            same_kind = a is not None and a.shape == arr.shape and a.dtype == arr.dtype
-            if same_kind and not a.is_deleted() and _registry.same_buffer_key(a) == key:
-                self._share(entry, other, tensor)
+        added = {id(r): t for r, _, t in self._pending if t != _LET_GO}
+        for other in same_buffer(rec.array(), [r for r, _, _ in self._pending]):
+            if id(other) in added:
+                self._share(entry, other, added[id(other)])
 
     def _add_view(self, entry: list[Any], arr: Any) -> None:
         """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
-        got = self._view_of.get(id(arr))
-        if got is not None and got[0]() is arr:
+        if self._view_entry(arr) is not None:
             return  # a view already
         ref = weakref.ref(arr)
         self._views.setdefault(id(entry), [entry, []])[1].append((id(arr), ref))
@@ -1088,9 +1059,8 @@ class Timeline:
         return out
 
     def _check_deleted_buffers(self) -> None:
-        """Record the frees of recorded buffers deleted behind tidyjax's back (a raw
-        ``jax.jit`` donation, ``delete()``; the registry marks those only when a report asks,
-        and reports none of them): O(buffers alive), at a mark, a stop and a read."""
+        """Record the frees of recorded buffers deleted behind tidyjax's back (a raw ``jax.jit``
+        donation, ``delete()``: the registry reports none): O(buffers alive)."""
         now = time.perf_counter()
         for entry in self._entries():
             arr = entry[0].array()
@@ -1114,15 +1084,9 @@ class Timeline:
     # -- plain jax.Arrays ------------------------------------------------------------------
 
     def _see_arrays(self) -> None:
-        """Record the plain arrays made since the last look and still alive (under ``_lock``).
-
-        The mark moves to the list of live arrays it read, so an array made meanwhile by
-        another thread is found at the next look; with nothing made since, the mark stays."""
+        """Record the plain arrays made since the last look and still alive."""
         self._settle()
-        mark = self._array_mark
-        if mark is None:
-            return
-        arrays = mark.advance()
+        arrays = self._array_mark.advance() if self._array_mark is not None else None
         if not arrays:
             return
         now = time.perf_counter()
@@ -1132,10 +1096,8 @@ class Timeline:
                 self._add_plain(arr, now, WATCHED if id(arr) in held else UNTRACKED)
 
     def _join_view(self, arr: Any) -> bool:
-        """Whether ``arr`` is a raw object over the buffer of a live or plain entry (a raw
-        ``device_put`` to where it is, a shard view JAX caches, the object printing makes);
-        then it is that entry's view: no allocation. Only a ready array can be one (it shares
-        its buffer's readiness); its addresses are read then."""
+        """Whether ``arr`` is a raw object over a live or plain entry's buffer (a raw
+        ``device_put``, a cached shard view), then that entry's view: no allocation."""
         if _registry.lookup(arr) is not None:
             return False
         entry = self._find(arr)
@@ -1145,9 +1107,8 @@ class Timeline:
         return True
 
     def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
-        """Record ``arr``'s allocation at ``now`` unless it is known, deleted or a Tensor's;
-        its entry (None when not recorded). ``scope``: ``<watched>`` for an array a watched
-        object holds (counted apart, as every report counts it), else ``<untracked>``."""
+        """Record ``arr``'s allocation unless it is known, deleted or a Tensor's; its entry, or
+        None. ``scope``: ``<watched>`` for a watched object's array, else ``<untracked>``."""
         key = id(arr)
         entry = self._plain.get(key)
         if entry is not None:
@@ -1174,8 +1135,7 @@ class Timeline:
         return entry
 
     def _check_deleted(self) -> None:
-        """Record the frees of the plain arrays dropped, or deleted (donated, ``delete()``)
-        while still referenced (under ``_lock``; O(plain arrays alive))."""
+        """Record the frees of the plain arrays dropped or deleted (O(plain arrays alive))."""
         now = time.perf_counter()
         for key, entry in list(self._plain.items()):
             arr = entry[0]()
@@ -1185,8 +1145,7 @@ class Timeline:
                 self._free_plain(key, entry, now)
 
     def _plain_collected(self, key: int, ref: Any) -> None:
-        """The weak reference's callback: a plain array was dropped (while stopped, the free
-        is recorded when recording resumes)."""
+        """A plain array was dropped (while stopped: recorded when recording resumes)."""
         with _lock:
             entry = self._plain.get(key)
             if entry is not None and entry[0] is ref and self._depth:
@@ -1195,21 +1154,17 @@ class Timeline:
     def _plain_gone(self, key: int, entry: list[Any], now: float) -> None:
         """A plain array was dropped: its buffer is freed, unless a view of it lives on (then
         that view holds the buffer, under the same entry)."""
-        views: list[Any] = self._views[id(entry)][1] if id(entry) in self._views else []
-        for pair in views:
-            view = pair[1]()
-            if view is not None and not view.is_deleted() and self._plain.get(key) is entry:
-                views[:] = [v for v in views if v is not pair]  # by identity
-                if self._view_of.get(pair[0], (None,))[0] is pair[1]:
-                    del self._view_of[pair[0]]
-                del self._plain[key]
-                vkey = id(view)
-                entry[0] = weakref.ref(view, functools.partial(self._plain_collected, vkey))
-                if vkey in self._plain:  # a stale entry of a dead array under that id
-                    self._free_plain(vkey, self._plain[vkey], now)
-                self._plain[vkey] = entry
-                return
-        self._free_plain(key, entry, now)
+        views = [v for v in self._pop_views(entry) if not v.is_deleted()] if self._views else []
+        if not views or self._plain.get(key) is not entry:
+            return self._free_plain(key, entry, now)
+        del self._plain[key]
+        vkey = id(views[0])
+        entry[0] = weakref.ref(views[0], functools.partial(self._plain_collected, vkey))
+        if vkey in self._plain:  # a stale entry of a dead array under that id
+            self._free_plain(vkey, self._plain[vkey], now)
+        self._plain[vkey] = entry
+        for view in views[1:]:
+            self._add_view(entry, view)
 
     def _free_plain(self, key: int, entry: list[Any], now: float) -> None:
         if self._plain.get(key) is not entry:
@@ -1285,11 +1240,9 @@ def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = T
     Records process-wide (every thread) while open; timelines nest. With no timeline open this
     costs nothing. Beyond ``max_events`` the oldest events are dropped (``tl.dropped``).
 
-    Tidyjax's buffers are recorded as they are allocated and freed. With ``arrays`` (the
-    default) so are plain jax.Arrays made while it records and that no Tensor holds (an NNX or
-    Equinox program's): each is seen at the next scope event, ``tl.mark()`` or stop after it
-    was made (its allocation time), as scope ``"<untracked>"``; its free is recorded when
-    Python drops it. ``arrays=False`` records tidyjax's buffers only.
+    Tidyjax's buffers are recorded as they are allocated and freed; with ``arrays`` (the
+    default) also the plain jax.Arrays no Tensor holds (an NNX or Equinox program's), as
+    `Timeline` describes. ``arrays=False`` records tidyjax's buffers only.
 
     Raises:
         TidyjaxTypeError: ``max_events`` is not an int, ``arrays`` not a bool, or ``fn`` is
