@@ -18,6 +18,7 @@ arrays `ArrayMark` finds, less three kinds:
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import gc
 import sys
@@ -41,9 +42,7 @@ from ._census import (
 )
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError, check_count, check_flag, check_seconds
-from ._format import count as _count
-from ._format import esc
-from ._format import fmt_bytes as _fmt_bytes
+from ._format import count, esc, fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
@@ -108,14 +107,23 @@ class LeakReport:
         tensors, arrays = self.tensors, self.arrays
         parts = []
         if tensors or not arrays:
-            parts.append(f"{_count(len(tensors), 'tensor')} ({_fmt_bytes(_bytes(tensors))})")
+            parts.append(f"{count(len(tensors), 'tensor')} ({fmt_bytes(_bytes(tensors))})")
         if arrays:
-            parts.append(f"{_count(len(arrays), _NOUN)} ({_fmt_bytes(_bytes(arrays))})")
+            parts.append(f"{count(len(arrays), _NOUN)} ({fmt_bytes(_bytes(arrays))})")
         verb = "is" if len(self.records) == 1 else "are"
         return f"{' and '.join(parts)} created inside {self.where} {verb} still alive"
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _report_html(self)
+        if not self.records:
+            return _html.box(f"<b>{esc(f'no leaks after {self.where}')}</b>")
+        chains = _chains_of(self)
+        return _html.box(
+            _html.bad(f"leak: {self._headline()}"),
+            site_table(self.groups + self.array_groups,
+                       more=lambda g: "".join(_html.dim(f" through {c}") for c in chains(g))),
+            _html.line(_html.dim(_advice(self))),
+        )  # fmt: skip
 
     def __str__(self) -> str:
         if not self.records:
@@ -152,22 +160,6 @@ def _chains(records: list[TensorRecord]) -> list[str]:
 
 def _bytes(records: Iterable[TensorRecord]) -> int:
     return sum({r._buffer: r.bytes for r in records}.values())
-
-
-@_html.never_raises
-def _report_html(report: LeakReport) -> str:
-    chains = _chains_of(report)
-
-    def through(g: SiteStat) -> str:
-        return "".join(_html.dim(f" through {c}") for c in chains(g))
-
-    if not report.records:
-        return _html.box(f"<b>{esc(f'no leaks after {report.where}')}</b>")
-    return _html.box(
-        _html.bad(f"leak: {report._headline()}"),
-        site_table(report.groups + report.array_groups, more=through),
-        _html.line(_html.dim(_advice(report))),
-    )
 
 
 def _advice(report: LeakReport) -> str:
@@ -336,16 +328,12 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         all_processes: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        allow_returned = check_flag(allow_returned, "allow_returned", "check_leaks()")
-        allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
-        arrays = check_flag(arrays, "arrays", "check_leaks()")
-        all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
+        self.allow_returned = check_flag(allow_returned, "allow_returned", "check_leaks()")
+        self.allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
+        self.arrays = check_flag(arrays, "arrays", "check_leaks()")
+        self.all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
         self.allowance = check_count(allowance, "allowance", "check_leaks()")
-        self.all_processes = all_processes
         self.timeout = check_seconds(timeout, "timeout", "check_leaks()")
-        self.allow_returned = allow_returned
-        self.allow_kept = allow_kept
-        self.arrays = arrays
         self._start: int | None = None
         self._mark: ArrayMark | None = None
         self._allowed: set[int] = set()
@@ -398,10 +386,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
             return []
         gc.collect()
         entry = self._entry
-        site_of: Callable[[Any], Site | None] = creation_site
-        if entry is not None:
-            cache: dict[Any, Site | None] = {}
-            site_of = functools.partial(entry.site, cache=cache)
+        site_of = creation_site if entry is None else functools.partial(entry.site, cache={})
         out = [
             r
             for r in tensor_records(self._start, site_of=site_of)
@@ -422,17 +407,6 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
                           self.timeout, self)  # fmt: skip
 
     def __call__(self, fn: F) -> F:
-        settings: dict[str, Any] = {
-            "allowance": self.allowance,
-            "allow_returned": self.allow_returned,
-            "allow_kept": self.allow_kept,
-            "arrays": self.arrays,
-            "all_processes": self.all_processes,
-            "timeout": self.timeout,
-        }
-        allow = _allow_result if self.allow_returned else None
-        return decorate(fn, lambda: check_leaks(**settings), "@check_leaks", allow)
-
-
-def _allow_result(checker: check_leaks, result: Any) -> None:
-    checker.allow(result)
+        # each call a fresh checker with these settings (``__enter__`` resets all the rest)
+        allow = check_leaks.allow if self.allow_returned else None
+        return decorate(fn, lambda: copy.copy(self), "@check_leaks", allow)
