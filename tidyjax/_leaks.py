@@ -217,17 +217,11 @@ def leak_error(
     return LeakError(message, report)
 
 
-def _user_site(arr: Any) -> Site | None:
-    """The user's line that made ``arr``; None when its traceback has no user frame (an array
-    JAX, tidyjax or an installed library made for itself)."""
+def _made_by_user(arr: Any) -> bool:
+    """Whether ``arr``'s creation traceback has a user frame (not an array JAX, tidyjax or an
+    installed library made for itself)."""
     site = creation_site(arr)
-    if (
-        site is None
-        or site.file.startswith(LIBRARY_FOLDERS)
-        or site.file.startswith(INSTALLED_FOLDERS)
-    ):
-        return None
-    return site
+    return site is not None and not site.file.startswith(LIBRARY_FOLDERS + INSTALLED_FOLDERS)
 
 
 def plain_leaks(
@@ -247,7 +241,7 @@ def plain_leaks(
     allowed. ``site_of``: how a site is found (`check_leaks` names the outermost user frame
     inside its block).
     """
-    found = [a for a in _candidates(mark, allowed) if _user_site(a) is not None]
+    found = [a for a in _candidates(mark, allowed) if _made_by_user(a)]
     taken = [r() for r in (allowed or {}).values()] + _held_arrays()
     out = [untracked_record(a, site_of) for a in one_per_buffer(found, taken, wait=True)]
     out.sort(key=lambda r: -r.bytes)

@@ -10,11 +10,10 @@ from typing import Any
 
 import jax
 
-from . import _format, _html
+from . import _html
 from ._census import Census, SiteStat, census, site_table, statistics, summed, top_per_device
 from ._errors import check_flag, check_seconds
-from ._format import count as _count
-from ._format import fmt_bytes as _fmt_bytes
+from ._format import count, esc, fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
 
 __all__ = [
@@ -120,8 +119,25 @@ class MemoryInfo:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _memory_html(self)
+        """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
+        untracked arrays' row) against the largest of them; JAX's own totals against each
+        device's limit. Where watched or untracked arrays add to a device, its total with each
+        part; then the largest holders on each device."""
+        parts = [f"<b>tidyjax memory</b>: {esc(_headline(self))}"]
+        if not self.bytes_per_device and not self.num_data_buffers:
+            parts.append(_html.line("nothing tracked: no live tensors"))
+        if not _devices(self) and not self.untracked_arrays and not self.watched:
+            return _html.box(*parts, *_reasons(self))
+        header, rows = _device_table(self)
+        numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
+        parts.append(_html.table(header, rows, numeric))
+        if self.top_sites:  # what holds the memory, not only how much
+            parts.append(site_table(self.top_sites, f"largest holders (top {DEVICE_TOP})"))
+        if self.untracked_sites:
+            parts.append(site_table(self.untracked_sites, "untracked arrays made at"))
+        return _html.box(*parts, *_reasons(self))
 
     def __str__(self) -> str:
         lines = [_headline(self)]
@@ -154,12 +170,12 @@ def _device_sum(m: MemoryInfo, d: Any) -> str:
     b = m.bytes_per_device.get(d, 0)
     w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
     if not (w or u):
-        return _fmt_bytes(b)
+        return fmt_bytes(b)
     if m.untracked_arrays is None:  # not scanned: no figure to add
-        return f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched = {_fmt_bytes(b + w)}"
+        return f"{fmt_bytes(b)} tidyjax + {fmt_bytes(w)} watched = {fmt_bytes(b + w)}"
     return (
-        f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched + {_fmt_bytes(u)} untracked = "
-        f"{_fmt_bytes(b + w + u)}"
+        f"{fmt_bytes(b)} tidyjax + {fmt_bytes(w)} watched + {fmt_bytes(u)} untracked = "
+        f"{fmt_bytes(b + w + u)}"
     )
 
 
@@ -169,11 +185,11 @@ def _limit_line(s: Mapping[str, int] | None) -> str:
         return ""
     used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
     text = (
-        f"in use (all of JAX) {_fmt_bytes(used)} = {_share(used, limit)} of the limit "
-        f"{_fmt_bytes(limit)}"
+        f"in use (all of JAX) {fmt_bytes(used)} = {_share(used, limit)} of the limit "
+        f"{fmt_bytes(limit)}"
     )
     if "peak_bytes_in_use" in s:
-        text += f"; peak {_fmt_bytes(s['peak_bytes_in_use'])}"
+        text += f"; peak {fmt_bytes(s['peak_bytes_in_use'])}"
     return text
 
 
@@ -198,48 +214,31 @@ def _minor(m: MemoryInfo) -> bool:
 
 def _headline(m: MemoryInfo) -> str:
     text = (
-        f"{_count(m.num_tensors, 'tensor')}, {_count(m.num_data_buffers, 'buffer')}, "
-        f"{_fmt_bytes(m.num_bytes)}"
+        f"{count(m.num_tensors, 'tensor')}, {count(m.num_data_buffers, 'buffer')}, "
+        f"{fmt_bytes(m.num_bytes)}"
     )
     w, u = sum(m.watched_per_device.values()), sum(m.untracked_per_device.values())
     if w or u:
-        text += f"; {_fmt_bytes(m.num_bytes + w + u)} with watched and untracked arrays"
+        text += f"; {fmt_bytes(m.num_bytes + w + u)} with watched and untracked arrays"
     return text
 
 
 def _watched_line(m: MemoryInfo, name: str) -> str:
     """``watched 'model': 4.0 MiB in 2 arrays``: a watched object's bytes with their count."""
     n = m.watched_arrays.get(name, 0)
-    return f"watched {name!r}: {_fmt_bytes(m.watched.get(name, 0))} in {_count(n, 'array')}"
+    return f"watched {name!r}: {fmt_bytes(m.watched.get(name, 0))} in {count(n, 'array')}"
 
 
 def _untracked(m: MemoryInfo) -> str:
     return (
-        f"{_count(m.untracked_arrays or 0, 'jax array')} not owned by tidyjax, "
-        f"{_fmt_bytes(m.untracked_bytes or 0)}"
+        f"{count(m.untracked_arrays or 0, 'jax array')} not owned by tidyjax, "
+        f"{fmt_bytes(m.untracked_bytes or 0)}"
     )
-
-
-@_html.never_raises
-def _memory_html(m: MemoryInfo) -> str:
-    """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
-    untracked arrays' row) against the largest of them; JAX's own totals against each
-    device's limit. Where watched or untracked arrays add to a device, its total with each
-    part; then the largest holders on each device."""
-    parts = [f"<b>tidyjax memory</b>: {_format.esc(_headline(m))}"]
-    if not m.bytes_per_device and not m.num_data_buffers:
-        parts.append(_html.line("nothing tracked: no live tensors"))
-    if not _devices(m) and not m.untracked_arrays and not m.watched:
-        return _html.box(*parts, *_reasons(m))
-    header, rows = _device_table(m)
-    numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
-    return _html.box(*parts, _html.table(header, rows, numeric), *_top_html(m), *_reasons(m))
 
 
 def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
     """The devices' rows, then a row per watched object and one for the untracked arrays."""
     stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
-    esc, fmt = _format.esc, _fmt_bytes
     top = max([*m.bytes_per_device.values(), *m.watched.values(), m.untracked_bytes or 0]) or 1
     parted = any(m.watched_per_device.values()) or any(m.untracked_per_device.values())
     peaks = any("peak_bytes_in_use" in s for s in stats.values())
@@ -249,53 +248,41 @@ def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
     rows: list[list[str]] = []
     for d in _devices(m):
         b = m.bytes_per_device.get(d, 0)
-        row = [esc(d), esc(fmt(b)), _html.bar(b / top)]
+        row = [esc(d), fmt_bytes(b), _html.bar(b / top)]
         if parted:
             w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
             unscanned = _html.dim("not scanned") if m.untracked_arrays is None else None
-            row += [esc(fmt(w)), unscanned or esc(fmt(u)), esc(fmt(b + w + u))]
+            row += [fmt_bytes(w), unscanned or fmt_bytes(u), fmt_bytes(b + w + u)]
         if stats:
             row += _limit_cells(stats.get(d), peaks)
         rows.append(row)
     pad = [""] * (len(header) - 3)
-    extra = [(f"watched {name!r} (tidyjax.watch): {_count(m.watched_arrays.get(name, 0), 'array')}",
+    extra = [(f"watched {name!r} (tidyjax.watch): {count(m.watched_arrays.get(name, 0), 'array')}",
               b) for name, b in m.watched.items()]  # fmt: skip
     if m.untracked_arrays:
-        extra.append((f"untracked: {_count(m.untracked_arrays, 'jax array')} (not tidyjax)",
+        extra.append((f"untracked: {count(m.untracked_arrays, 'jax array')} (not tidyjax)",
                       m.untracked_bytes or 0))  # fmt: skip
-    rows += [[esc(label), esc(fmt(b)), _html.bar(b / top), *pad] for label, b in extra]
+    rows += [[esc(label), fmt_bytes(b), _html.bar(b / top), *pad] for label, b in extra]
     return header, rows
 
 
 def _limit_cells(s: Mapping[str, int] | None, peaks: bool) -> list[str]:
     """JAX's own use on a device against its limit (and its peak), or blanks."""
     if not s:
-        return [""] * (4 if peaks else 3)
-    used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-    cells = [_format.esc(f"{_fmt_bytes(used)} ({_share(used, limit)})"),
-             _format.esc(_fmt_bytes(limit)), _html.bar(used / limit)]  # fmt: skip
-    if peaks:
-        peak = s.get("peak_bytes_in_use")
-        cells.append("" if peak is None else _format.esc(_fmt_bytes(peak)))
-    return cells
-
-
-def _top_html(m: MemoryInfo) -> list[str]:
-    """The largest holders on each device (what holds the memory, not only how much), then the
-    untracked arrays' largest creation sites (none if not scanned)."""
-    tables = [site_table(m.top_sites, f"largest holders (top {DEVICE_TOP})")] * bool(m.top_sites)
-    if m.untracked_sites:
-        tables.append(site_table(m.untracked_sites, "untracked arrays made at"))
-    return tables
+        return [""] * (3 + peaks)
+    used, limit, peak = s.get("bytes_in_use", 0), s["bytes_limit"], s.get("peak_bytes_in_use")
+    shown = "" if peak is None else fmt_bytes(peak)
+    use = f"{fmt_bytes(used)} ({_share(used, limit)})"
+    return [use, fmt_bytes(limit), _html.bar(used / limit)] + [shown] * peaks
 
 
 def _reasons(m: MemoryInfo) -> list[str]:
     """Why the figures are incomplete: an alarm, except for a small untracked stray."""
     minor = _minor(m)
     return [
-        _html.line(_html.dim("note: "), _format.esc(r))
+        _html.line(_html.dim("note: "), esc(r))
         if minor and _is_untracked(r)
-        else _html.line(_html.bad("unreliable"), ": ", _format.esc(r))
+        else _html.line(_html.bad("unreliable"), ": ", esc(r))
         for r in m.reasons
     ]
 
@@ -381,14 +368,14 @@ def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
     reasons = []
     if deleted:
         reasons.append(
-            f"{_count(deleted, 'buffer')} held by live Tensors "
+            f"{count(deleted, 'buffer')} held by live Tensors "
             f"{'was' if deleted == 1 else 'were'} deleted outside tidyjax "
             "(jax.Array.delete() or donation through raw jax.jit); those Tensors are unusable."
         )
     if untracked:
         n, b = len(untracked), sum(r.bytes for r in untracked)
         reasons.append(
-            f"{_count(n, 'jax array')} ({_fmt_bytes(b)}) alive in this process "
+            f"{count(n, 'jax array')} ({fmt_bytes(b)}) alive in this process "
             f"{'is' if n == 1 else 'are'} not owned by tidyjax; wrap them with tidyjax.adopt(), "
             "delete them, or tidyjax.watch() the object holding them (a model, an optimizer) to "
             "make the figures complete."

@@ -4,15 +4,11 @@ When JAX cannot allocate, it raises a ``JaxRuntimeError`` whose message starts w
 ``RESOURCE_EXHAUSTED`` (``INTERNAL: ... Out of memory`` when an op reads an array whose own
 allocation failed). tidyjax's call sites (operators, lifted calls, ``tensor()``, the
 transformations, the Tensor methods that wait for a value) catch it and call
-`raise_if_oom`, which raises `OutOfMemoryError` from it with an `OOMReport`:
-what was asked for, and the largest live holders by creation site and scope, tidyjax's and the
-untracked arrays' apart. Any other error passes through untouched.
-
-Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
-raised) that calls ``_context.on_jax_error``; `install` (at package import) makes
-`raise_for` its handler, so the core never imports this module. Tensor's waiting methods wait
-for the buffer first and pass ``method=True`` (``_tensor``). The census (``_census``) and the
-timeline are imported when a report is built.
+``_context.on_jax_error``, which `install` (at package import) makes `raise_for`: it raises
+`OutOfMemoryError` with an `OOMReport` (what was asked for, the largest live holders by
+creation site and scope, tidyjax's and the untracked arrays' apart); any other error passes
+through untouched, and the core never imports this module. The census and the timeline are
+imported when a report is built.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import jax
@@ -44,8 +41,7 @@ if TYPE_CHECKING:
     from ._census import SiteStat, WatchedUsage
 
 __all__ = [
-    "OOMReport", "failed", "install", "oom_report",
-    "raise_for", "raise_if_oom",
+    "OOMReport", "failed", "install", "oom_report", "raise_for",
 ]  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,28 +61,6 @@ def is_oom(err: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
 
 
-def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
-    """Raise `OutOfMemoryError` from ``err`` if it is JAX's out-of-memory error.
-
-    Returns (doing nothing) for any other error: the caller then re-raises it untouched:
-
-    ```python
-    try:
-        out = fn(*args)
-    except JaxRuntimeError as e:
-        raise_if_oom(e, name, args)
-        raise
-    ```
-
-    Args:
-        err: the error JAX raised.
-        what: the op, function or block that was running (``"add"``, ``"jax.numpy.zeros"``).
-        operands: its arguments, described by dtype and shape in the message.
-    """
-    if is_oom(err):
-        _raise(err, what, operands)
-
-
 def install() -> None:
     """Make `raise_for` the core's handler of JAX's runtime errors (``_context.on_jax_error``).
     Called once, at package import."""
@@ -103,9 +77,8 @@ def raise_for(
     names the method, the Tensor and where it was computed). An operand Tensor whose buffer
     was deleted behind tidyjax's back (``t.array.delete()``): `DisposedError` saying so.
     """
-    if method and is_oom(err):
-        _raise(err, _waited_text(operands[0], what), ())
-    raise_if_oom(err, what, operands)
+    if is_oom(err):
+        _raise(err, *((_waited_text(operands[0], what), ()) if method else (what, operands)))
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
             rec = t._rec
@@ -116,11 +89,9 @@ def raise_for(
 
 
 def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
-    name = what  # a tidyjax transformation passes its function's __qualname__
-    consumed = _consumed(operands, name)
-    report = build_report(err, _call_text(name, operands), _call_site(err))
-    if consumed:
-        report = dataclasses.replace(report, donated=consumed)
+    consumed = _consumed(operands, what)  # a transformation's `what`: its function's __qualname__
+    report = build_report(err, _call_text(what, operands), _call_site(err))
+    report = dataclasses.replace(report, donated=consumed) if consumed else report
     raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
 
 
@@ -145,15 +116,6 @@ def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-class _Frame:
-    """A Python frame as ``_sites.site_of_frames`` reads JAX's traceback frames."""
-
-    __slots__ = ("file_name", "function_name", "line_num")
-
-    def __init__(self, code: Any, line: int | None) -> None:
-        self.file_name, self.function_name, self.line_num = code.co_filename, code.co_name, line
-
-
 def _call_site(err: BaseException) -> str | None:
     """The user's line that called into tidyjax, JAX or the failed block: the innermost calling
     frame outside tidyjax, JAX and installed code, at the line the error passed through when
@@ -168,7 +130,9 @@ def _call_site(err: BaseException) -> str | None:
     frames = []
     f: Any = sys._getframe(1)
     while f is not None:
-        frames.append(_Frame(f.f_code, lines.get(id(f), f.f_lineno)))
+        code, line = f.f_code, lines.get(id(f), f.f_lineno)  # as JAX's traceback frames read
+        frames.append(SimpleNamespace(file_name=code.co_filename, function_name=code.co_name,
+                                      line_num=line))  # fmt: skip
         f = f.f_back
     site = site_of_frames(frames)
     return None if site is None else str(site)
@@ -254,20 +218,17 @@ class OOMReport:
             f"Out of memory: {self.what}{_asked(self)}{at}. JAX said: {self.jax_message.strip()}"
         ]
         lines += _device_line(self)
-        tracked = [h for h in self.holders if h.tracked]
         lines += _section(
-            f"tidyjax holds {fmt_bytes(self.tracked_bytes)} in {count(self.tensors, 'tensor')}",
-            "; the largest, by creation site and scope:", tracked,
+            f"tidyjax holds {_held(self.tracked_bytes, self.tensors, 'tensor')}",
+            "; the largest, by creation site and scope:", [h for h in self.holders if h.tracked],
         )  # fmt: skip
         if self.watched:
-            lines.append(
-                f"Watched (tidyjax.watch; tidyjax frees none of it): "
-                f"{fmt_bytes(self.watched_bytes)} in {count(self.watched_arrays, 'array')}:"
-            )
+            held = _held(self.watched_bytes, self.watched_arrays)
+            lines.append(f"Watched (tidyjax.watch; tidyjax frees none of it): {held}:")
             lines += [f"  {w}" for w in self.watched]
         lines += _section(
-            f"Untracked (jax arrays tidyjax does not own): {fmt_bytes(self.untracked_bytes)} in "
-            f"{count(self.untracked_arrays, 'array')}",
+            "Untracked (jax arrays tidyjax does not own): "
+            + _held(self.untracked_bytes, self.untracked_arrays),
             "; the largest, by creation site:", [h for h in self.holders if not h.tracked],
         )  # fmt: skip
         lines += _notes(self)
@@ -281,8 +242,32 @@ class OOMReport:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _report_html(self)
+        """The report as a notebook shows it: the request, then a holders table with bars."""
+        asked = esc(_asked(self))
+        if self.requested is not None:  # the bytes in bold
+            size = esc(fmt_bytes(self.requested))
+            asked = asked.replace(size, f"<b>{size}</b>", 1)
+        at = _html.dim(f" at {self.called_at}") if self.called_at else ""
+        held = [f"tidyjax holds {_held(self.tracked_bytes, self.tensors, 'tensor')}",
+                f"untracked: {_held(self.untracked_bytes, self.untracked_arrays)}"]  # fmt: skip
+        held += [f"watched: {_held(self.watched_bytes, self.watched_arrays)}"] * bool(self.watched)
+        after = [*(f"Watched {w}" for w in self.watched), *_notes(self)]
+        return _html.box(
+            _html.line(_html.bad("Out of memory"), f": <code>{esc(self.what)}</code>", asked, at),
+            *(_html.line(esc(text)) for text in (*_device_line(self), "; ".join(held) + ".")),
+            _holders_table(self.holders),
+            *(_html.line(esc(text)) for text in after),
+            _html.line(_html.dim("To fit: free the largest holders above, wrap untracked arrays "
+                                 "with tidyjax.adopt(), or make this request smaller.")),
+            _html.details(esc("JAX said"), f"<pre>{esc(self.jax_message.strip())}</pre>"),
+        )  # fmt: skip
+
+
+def _held(nbytes: int, n: int, noun: str = "array") -> str:
+    """``4.0 KiB in 2 arrays``."""
+    return f"{fmt_bytes(nbytes)} in {count(n, noun)}"
 
 
 def _asked(r: OOMReport) -> str:
@@ -338,32 +323,6 @@ def _holders_table(holders: Sequence[SiteStat], top: int = TOP) -> str:
     if len(holders) > len(shown):
         text += _html.line(_html.dim(f"... and {count(len(holders) - len(shown), 'more site')}"))
     return text
-
-
-@_html.never_raises
-def _report_html(r: OOMReport) -> str:
-    """The report as a notebook shows it: the request, then a holders table with bars."""
-    asked = esc(_asked(r))
-    if r.requested is not None:  # the bytes in bold
-        size = esc(fmt_bytes(r.requested))
-        asked = asked.replace(size, f"<b>{size}</b>", 1)
-    at = _html.dim(f" at {r.called_at}") if r.called_at else ""
-    parts = [_html.line(_html.bad("Out of memory"), f": <code>{esc(r.what)}</code>", asked, at)]
-    summary = (
-        f"tidyjax holds {fmt_bytes(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
-        f"{fmt_bytes(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
-    )
-    if r.watched:
-        summary += f"; watched: {fmt_bytes(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
-    parts += [_html.line(esc(text)) for text in (*_device_line(r), summary + ".")]
-    parts.append(_holders_table(r.holders))
-    parts += [_html.line(esc(text)) for text in (*(f"Watched {w}" for w in r.watched), *_notes(r))]
-    parts.append(_html.line(_html.dim(
-        "To fit: free the largest holders above, wrap untracked arrays with tidyjax.adopt(), or "
-        "make this request smaller."
-    )))  # fmt: skip
-    parts.append(_html.details(esc("JAX said"), f"<pre>{esc(r.jax_message.strip())}</pre>"))
-    return _html.box(*parts)
 
 
 def requested_bytes(message: str) -> int | None:
@@ -455,15 +414,10 @@ def _fullest_device() -> tuple[str | None, int | None, int | None]:
 
 # -- what the failed call itself holds ---------------------------------------------------------
 #
-# A call that fails at once leaves the arrays it made on the way alive in the frames of the
-# error's traceback: ``jnp.zeros(shape)`` makes its fill value, a float32[] scalar, before the
-# allocation fails. JAX's traceback names the user's line as its creation site, so the report
-# would list it as the user's untracked holder. It is left out when JAX's (or tidyjax's)
-# finished frames of the failed call, and what only they hold, hold it alone
-# (``_history.held_only_by``: reference counts compared exactly, so any reference not seen, a
-# user's variable, a running frame, keeps the array a holder). Only tiny ones are left out: a
-# large array the failed call made on the way held memory when the allocation failed, and the
-# report names it.
+# A call that fails at once leaves what it made on the way (``jnp.zeros``'s fill value, a
+# float32[] scalar) alive in its traceback's frames, made at the user's line. Those tiny arrays
+# that only JAX's and tidyjax's finished frames of the failed call hold (``held_only_by``:
+# exact reference counts) are left out; a large one held memory when the allocation failed.
 
 #: The most bytes of a temporary of the failed call that the report leaves out.
 TINY = 1024
@@ -542,15 +496,13 @@ def _save_timeline(
 
         timeline = active()
     except Exception:  # no timeline module (yet): nothing is recorded
-        return (), ()
+        timeline = None
     if timeline is None:
         return (), ()
-    label = _oom_label(what, called_at)
     try:
-        mark = timeline.annotate(label, requested)
-        moment = mark.time
+        moment = timeline.annotate(_oom_label(what, called_at), requested).time
     except Exception:  # not a recording Timeline: the page is marked all the same
-        mark, moment = None, time.perf_counter()
+        moment = time.perf_counter()
     failure = {"time": moment, "what": what, "requested": requested, "called_at": called_at}
     folder = os.environ.get("TIDYJAX_OOM_DIR") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")

@@ -1,27 +1,16 @@
-"""The timeline's events as files: `TimelineEvent`, the event kinds, the JSON layout, and the
-Chrome trace-event export.
+"""The timeline's events as files: `TimelineEvent`, the event kinds, the JSON layout that
+``Timeline.dump`` writes and ``load`` reads (format ``"tidyjax.timeline"``, version 1), and the
+Chrome trace-event export. The recording itself is ``_timeline``'s.
 
-What a `tidyjax.Timeline` records and what ``Timeline.dump`` writes and ``load`` reads
-(format ``"tidyjax.timeline"``, version 1). The recording itself is ``_timeline``'s.
-
-``Timeline.to_chrome_trace`` writes `chrome_trace`: the trace-event format's "JSON Object
-Format" (``{"traceEvents": [...], "displayTimeUnit": "ms"}``), which Perfetto's UI
-(ui.perfetto.dev, offline too) and ``chrome://tracing`` open:
-
-* one process, ``tidyjax memory``, named by a metadata event (``"ph": "M"``, ``process_name``),
-  its threads too (``thread_name``, ``thread_sort_index``);
-* a counter track per device (``"ph": "C"``, named by the device, ``args: {"bytes in use":
-  n}``): the bytes alive there, each shared buffer once, as ``memory().bytes_per_device``
-  counts them; with several devices a track of their sum as well;
-* each scope a complete slice (``"ph": "X"``, ``ts`` and ``dur`` in microseconds) on a
-  ``scopes`` thread; scopes that overlap without nesting (threads, asyncio tasks) go on further
-  ``scopes`` threads, so that slices on one thread always nest;
-* optionally an instant event (``"ph": "i"``) per allocation and free on a ``buffers`` thread,
-  with its bytes, site, scope, shape and dtype; a global instant at the peak and one per
-  annotation (`Timeline.annotate`).
-
-Times are microseconds since the timeline started. The timeline is read through its kept
-events (``_window()``), so this module imports no timeline code.
+`chrome_trace` is the trace-event "JSON Object Format", which Perfetto's UI and
+``chrome://tracing`` open: one process (``tidyjax memory``, named by metadata events, its
+threads too); a counter track per device (``"ph": "C"``), the bytes alive there as
+``memory().bytes_per_device`` counts them, with several devices their sum as well; each scope a
+complete slice (``"ph": "X"``) on a ``scopes`` thread, scopes that overlap without nesting
+(threads, asyncio tasks) on further ones, so that slices on one thread always nest; optionally
+an instant (``"ph": "i"``) per allocation and free on a ``buffers`` thread; a global instant at
+the peak and one per annotation. Times are microseconds since the timeline started. The
+timeline is read through its kept events (``_window()``): no timeline code is imported.
 
 Reading checks every value it uses: a file that is not as ``dump`` writes it (a value of the
 wrong type, out of range, NaN or infinite; an index into a table without that row; event times
@@ -41,32 +30,14 @@ from typing import Any, NamedTuple
 
 from ._census import collector_paused
 from ._errors import TidyjaxValueError
-from ._format import fmt_bytes
+from ._format import describe, fmt_bytes
 from ._sites import Site
 
 __all__ = [
-    "ALLOC",
-    "FORMAT",
-    "FREE",
-    "HEADER",
-    "Mark",
-    "SCOPE_ENTER",
-    "SCOPE_EXIT",
-    "Codec",
-    "TimelineEvent",
-    "check",
-    "check_version",
-    "is_clock",
-    "is_count",
-    "is_unix_time",
-    "short",
-    "decode_extras",
-    "encode",
-    "read",
-    "write",
-    "chrome_trace",
-    "write_chrome_trace",
-]
+    "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "Codec", "Mark",
+    "TimelineEvent", "check", "check_version", "chrome_trace", "decode_extras", "encode",
+    "is_clock", "is_count", "is_unix_time", "read", "short", "write", "write_chrome_trace",
+]  # fmt: skip
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
@@ -84,10 +55,8 @@ _SEQ = (list, tuple)
 def short(value: Any) -> str:
     """``value`` in a message, as JSON spells it: a number or a short string whole, a longer one
     clipped, anything else by its type (a container could be huge, or too deep to write)."""
-    if value is None or isinstance(value, bool):
+    if value is None or isinstance(value, (bool, float)):  # NaN, Infinity as JSON reads them
         return json.dumps(value)
-    if isinstance(value, float):
-        return json.dumps(value)  # NaN, Infinity, -Infinity as JSON (and Python) reads them
     if isinstance(value, int):
         return str(value) if abs(value) < 10**30 else f"an int of {value.bit_length()} bits"
     if isinstance(value, str):
@@ -122,16 +91,10 @@ def is_unix_time(x: Any) -> bool:
 
 
 def check_version(data: dict[str, Any], where: str, what: str, version: int, write: str) -> None:
-    """Refuse ``data`` unless its ``"version"`` is ``version``: one with none, or with one that no
-    tidyjax writes (not a positive int), is no tidyjax file; a newer one needs a newer tidyjax.
-
-    Args:
-        what: ``"timeline"`` or ``"snapshot"``.
-        write: the call that writes one (``"Timeline.dump(path)"``).
-
-    Raises:
-        TidyjaxValueError: saying which.
-    """
+    """Refuse ``data`` unless its ``"version"`` is ``version``, with a `TidyjaxValueError` that
+    says why: one with none, or one no tidyjax writes (not a positive int), is no tidyjax file; a
+    newer one needs a newer tidyjax. ``what``: ``"timeline"`` or ``"snapshot"``; ``write``: the
+    call that writes one (``"Timeline.dump(path)"``)."""
     if "version" not in data:
         raise TidyjaxValueError(
             f'{where} is not a tidyjax {what} file: it has no "version" (every file {write} '
@@ -645,21 +608,15 @@ def _lane(lanes: list[list[float]], start: float, end: float) -> int:
 
 
 def _instants(events: list[TimelineEvent], t0: float) -> list[dict[str, Any]]:
-    out = []
-    for ev in events:
-        if ev.kind not in _SIGNED:
-            continue
-        what = f"{ev.dtype}{list(ev.shape)}".replace(" ", "")
-        out.append({
-            "name": f"{ev.kind} {what} {fmt_bytes(ev.bytes)}", "cat": ev.kind, "ph": "i",
-            "s": "t", "ts": _us(ev.time, t0), "pid": _PID, "tid": _TID_BUFFERS,
-            "args": {
-                "bytes": ev.bytes, "device": ev.device, "site": str(ev.site or "<unknown site>"),
-                "scope": ev.scope, "shape": list(ev.shape), "dtype": ev.dtype,
-                "buffer": ev.buffer, "tensors": list(ev.tensors),
-            },
-        })  # fmt: skip
-    return out
+    return [{
+        "name": f"{ev.kind} {describe(ev)} {fmt_bytes(ev.bytes)}", "cat": ev.kind, "ph": "i",
+        "s": "t", "ts": _us(ev.time, t0), "pid": _PID, "tid": _TID_BUFFERS,
+        "args": {
+            "bytes": ev.bytes, "device": ev.device, "site": str(ev.site or "<unknown site>"),
+            "scope": ev.scope, "shape": list(ev.shape), "dtype": ev.dtype,
+            "buffer": ev.buffer, "tensors": list(ev.tensors),
+        },
+    } for ev in events if ev.kind in _SIGNED]  # fmt: skip
 
 
 def _moments(tl: Any, t0: float, start: float | None) -> list[dict[str, Any]]:
@@ -703,8 +660,7 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
         for key, value in (("name", name), ("sort_index", tid))
     ]
     trace += _counters(base, events, t0, start)
-    for slices in threads:
-        trace += slices
+    trace += [s for slices in threads for s in slices]
     if buffers:
         trace += _instants(events, t0)
     trace += _moments(tl, t0, start if events else None)
@@ -726,11 +682,7 @@ def write_chrome_trace(
     """Write `chrome_trace` of ``tl`` to ``path`` (gzip-compressed when it ends in
     ``.gz``), creating missing parent folders; returns the path written."""
     target = pathlib.Path(os.fspath(path))
-    text = json.dumps(chrome_trace(tl, buffers=buffers), separators=(",", ":"))
+    data = json.dumps(chrome_trace(tl, buffers=buffers), separators=(",", ":")).encode("utf-8")
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.name.endswith(".gz"):
-        with gzip.open(target, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        target.write_text(text, encoding="utf-8")
+    target.write_bytes(gzip.compress(data) if target.name.endswith(".gz") else data)
     return target

@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any
 
 from ._census import UNTRACKED, WATCHED, site_label
-from ._format import esc, fmt_bytes
+from ._format import describe, esc, fmt_bytes
 
 __all__ = ["alive_after", "elapsed", "fragment", "page"]
 
@@ -359,7 +359,7 @@ def _peak_table(ch: _Chart, j: int) -> str:
             continue
         kind = _KINDS.get(ev.scope)  # a plain jax.Array: no scope frees it
         key = (site_label(ev.site, kind or "tensor"),
-               f"{ev.dtype}{list(ev.shape)}".replace(" ", ""), kind or ev.scope or "(no scope)",
+               describe(ev), kind or ev.scope or "(no scope)",
                device if several else ev.device)  # fmt: skip
         g = groups.setdefault(key, [0, 0])
         g[0], g[1] = g[0] + (nbytes if several else ev.bytes), g[1] + 1
