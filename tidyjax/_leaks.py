@@ -57,7 +57,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _NOUN = "untracked array"
 
 
-class LeakReport:
+class LeakReport(_html.Pretty):
     """What a leak check found alive: Tensors (tracked) and plain jax.Arrays (untracked),
     each grouped by creation site.
 
@@ -99,9 +99,6 @@ class LeakReport:
 
     def __len__(self) -> int:
         return len(self.records)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
     def _headline(self) -> str:
         tensors, arrays = self.tensors, self.arrays

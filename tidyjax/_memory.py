@@ -44,7 +44,7 @@ def _empty() -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryInfo:
+class MemoryInfo(_html.Pretty):
     """An immutable snapshot of tidyjax's accounting, as returned by [`memory`][tidyjax.memory].
 
     Attributes:
@@ -115,9 +115,6 @@ class MemoryInfo:
             f"{per_device}, watched={dict(self.watched)}, watched_arrays="
             f"{dict(self.watched_arrays)}, unreliable={self.unreliable}, reasons={self.reasons})"
         )
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
     @_html.never_raises
     def _repr_html_(self) -> str:
@@ -413,10 +410,8 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
 
     merged: dict[str, Any] = {f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS}
     merged.update({f: MappingProxyType(summed(getattr(r, f) for r in reports)) for f in _SUMMED})
+    merged.update({f: total(f) for f in ("num_tensors", "num_data_buffers", "num_bytes")})
     return MemoryInfo(
-        num_tensors=total("num_tensors"),
-        num_data_buffers=total("num_data_buffers"),
-        num_bytes=total("num_bytes"),
         unreliable=any(r.unreliable for r in reports),
         reasons=reports[0].reasons
         if len(reports) == 1
@@ -445,17 +440,14 @@ def _to_json(m: MemoryInfo) -> dict[str, Any]:
 
 def _from_json(d: dict[str, Any]) -> MemoryInfo:
     devices = {dev.id: dev for dev in jax.devices()}
-    fields: dict[str, Any] = {
-        k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in d.items()
-    }
+    fields = {k: _frozen(v) for k, v in d.items()}
     for f in _BY_DEVICE:
-        fields[f] = MappingProxyType(
-            {
-                devices[int(k)]: v if isinstance(v, int) else MappingProxyType(v)
-                for k, v in d[f].items()
-            }
-        )
+        fields[f] = MappingProxyType({devices[int(k)]: _frozen(v) for k, v in d[f].items()})
     for f in _ROWS:
         fields[f] = tuple(SiteStat.from_json(t) for t in d[f])
     fields["reasons"] = tuple(d["reasons"])
     return MemoryInfo(**fields)
+
+
+def _frozen(v: Any) -> Any:
+    return MappingProxyType(v) if isinstance(v, dict) else v

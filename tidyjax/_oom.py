@@ -142,7 +142,7 @@ def _call_site(err: BaseException) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class OOMReport:
+class OOMReport(_html.Pretty):
     """What an `OutOfMemoryError` knows: the request, and who holds the memory.
 
     ``str(report)`` is the error's message.
@@ -182,16 +182,16 @@ class OOMReport:
 
     what: str
     requested: int | None
-    tracked_bytes: int
-    untracked_bytes: int
-    untracked_arrays: int
-    device: str | None
-    limit: int | None
-    in_use: int | None
-    holders: tuple[SiteStat, ...]
-    failed: tuple[str, ...]
-    files: tuple[str, ...]
-    jax_message: str
+    tracked_bytes: int = 0
+    untracked_bytes: int = 0
+    untracked_arrays: int = 0
+    device: str | None = None
+    limit: int | None = None
+    in_use: int | None = None
+    holders: tuple[SiteStat, ...] = ()
+    failed: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    jax_message: str = ""
     problems: tuple[str, ...] = ()
     watched: tuple[WatchedUsage, ...] = ()
     called_at: str | None = None
@@ -238,9 +238,6 @@ class OOMReport:
             "or make this request smaller (a smaller batch or shape)."
         )
         return "\n".join(lines)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
     @_html.never_raises
     def _repr_html_(self) -> str:
@@ -343,19 +340,20 @@ _reporting: contextvars.ContextVar[BaseException | None] = contextvars.ContextVa
 def build_report(err: BaseException, what: str, called_at: str | None = None) -> OOMReport:
     """The report for ``err``; a report that itself fails still gives the request and says why."""
     message = str(err)
-    files, problems = _save_timeline(what, requested_bytes(message), called_at)
+    requested = requested_bytes(message)
+    files, problems = _save_timeline(what, requested, called_at)
     token = _reporting.set(err)
     try:
-        return dataclasses.replace(
-            _holders_report(), what=what, requested=requested_bytes(message),
-            files=files, jax_message=message, problems=problems, called_at=called_at,
-        )  # fmt: skip
+        report = _holders_report()
     except Exception as e:  # a broken report must not hide the out-of-memory error
-        problem = f"(The list of holders failed: {type(e).__name__}: {e}.)"
-        return OOMReport(what, requested_bytes(message), 0, 0, 0, None, None, None, (), (),
-                         files, message, (*problems, problem), (), called_at)  # fmt: skip
+        report = OOMReport(what, requested)
+        problems += (f"(The list of holders failed: {type(e).__name__}: {e}.)",)
     finally:
         _reporting.reset(token)
+    return dataclasses.replace(
+        report, what=what, requested=requested, files=files, jax_message=message,
+        problems=problems, called_at=called_at,
+    )  # fmt: skip
 
 
 def _holders_report() -> OOMReport:
@@ -374,8 +372,8 @@ def _holders_report() -> OOMReport:
     untracked_rows = statistics(untracked, ("scope", "site"))
     device, limit, in_use = _fullest_device()
     return OOMReport(
-        what="",
-        requested=None,
+        "",
+        None,
         tracked_bytes=sum(h.bytes for h in tensor_rows),
         untracked_bytes=sum(h.bytes for h in untracked_rows),
         untracked_arrays=sum(h.count for h in untracked_rows),
@@ -384,8 +382,6 @@ def _holders_report() -> OOMReport:
         in_use=in_use,
         holders=tuple(tensor_rows + untracked_rows),
         failed=_failed(c),
-        files=(),
-        jax_message="",
         watched=tuple(c.usage),
     )
 

@@ -61,7 +61,7 @@ class SiteDiff:
         )
 
 
-class Snapshot:
+class Snapshot(_html.Pretty):
     """The live Tensors at one moment, and the jax arrays tidyjax does not own then; compare two
     with [`compare_to`][tidyjax.Snapshot.compare_to].
 
@@ -106,9 +106,6 @@ class Snapshot:
             lines.append("  untracked (jax arrays tidyjax does not own), by creation site:")
             lines += [f"    {s}" for s in untracked]
         return "\n".join(lines)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
     def statistics(self, by: tuple[str, ...] = ("site",)) -> list[SiteStat]:
         """One [`SiteStat`][tidyjax.SiteStat] per kind and creation site (``by``: also, or
