@@ -112,17 +112,14 @@ class Seen:
 def _history(
     shell: Any, results: Iterable[Any], part: Part | None
 ) -> tuple[list[Any], list[Any], set[int]]:
-    """IPython's own references to values, the ones that must not keep a value alive, as
-    ``(roots, values, skip)``. ``roots`` are all history (``Out``, the cells'
-    ``ExecutionResult``s): every reference they hold counts. ``values`` are single references
-    from a place that also holds other things (``_slots``). ``skip``: ids a walk never enters.
+    """IPython's own references to values, which must not keep a value alive, as ``(roots,
+    values, skip)``: ``roots`` are all history (``Out``, the cells' ``ExecutionResult``s), every
+    reference they hold counted; ``values`` single references from a place that holds other
+    things too (``_slots``); ``skip`` ids a walk never enters.
 
-    ``part``: count only part of the history, as ``%%tidy`` does: ``(ids, keys)``, the ids of
-    the values it may free and the ``Out`` keys that are its to free (its own cell's and
-    earlier ``%%tidy`` cells'). Then ``Out`` is no root: only its entries under ``keys`` count,
-    ``_N`` only for those keys, ``sys.last_*`` and the tracebacks only when the cell made them
-    (their ids are in ``ids``), ``_``/``__``/``___`` when they show one of those values. A
-    reference the walk does not count is a holder: what another cell's output shows is kept.
+    ``part``: only ``%%tidy``'s part, ``(ids, keys)`` (see `Part`): then ``Out`` is no root, and
+    only its entries under ``keys``, ``_N`` for those keys, and the other slots showing a value
+    in ``ids`` count. A reference not counted is a holder: another cell's output is kept.
     """
     ns = shell.user_ns
     out = ns.get("Out")
@@ -336,10 +333,9 @@ class Decision(_Graph):
             return
         hook = self.shell.displayhook
         slots = [s for s in _slots(self.shell) if s[0] in ("Out", hook) or isinstance(s[0], dict)]
-        named: dict[int, str] = {}  # a value's label: its Out entry, else its first name
-        for where, name, value in sorted(slots, key=lambda s: s[0] != "Out"):
-            if where is not hook:
-                named.setdefault(id(value), _label(where, name))
+        # a value's label: its Out entry, else its first name (the first written last wins)
+        ordered = sorted(slots, key=lambda s: s[0] != "Out")
+        named = {id(v): _label(w, n) for w, n, v in reversed(ordered) if w is not hook}
         slots += [(r, "result", r.result) for r in self.roots if hasattr(r, "result")]
         placeholders: dict[int, FreedOutput | None] = {}
         for where, name, value in slots:

@@ -133,25 +133,24 @@ class LeakReport(_html.Pretty):
         return "\n".join(lines)
 
 
-def _chains_of(report: LeakReport) -> Callable[[SiteStat], list[str]]:
-    """The stacks under a row of the report (`_chains` of the records of its kind and site)."""
-    by_site: dict[tuple[bool, str], list[TensorRecord]] = collections.defaultdict(list)
-    for r in report.records:
-        by_site[r.scope == UNTRACKED, site_label(r.site)].append(r)
-    return lambda g: _chains(by_site.get((g.untracked, site_label(g.site)), []))
-
-
 #: The most distinct stacks a leak report shows under one site.
 STACKS_SHOWN = 3
 
 
-def _chains(records: list[TensorRecord]) -> list[str]:
-    """The distinct stacks of the records of one site (the user frames further in than the
+def _chains_of(report: LeakReport) -> Callable[[SiteStat], list[str]]:
+    """The distinct stacks under a row of the report (the user frames further in than its
     site, see ``_sites.Entry``), each from the site inward: ``model.py:8 in Model.__call__``."""
-    stacks = dict.fromkeys(r.site.stack for r in records if r.site is not None and r.site.stack)
-    chains = [" -> ".join(str(f) for f in reversed(st)) for st in stacks]
-    if len(chains) > STACKS_SHOWN:
-        chains[STACKS_SHOWN:] = [f"... and {len(chains) - STACKS_SHOWN} more"]
+    stacks: dict[tuple[bool, str], dict[Any, None]] = collections.defaultdict(dict)
+    for r in report.records:
+        if r.site is not None and r.site.stack:
+            stacks[r.scope == UNTRACKED, site_label(r.site)][r.site.stack] = None
+
+    def chains(g: SiteStat) -> list[str]:
+        found = stacks.get((g.untracked, site_label(g.site)), {})
+        out = [" -> ".join(str(f) for f in reversed(st)) for st in found]
+        more = [f"... and {len(out) - STACKS_SHOWN} more"] * (len(out) > STACKS_SHOWN)
+        return out[:STACKS_SHOWN] + more
+
     return chains
 
 
@@ -226,17 +225,12 @@ def plain_leaks(
     allowed: dict[int, Any] | None = None,
     site_of: Callable[[Any], Site | None] = creation_site,
 ) -> list[TensorRecord]:
-    """A record of each plain jax.Array made since ``mark`` and alive whose buffer no live
-    Tensor holds, that ``allowed`` (ids to weak references) does not hold, and whose traceback
-    has a user frame (see the module docstring), largest first: one per device buffer.
-
-    A plain array here is one tidyjax does not record, or a Tensor's array that outlived every
-    Tensor on its buffer (``t.array`` kept, ``t`` dropped; an array handed to ``tensors()``
-    whose Tensor died). Array objects over one buffer count once (the oldest stands for it):
-    a raw ``device_put`` to where a buffer is, the object printing an array makes. One over a
-    buffer that a live Tensor holds is that Tensor's, and one over an allowed array's buffer is
-    allowed. ``site_of``: how a site is found (`check_leaks` names the outermost user frame
-    inside its block).
+    """A record of each plain jax.Array made since ``mark``, alive, with a user frame in its
+    traceback (see the module docstring), that no live Tensor's buffer and no array in
+    ``allowed`` (ids to weak references) holds, largest first: one per device buffer (the
+    oldest object over a buffer stands for it). Plain: not recorded by tidyjax, or a Tensor's
+    array that outlived every Tensor on its buffer (``t.array`` kept, ``t`` dropped).
+    ``site_of``: how a site is found (`check_leaks` names the outermost user frame inside it).
     """
     found = [a for a in _candidates(mark, allowed) if _made_by_user(a)]
     taken = [r() for r in (allowed or {}).values()] + _held_arrays()
@@ -359,15 +353,9 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
     def leaked(self) -> list[TensorRecord]:
         """The Tensors, then the plain arrays, made since entering that are alive and not
-        allowed.
-
-        With no Tensor and no plain array made since entering, this costs one walk of the
-        newest arrays and no garbage collection.
-
-        Each record's ``site`` is the outermost user frame inside the checked block (the line
-        of the block, or of the decorated function, that led to the leak), its ``site.stack``
-        the user frames further in: a model's ``__call__`` called from two lines of the block
-        leaks at two sites.
+        allowed (with none made, one walk of the newest arrays and no garbage collection).
+        Each record's ``site`` is the outermost user frame inside the checked block, its
+        ``site.stack`` the user frames further in.
         """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")

@@ -140,19 +140,20 @@ class MemoryInfo(_html.Pretty):
         lines = [_headline(self)]
         for d in _devices(self):
             lines.append(f"  {d}: {_device_sum(self, d)}")
-            stats = _limit_line(self.device_stats.get(d))
-            if stats:
-                lines.append(f"    {stats}")
-            lines += [f"    {i}. {t}" for i, t in enumerate(_top_of(self, d), 1)]
-        lines += [f"  {_watched_line(self, name)}" for name in self.watched]
+            lines += [f"    {stats}" for stats in [_limit_line(self.device_stats.get(d))] if stats]
+            top = [t for t in self.top_sites if t.device == str(d)]
+            lines += [f"    {i}. {t}" for i, t in enumerate(top, 1)]
+        for name, b in self.watched.items():
+            n = count(self.watched_arrays.get(name, 0), "array")
+            lines.append(f"  watched {name!r}: {fmt_bytes(b)} in {n}")
         if self.untracked_arrays:
-            lines.append(f"  untracked: {_untracked(self)}")
-            if self.untracked_sites:
-                lines[-1] += "; made at (largest first):"
+            made = "; made at (largest first):" if self.untracked_sites else ""
+            lines.append(
+                f"  untracked: {count(self.untracked_arrays, 'jax array')} not owned by tidyjax, "
+                f"{fmt_bytes(self.untracked_bytes or 0)}{made}"
+            )
             lines += [f"    {u.device}: {u}" for u in self.untracked_sites]
-        minor = _minor(self)
-        lines += [f"  {'note' if minor and _is_untracked(r) else 'unreliable'}: {r}"
-                  for r in self.reasons]  # fmt: skip
+        lines += [f"  {'note' if note else 'unreliable'}: {r}" for note, r in _notes(self)]
         return "\n".join(lines)
 
 
@@ -194,19 +195,13 @@ def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def _top_of(m: MemoryInfo, d: Any) -> list[SiteStat]:
-    return [t for t in m.top_sites if t.device == str(d)]
-
-
-def _is_untracked(reason: str) -> bool:
-    return "not owned by tidyjax" in reason
-
-
-def _minor(m: MemoryInfo) -> bool:
-    """Whether the untracked arrays are a small stray rather than a gap worth an alarm."""
+def _notes(m: MemoryInfo) -> list[tuple[bool, str]]:
+    """Each reason, and whether it is only a note: untracked arrays that are a small stray
+    rather than a gap worth an alarm."""
     u = m.untracked_bytes or 0
     total = sum(m.total_per_device.values()) or m.num_bytes + u
-    return u < ALARM_BYTES and (total < ALARM_BYTES or u < ALARM_SHARE * total)
+    minor = u < ALARM_BYTES and (total < ALARM_BYTES or u < ALARM_SHARE * total)
+    return [(minor and "not owned by tidyjax" in r, r) for r in m.reasons]
 
 
 def _headline(m: MemoryInfo) -> str:
@@ -218,19 +213,6 @@ def _headline(m: MemoryInfo) -> str:
     if w or u:
         text += f"; {fmt_bytes(m.num_bytes + w + u)} with watched and untracked arrays"
     return text
-
-
-def _watched_line(m: MemoryInfo, name: str) -> str:
-    """``watched 'model': 4.0 MiB in 2 arrays``: a watched object's bytes with their count."""
-    n = m.watched_arrays.get(name, 0)
-    return f"watched {name!r}: {fmt_bytes(m.watched.get(name, 0))} in {count(n, 'array')}"
-
-
-def _untracked(m: MemoryInfo) -> str:
-    return (
-        f"{count(m.untracked_arrays or 0, 'jax array')} not owned by tidyjax, "
-        f"{fmt_bytes(m.untracked_bytes or 0)}"
-    )
 
 
 def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
@@ -275,12 +257,11 @@ def _limit_cells(s: Mapping[str, int] | None, peaks: bool) -> list[str]:
 
 def _reasons(m: MemoryInfo) -> list[str]:
     """Why the figures are incomplete: an alarm, except for a small untracked stray."""
-    minor = _minor(m)
     return [
         _html.line(_html.dim("note: "), esc(r))
-        if minor and _is_untracked(r)
+        if note
         else _html.line(_html.bad("unreliable"), ": ", esc(r))
-        for r in m.reasons
+        for note, r in _notes(m)
     ]
 
 
@@ -349,16 +330,16 @@ def _scanned(c: Census) -> dict[str, Any]:
         "untracked_bytes": sum(r.bytes for r in untracked),
         "untracked_sites": tuple(statistics(untracked, ("device", "site"), TOP_SITES)),
         "untracked_per_device": MappingProxyType(c.per_device("untracked")),
-        "top_sites": _holders(c),
+        # on each device its largest holders: sites of Tensors and untracked arrays, watched
+        # objects by name
+        "top_sites": tuple(
+            top_per_device(
+                statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
+                + statistics(c.of("watched"), ("device", "name")),
+                DEVICE_TOP,
+            )
+        ),
     }
-
-
-def _holders(c: Census) -> tuple[SiteStat, ...]:
-    """On each device, its `DEVICE_TOP` largest holders: sites of Tensors and of untracked
-    arrays, watched objects by name."""
-    rows = statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
-    rows += statistics(c.of("watched"), ("device", "name"))
-    return tuple(top_per_device(rows, DEVICE_TOP))
 
 
 def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
