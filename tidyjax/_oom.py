@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -30,7 +31,7 @@ from jax.errors import JaxRuntimeError
 from . import _html, _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._context import set_jax_error_hook
-from ._decorating import check_callable, decorate
+from ._decorating import decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
 from ._memory import device_stats
@@ -122,18 +123,12 @@ def _call_site(err: BaseException) -> str | None:
     it is in the error's traceback too (the body of ``with oom_report()``)."""
     from ._sites import site_of_frames
 
-    lines = {}
-    tb = err.__traceback__
-    while tb is not None:
-        lines[id(tb.tb_frame)] = tb.tb_lineno
-        tb = tb.tb_next
-    frames = []
-    f: Any = sys._getframe(1)
-    while f is not None:
-        code, line = f.f_code, lines.get(id(f), f.f_lineno)  # as JAX's traceback frames read
-        frames.append(SimpleNamespace(file_name=code.co_filename, function_name=code.co_name,
-                                      line_num=line))  # fmt: skip
-        f = f.f_back
+    lines = {id(f): line for f, line in traceback.walk_tb(err.__traceback__)}
+    frames = [  # as JAX's traceback frames read
+        SimpleNamespace(file_name=f.f_code.co_filename, function_name=f.f_code.co_name,
+                        line_num=lines.get(id(f), line))
+        for f, line in traceback.walk_stack(sys._getframe(1))
+    ]  # fmt: skip
     site = site_of_frames(frames)
     return None if site is None else str(site)
 
@@ -437,11 +432,7 @@ def _failed_call_frames(err: BaseException | None) -> list[Any]:
     seen: set[int] = set()
     while err is not None and id(err) not in seen and len(seen) < 8:
         seen.add(id(err))
-        chain = []
-        tb = err.__traceback__
-        while tb is not None:
-            chain.append(tb.tb_frame)
-            tb = tb.tb_next
+        chain = [f for f, _ in traceback.walk_tb(err.__traceback__)]
         for f in reversed(chain):
             if not f.f_code.co_filename.startswith(_SKIP):
                 break
@@ -473,12 +464,9 @@ def _operand(x: Any) -> str:
 # -- the timeline ------------------------------------------------------------------------------
 
 
-#: How the mark of the failed request on the timeline (and its saved page) is labelled.
-OOM_LABEL = "out of memory"
-
-
 def _oom_label(what: str, called_at: str | None) -> str:
-    return f"{OOM_LABEL}: {what or 'a request'}" + (f" at {called_at}" if called_at else "")
+    """How the mark of the failed request on the timeline (and its saved page) is labelled."""
+    return f"out of memory: {what or 'a request'}" + (f" at {called_at}" if called_at else "")
 
 
 def _save_timeline(
@@ -590,7 +578,6 @@ class _OOMReporting:
             _raise(exc, f"in oom_report({self.label!r})" if self.label else "in oom_report()", ())
 
     def __call__(self, fn: F) -> F:
-        check_callable(fn, "@oom_report", decorator=True)
         label = self.label or getattr(fn, "__qualname__", type(fn).__name__)
         reporting = _OOMReporting(label)
         return decorate(fn, lambda: reporting, "@oom_report")

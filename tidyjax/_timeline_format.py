@@ -641,12 +641,10 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
         buffers: also an instant event per allocation and free (with its site, scope, shape).
     """
     base, events = tl._window()
-    first = events[0].time if events else 0.0
-    t0 = tl.start_time if tl.start_time is not None else first
-    t0 = min(t0, first) if events else t0
-    start = first if tl.dropped and events else t0  # before the kept events: unknown
-    end = tl.stop_time if tl.stop_time is not None else (events[-1].time if events else t0)
-    end = max(end, events[-1].time) if events else end
+    first, last = (events[0].time, events[-1].time) if events else (None, None)
+    t0 = min((t for t in (tl.start_time, first) if t is not None), default=0.0)
+    end = max((t for t in (tl.stop_time, last) if t is not None), default=t0)
+    start = t0 if first is None or not tl.dropped else first  # before the kept events: unknown
     threads = _scope_slices(events, t0, start, end)
     names = [("process", 0, "tidyjax memory")]
     names += [("thread", _TID_BUFFERS, "buffers")] if buffers else []
