@@ -108,15 +108,6 @@ def never_raises(fn: Callable[..., str]) -> Callable[..., str]:
     return safe
 
 
-class Pretty:
-    """A report that IPython's plain display prints as its ``str``, as ``print`` does."""
-
-    __slots__ = ()
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
-
-
 # -- pieces ------------------------------------------------------------------------------------
 
 

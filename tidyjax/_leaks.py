@@ -57,7 +57,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _NOUN = "untracked array"
 
 
-class LeakReport(_html.Pretty):
+class LeakReport:
     """What a leak check found alive: Tensors (tracked) and plain jax.Arrays (untracked),
     each grouped by creation site.
 
@@ -109,6 +109,9 @@ class LeakReport(_html.Pretty):
             parts.append(f"{count(len(arrays), _NOUN)} ({fmt_bytes(_bytes(arrays))})")
         verb = "is" if len(self.records) == 1 else "are"
         return f"{' and '.join(parts)} created inside {self.where} {verb} still alive"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
 
     @_html.never_raises
     def _repr_html_(self) -> str:

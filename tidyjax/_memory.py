@@ -44,7 +44,7 @@ def _empty() -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryInfo(_html.Pretty):
+class MemoryInfo:
     """An immutable snapshot of tidyjax's accounting, as returned by [`memory`][tidyjax.memory].
 
     Attributes:
@@ -115,6 +115,9 @@ class MemoryInfo(_html.Pretty):
             f"{per_device}, watched={dict(self.watched)}, watched_arrays="
             f"{dict(self.watched_arrays)}, unreliable={self.unreliable}, reasons={self.reasons})"
         )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
 
     @_html.never_raises
     def _repr_html_(self) -> str:

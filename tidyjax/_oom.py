@@ -137,7 +137,7 @@ def _call_site(err: BaseException) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class OOMReport(_html.Pretty):
+class OOMReport:
     """What an `OutOfMemoryError` knows: the request, and who holds the memory.
 
     ``str(report)`` is the error's message.
@@ -233,6 +233,9 @@ class OOMReport(_html.Pretty):
             "or make this request smaller (a smaller batch or shape)."
         )
         return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
 
     @_html.never_raises
     def _repr_html_(self) -> str:

@@ -61,7 +61,7 @@ class SiteDiff:
         )
 
 
-class Snapshot(_html.Pretty):
+class Snapshot:
     """The live Tensors at one moment, and the jax arrays tidyjax does not own then; compare two
     with [`compare_to`][tidyjax.Snapshot.compare_to].
 
@@ -91,6 +91,9 @@ class Snapshot(_html.Pretty):
 
     def __repr__(self) -> str:
         return f"<Snapshot of {summary(self.records + self.untracked)}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
 
     @_html.never_raises
     def _repr_html_(self) -> str:
