@@ -17,14 +17,8 @@ from ._format import count, esc, fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
 
 __all__ = [
-    "ALARM_BYTES",
-    "ALARM_SHARE",
-    "DEVICE_TOP",
-    "TOP_SITES",
-    "MemoryInfo",
-    "device_stats",
-    "memory",
-]
+    "ALARM_BYTES", "ALARM_SHARE", "DEVICE_TOP", "TOP_SITES", "MemoryInfo", "device_stats", "memory",
+]  # fmt: skip
 
 #: How many creation sites of untracked arrays ``memory()`` names per device, largest first.
 TOP_SITES = 5

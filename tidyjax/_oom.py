@@ -41,9 +41,7 @@ from ._trees import tensors_in
 if TYPE_CHECKING:
     from ._census import SiteStat, WatchedUsage
 
-__all__ = [
-    "OOMReport", "failed", "install", "oom_report", "raise_for",
-]  # fmt: skip
+__all__ = ["OOMReport", "failed", "install", "oom_report", "raise_for"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -538,29 +538,19 @@ def _counters(
     changes += [(ev.time, 1 if ev.kind == ALLOC else -1, ev) for ev in events if ev.kind in _SIGNED]
     devices = dict.fromkeys((d for _, _, ev in changes for d, _ in _shares(ev)), 0)
     total = "all devices" if len(devices) > 1 else None
-    out: list[dict[str, Any]] = []
-    last: dict[str, dict[str, Any]] = {}  # track -> its latest counter event
-
-    def put(track: str, ts: float, value: int) -> None:
-        prev = last.get(track)
-        if prev is not None and prev["ts"] == ts:  # one value per moment: the latest
-            prev["args"][_COUNTER] = value
-            return
-        ev = {"name": track, "cat": "memory", "ph": "C", "ts": ts, "pid": _PID, "tid": 0,
-              "args": {_COUNTER: value}}  # fmt: skip
-        last[track] = ev
-        out.append(ev)
-
-    for track in [*devices, total] if total else devices:
-        put(track, _us(start, t0), 0)
+    # per track, its value at each moment (the latest); times only grow
+    values = {track: {_us(start, t0): 0} for track in ([*devices, total] if total else devices)}
     for t, sign, ev in changes:
         ts = _us(t, t0)
         for d, b in _shares(ev):
-            devices[d] += sign * b
-            put(d, ts, devices[d])
+            devices[d] = values[d][ts] = devices[d] + sign * b
         if total:
-            put(total, ts, sum(devices.values()))
-    return out
+            values[total][ts] = sum(devices.values())
+    return [
+        {"name": track, "cat": "memory", "ph": "C", "ts": ts, "pid": _PID, "tid": 0,
+         "args": {_COUNTER: value}}
+        for track, by_time in values.items() for ts, value in by_time.items()
+    ]  # fmt: skip
 
 
 def _scope_slices(
@@ -569,18 +559,10 @@ def _scope_slices(
     """The scopes as complete slices, one list per thread, each sorted and properly nested."""
     spans: dict[int, list[Any]] = {}  # scope number -> [start, end, name, path]
     for ev in events:
-        if ev.kind == SCOPE_ENTER:
-            spans[ev.buffer] = [ev.time, None, ev.name or "<tidy>", ev.scope]
-        elif ev.kind == SCOPE_EXIT:
-            span = spans.get(ev.buffer)
-            if span is None:  # entered before the events kept
-                spans[ev.buffer] = [start, ev.time, ev.name or "<tidy>", ev.scope]
-            else:
-                span[1] = ev.time
-    ordered = sorted(
-        ((s, end if e is None else e, name, path) for s, e, name, path in spans.values()),
-        key=lambda span: (span[0], -span[1]),
-    )
+        if ev.kind in (SCOPE_ENTER, SCOPE_EXIT):  # an exit alone: entered before the events kept
+            span = spans.setdefault(ev.buffer, [start, end, ev.name or "<tidy>", ev.scope])
+            span[ev.kind == SCOPE_EXIT] = ev.time
+    ordered = sorted(spans.values(), key=lambda span: (span[0], -span[1]))
     lanes: list[list[float]] = []  # per thread: the ends of the slices open there
     threads: list[list[dict[str, Any]]] = []
     for s, e, name, path in ordered:
