@@ -54,8 +54,6 @@ __all__ = ["UNTRACKED", "LeakReport", "check_leaks", "leak_error", "plain_leaks"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_NOUN = "untracked array"
-
 
 class LeakReport:
     """What a leak check found alive: Tensors (tracked) and plain jax.Arrays (untracked),
@@ -106,7 +104,7 @@ class LeakReport:
         if tensors or not arrays:
             parts.append(f"{count(len(tensors), 'tensor')} ({fmt_bytes(_bytes(tensors))})")
         if arrays:
-            parts.append(f"{count(len(arrays), _NOUN)} ({fmt_bytes(_bytes(arrays))})")
+            parts.append(f"{count(len(arrays), 'untracked array')} ({fmt_bytes(_bytes(arrays))})")
         verb = "is" if len(self.records) == 1 else "are"
         return f"{' and '.join(parts)} created inside {self.where} {verb} still alive"
 

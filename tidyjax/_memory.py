@@ -115,10 +115,8 @@ class MemoryInfo:
 
     @_html.never_raises
     def _repr_html_(self) -> str:
-        """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
-        untracked arrays' row) against the largest of them; JAX's own totals against each
-        device's limit. Where watched or untracked arrays add to a device, its total with each
-        part; then the largest holders on each device."""
+        """The devices as rows (each column of bars on one scale: tidyjax's bytes against the
+        largest, JAX's own totals against each device's limit), then the largest holders."""
         parts = [f"<b>tidyjax memory</b>: {esc(_headline(self))}"]
         if not self.bytes_per_device and not self.num_data_buffers:
             parts.append(_html.line("nothing tracked: no live tensors"))
@@ -166,12 +164,9 @@ def _device_sum(m: MemoryInfo, d: Any) -> str:
     w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
     if not (w or u):
         return fmt_bytes(b)
-    if m.untracked_arrays is None:  # not scanned: no figure to add
-        return f"{fmt_bytes(b)} tidyjax + {fmt_bytes(w)} watched = {fmt_bytes(b + w)}"
-    return (
-        f"{fmt_bytes(b)} tidyjax + {fmt_bytes(w)} watched + {fmt_bytes(u)} untracked = "
-        f"{fmt_bytes(b + w + u)}"
-    )
+    parts = [(b, "tidyjax"), (w, "watched")]
+    parts += [(u, "untracked")] * (m.untracked_arrays is not None)  # not scanned: no figure
+    return " + ".join(f"{fmt_bytes(n)} {what}" for n, what in parts) + f" = {fmt_bytes(b + w + u)}"
 
 
 def _limit_line(s: Mapping[str, int] | None) -> str:

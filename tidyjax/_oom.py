@@ -17,6 +17,7 @@ import contextvars
 import dataclasses
 import datetime
 import os
+import pathlib
 import re
 import sys
 import time
@@ -362,8 +363,8 @@ def _holders_report() -> OOMReport:
     # The Tensors only: a watched raw array is in the watched section, counted there.
     raws = ("<watched>", "<untracked>")
     tracked = [r for r in c.records() if r.scope not in raws and r._buffer not in broken]
-    raw = [r.array for r in c.of("untracked")]
-    untracked = [untracked_record(a) for a in raw if id(a) not in temporaries]
+    untracked = [untracked_record(r.array) for r in c.of("untracked")
+                 if id(r.array) not in temporaries]  # fmt: skip
     tensor_rows = statistics(tracked, ("scope", "site"))
     untracked_rows = statistics(untracked, ("scope", "site"))
     device, limit, in_use = _fullest_device()
@@ -508,9 +509,7 @@ def _save_page(timeline: Any, failure: dict[str, Any], path: str) -> None:
     if not hasattr(timeline, "_window"):  # not a recorded Timeline: its own page
         timeline.save_html(path)
         return
-    page = oom_page(timeline, failure)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    pathlib.Path(path).write_text(oom_page(timeline, failure), encoding="utf-8")
 
 
 def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
