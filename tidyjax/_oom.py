@@ -579,8 +579,7 @@ class _OOMReporting:
 
     def __call__(self, fn: F) -> F:
         label = self.label or getattr(fn, "__qualname__", type(fn).__name__)
-        reporting = _OOMReporting(label)
-        return decorate(fn, lambda: reporting, "@oom_report")
+        return decorate(fn, lambda: _OOMReporting(label), "@oom_report")
 
 
 def oom_report(label: str | Callable[..., Any] | None = None) -> Any:
