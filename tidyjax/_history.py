@@ -292,13 +292,11 @@ class Decision(_Graph):
             if key not in held and (key in created or _freeable(obj))
         }
         walked = out.keys() if part is None else part[1]  # the other entries: as they were
+        for n in [n for n in inert if n not in out or n in walked]:
+            del inert[n]
         for n, v in out.items():
             if n in walked and (id(v) in frozen or self._inert(v, held, created)):
                 inert[n] = id(v)
-            elif n in walked:
-                inert.pop(n, None)
-        for n in [n for n in inert if n not in out]:
-            del inert[n]
 
     def _inert(self, value: Any, held: set[int], created: dict[int, Tensor]) -> bool:
         """Whether ``value`` and all below it were walked, are held by the history alone and

@@ -3,16 +3,10 @@
 
 A check counts two kinds of leak, apart: **Tensors** made inside and alive at the end (tracked),
 and **plain jax.Arrays** made inside and alive at the end that tidyjax does not track
-(untracked: the outputs of ``jnp``, a raw ``jax.jit``, NNX or Equinox). The plain ones are the
-arrays `ArrayMark` finds, less three kinds:
-
-* arrays tidyjax records (a Tensor's array, counted as the Tensor);
-* arrays allowed (``checker.allow``, the decorator's return value);
-* arrays with no user frame in their creation traceback: ``creation_site`` gives None or a
-  frame inside JAX, tidyjax or installed code (``_sites.LIBRARY_FOLDERS``,
-  ``INSTALLED_FOLDERS``). Those are JAX's and libraries' own: compiled-function constants,
-  caches, PRNG internals. A cache a library fills on the first call *from the user's line*
-  (it has a user frame) is what a warm-up step before the check removes.
+(untracked: the outputs of ``jnp``, a raw ``jax.jit``, NNX or Equinox): the arrays `ArrayMark`
+finds, less those tidyjax records, those allowed, and those with no user frame in their creation
+traceback (JAX's and installed libraries' own: compiled-function constants, caches, PRNG
+internals; a cache filled on a first call *from the user's line* is what a warm-up step removes).
 """
 
 from __future__ import annotations
@@ -187,11 +181,8 @@ def leak_error(
     checker: check_leaks | None = None,
 ) -> LeakError | None:
     """The `LeakError` to raise if more than ``allowance`` Tensors and plain arrays
-    (together) leaked, or None.
-
-    Returned, not raised, so that the frame raising it is the caller's: the fewer tidyjax
-    frames in a traceback, the fewer IPython shows (it always shows the innermost one).
-    """
+    (together) leaked, or None: returned, so that the frame raising it is the caller's (IPython
+    shows the innermost frame of a traceback)."""
     report = LeakReport(leaked, where)
     if checker is not None:
         checker.report = report

@@ -96,10 +96,9 @@ def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn
 
 
 def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
-    """Mark donated as ``name``'s the operand Tensors whose buffers the failed call deleted,
-    and describe them: XLA consumes a donated buffer when the call starts, and JAX deletes it
-    even when the call then runs out of memory (an out-of-memory error never comes from an
-    operand deleted before the call: JAX refuses that one first)."""
+    """Mark donated as ``name``'s the operand Tensors whose buffers the failed call deleted
+    (JAX deletes a donated buffer when the call starts, even one that then runs out of memory),
+    and describe them."""
     out = []
     for t in tensors_in(operands):
         rec = t._rec
@@ -322,9 +321,7 @@ def _holders_table(holders: Sequence[SiteStat], top: int = TOP) -> str:
 def requested_bytes(message: str) -> int | None:
     """The bytes JAX's out-of-memory message says it could not allocate, or None."""
     m = _REQUESTED.search(message)
-    if m is None:
-        return None
-    return int(next(g for g in m.groups() if g is not None))
+    return None if m is None else int(next(g for g in m.groups() if g is not None))
 
 
 #: The error whose report is being built: ``_holders_report`` leaves out what only its failed

@@ -80,9 +80,6 @@ class Snapshot:
 
     __slots__ = ("records", "taken_at", "untracked")
 
-    records: tuple[TensorRecord, ...]
-    untracked: tuple[TensorRecord, ...]
-
     def __init__(self, records: Iterable[TensorRecord], taken_at: float | None = None) -> None:
         every = tuple(records)
         self.records = tuple(r for r in every if r.scope != UNTRACKED)

@@ -10,8 +10,7 @@ which owns the chart: areas, axes, scope bands, peak, marks, legend, zoom and pa
 Sanitizers (untrusted notebooks, nbviewer) drop ``<script>``, ``<style>`` and ``<svg>`` but keep
 ``<img>`` data URIs and inline styles: there the page shows its title, summary, sites, per device
 an image (one area, the peak, the marks) and the table of what was alive at the peak. Reads a
-timeline through ``_window()``, ``_names``, ``_stacks``, ``_marks``, ``dropped``, ``peak_*``,
-``start_time``, ``stop_time`` and ``started_at``; imports nothing of ``_timeline``."""
+timeline through its fields (``_window()``, ``_names``, ...); imports nothing of ``_timeline``."""
 
 from __future__ import annotations
 
