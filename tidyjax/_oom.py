@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime
+import itertools
 import os
 import pathlib
 import re
@@ -70,13 +71,10 @@ def install() -> None:
 def raise_for(
     err: BaseException, what: str, operands: tuple[Any, ...] = (), method: bool = False
 ) -> None:
-    """Raise tidyjax's error for JAX's runtime error ``err`` in an op; return for any other
-    (the caller re-raises it untouched).
-
-    Out of memory: `OutOfMemoryError` (for a Tensor method that waited, ``method``, the report
-    names the method, the Tensor and where it was computed). An operand Tensor whose buffer
-    was deleted behind tidyjax's back (``t.array.delete()``): `DisposedError` saying so.
-    """
+    """Raise tidyjax's error for JAX's runtime error ``err`` in an op, else return (the caller
+    re-raises it): out of memory, `OutOfMemoryError` (after a Tensor method waited, ``method``,
+    naming the method, the Tensor and where it was computed); an operand Tensor whose buffer
+    was deleted behind tidyjax's back (``t.array.delete()``), `DisposedError` saying so."""
     if is_oom(err):
         _raise(err, *((_waited_text(operands[0], what), ()) if method else (what, operands)))
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
@@ -271,10 +269,8 @@ def _asked(r: OOMReport) -> str:
 
 
 def _device_line(r: OOMReport) -> list[str]:
-    if r.limit is None:
-        return []
-    use = f"{fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit)}"
-    return [f"Device {r.device}: {use} (all of JAX)."]
+    use = f"{fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit or 0)}"
+    return [f"Device {r.device}: {use} (all of JAX)."] * (r.limit is not None)
 
 
 def _section(head: str, more: str, rows: list[SiteStat]) -> list[str]:
@@ -432,10 +428,7 @@ def _failed_call_frames(err: BaseException | None) -> list[Any]:
     while err is not None and id(err) not in seen and len(seen) < 8:
         seen.add(id(err))
         chain = [f for f, _ in traceback.walk_tb(err.__traceback__)]
-        for f in reversed(chain):
-            if not f.f_code.co_filename.startswith(_SKIP):
-                break
-            frames.append(f)
+        frames += itertools.takewhile(lambda f: f.f_code.co_filename.startswith(_SKIP), chain[::-1])
         err = err.__cause__ if err.__cause__ is not None else err.__context__
     return frames
 
@@ -515,9 +508,8 @@ def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
         return
     from . import _timeline_format
 
-    data = timeline.to_json()  # the failed request among its marks
-    data["oom"] = failure  # Timeline.load ignores it; `python -m tidyjax view` shows it
-    _timeline_format.write(data, path)
+    # the failed request among its marks, and as "oom" (`tidyjax view` shows it, load ignores it)
+    _timeline_format.write({**timeline.to_json(), "oom": failure}, path)
 
 
 def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:

@@ -224,14 +224,10 @@ class Codec:
         return self.sites.setdefault((site, site.detail), len(self.sites))
 
     def tables(self) -> dict[str, Any]:
-        s = self._s
-        placements = [[[s(d), b] for d, b in pd] for pd in self.placements]
-        return {
-            "strings": list(self.strings),
-            "sites": [_site_row(x) for x, _ in self.sites],
-            "metas": self.meta_list,
-            "placements": placements,
-        }
+        placements = [[[self._s(d), b] for d, b in pd] for pd in self.placements]
+        sites = [_site_row(x) for x, _ in self.sites]
+        return {"strings": list(self.strings), "sites": sites, "metas": self.meta_list,
+                "placements": placements}  # fmt: skip
 
     @classmethod
     def read(cls, data: dict[str, Any]) -> Codec:
