@@ -194,12 +194,9 @@ class _Graph:
         self, history: tuple[list[Any], list[Any], set[int]], created: Any, frozen: set[int]
     ) -> dict[int, int]:
         """Fill ``self.nodes`` with what the history reaches; return, per node, how many
-        references to it the history and the expanded nodes hold.
-
-        A node is expanded (its referents walked) once every reference to it is counted. One
-        that something else also holds is held, and so is all it reaches, so its insides need
-        no walk: a large structure that a user name and ``Out`` both show costs one step.
-        """
+        references to it the history and the expanded nodes hold. A node is expanded (its
+        referents walked) once every reference to it is counted: one held from elsewhere too
+        needs no walk (a large structure that a user name also shows costs one step)."""
         nodes, expanded = self.nodes, self.expanded
         self.roots, values, skip = history
         inner: dict[int, int] = {}
@@ -430,9 +427,7 @@ def delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
 
     Another array object over the same buffer (a transfer to where it already is, a shard view,
     a tracked Tensor's array) would lose its data too, so those are left alone, as are arrays
-    whose computation failed. A view that no Python object refers to (JAX's own, such as the
-    one showing an array makes, held by the array it views) does not count.
-    """
+    whose computation failed; a view no Python object refers to (JAX's own) does not count."""
     ready = []
     for arr in arrays:
         try:

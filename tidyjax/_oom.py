@@ -513,9 +513,8 @@ def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
 
 
 def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
-    """The timeline page of ``tl`` marked with a failed request: a line at its moment in the
-    chart (the timeline's own mark, or one made from ``failure`` for a file saved before marks
-    were kept), and the table of what was alive then, by creation site and scope.
+    """The timeline page of ``tl`` marked with a failed request: a line at its moment (the
+    timeline's own mark, or one made from ``failure``), and the table of what was alive then.
 
     Args:
         tl: the timeline (recorded or loaded).
@@ -551,13 +550,11 @@ def _waited_text(t: Any, name: str) -> str:
 # -- oom_report --------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _OOMReporting:
     """The object ``oom_report()`` returns: a context manager, and a decorator."""
 
-    __slots__ = ("label",)
-
-    def __init__(self, label: str | None) -> None:
-        self.label = label
+    label: str | None
 
     def __enter__(self) -> _OOMReporting:
         return self

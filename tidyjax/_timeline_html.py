@@ -442,9 +442,8 @@ def _payload(ch: _Chart) -> str:
 
 
 def _subtitle(tl: Any, ch: _Chart) -> str:
-    when = ""
-    if tl.started_at:
-        when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at or 0))
+    when = f" · started {started}" if tl.started_at else ""
     lo, hi = min(ch.device_peak, default=0), max(ch.device_peak, default=0)
     peak = fmt_bytes(tl.peak_bytes or ch.peak)
     sub = [f"{ch.n:,} events over {elapsed(ch.end_time)[1:]}",
