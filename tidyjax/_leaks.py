@@ -226,9 +226,8 @@ def plain_leaks(
     """
     found = [a for a in _candidates(mark, allowed) if _made_by_user(a)]
     taken = [r() for r in (allowed or {}).values()] + _held_arrays()
-    out = [untracked_record(a, site_of) for a in one_per_buffer(found, taken, wait=True)]
-    out.sort(key=lambda r: -r.bytes)
-    return out
+    kept = one_per_buffer(found, taken, wait=True)
+    return sorted((untracked_record(a, site_of) for a in kept), key=lambda r: -r.bytes)
 
 
 def _held_arrays() -> list[Any]:

@@ -174,13 +174,9 @@ def _limit_line(s: Mapping[str, int] | None) -> str:
     if not s or not s.get("bytes_limit"):
         return ""
     used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-    text = (
-        f"in use (all of JAX) {fmt_bytes(used)} = {_share(used, limit)} of the limit "
-        f"{fmt_bytes(limit)}"
-    )
-    if "peak_bytes_in_use" in s:
-        text += f"; peak {fmt_bytes(s['peak_bytes_in_use'])}"
-    return text
+    peak = f"; peak {fmt_bytes(s['peak_bytes_in_use'])}" if "peak_bytes_in_use" in s else ""
+    share = f"{fmt_bytes(used)} = {_share(used, limit)}"
+    return f"in use (all of JAX) {share} of the limit {fmt_bytes(limit)}{peak}"
 
 
 def _share(part: int, whole: int) -> str:

@@ -199,8 +199,7 @@ def snapshot(*, untracked: bool = True) -> Snapshot:
         untracked: False leaves the untracked arrays out (and the scan of
             ``jax.live_arrays()`` they cost).
     """
-    untracked = check_flag(untracked, "untracked", "snapshot()")
-    return Snapshot(census(untracked=untracked).records())
+    return Snapshot(census(untracked=check_flag(untracked, "untracked", "snapshot()")).records())
 
 
 class SiteDiffList(list[SiteDiff]):

@@ -61,10 +61,8 @@ def short(value: Any) -> str:
         return str(value) if abs(value) < 10**30 else f"an int of {value.bit_length()} bits"
     if isinstance(value, str):
         return json.dumps(value) if len(value) <= 40 else json.dumps(value[:37])[:-1] + '…"'
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
     return f"a {type(value).__name__}"
 
 
@@ -640,16 +638,9 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
     if buffers:
         trace += _instants(events, t0)
     trace += _moments(tl, t0, start if events else None)
-    return {
-        "traceEvents": trace,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "producer": "tidyjax",
-            "started_at": tl.started_at,
-            "peak_bytes": tl.peak_bytes,
-            "dropped_events": tl.dropped,
-        },
-    }
+    other = {"producer": "tidyjax", "started_at": tl.started_at, "peak_bytes": tl.peak_bytes,
+             "dropped_events": tl.dropped}  # fmt: skip
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": other}
 
 
 def write_chrome_trace(
