@@ -446,11 +446,14 @@ def delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
                     sharers.setdefault(address, []).append(other)
     other = None  # no reference of ours outside the lists `_in_use` is told about
     busy = _in_use(sharers)
-    unshared = [a for a in ready if keys[id(a)] is not None and busy.isdisjoint(keys[id(a)])]
-    nbytes = sum(local_nbytes(a) for a in unshared)
-    for arr in unshared:
-        arr.delete()
-    return {id(a) for a in unshared}, nbytes
+    deleted: set[int] = set()
+    nbytes = 0
+    for arr in ready:
+        if keys[id(arr)] is not None and busy.isdisjoint(keys[id(arr)]):
+            nbytes += local_nbytes(arr)
+            arr.delete()
+            deleted.add(id(arr))
+    return deleted, nbytes
 
 
 def _in_use(sharers: dict[Any, list[Any]]) -> set[Any]:
