@@ -112,17 +112,14 @@ class Seen:
 def _history(
     shell: Any, results: Iterable[Any], part: Part | None
 ) -> tuple[list[Any], list[Any], set[int]]:
-    """IPython's own references to values, the ones that must not keep a value alive, as
-    ``(roots, values, skip)``. ``roots`` are all history (``Out``, the cells'
-    ``ExecutionResult``s): every reference they hold counts. ``values`` are single references
-    from a place that also holds other things (``_slots``). ``skip``: ids a walk never enters.
+    """IPython's own references to values, which must not keep a value alive, as ``(roots,
+    values, skip)``: ``roots`` are all history (``Out``, the cells' ``ExecutionResult``s), every
+    reference they hold counted; ``values`` single references from a place that holds other
+    things too (``_slots``); ``skip`` ids a walk never enters.
 
-    ``part``: count only part of the history, as ``%%tidy`` does: ``(ids, keys)``, the ids of
-    the values it may free and the ``Out`` keys that are its to free (its own cell's and
-    earlier ``%%tidy`` cells'). Then ``Out`` is no root: only its entries under ``keys`` count,
-    ``_N`` only for those keys, ``sys.last_*`` and the tracebacks only when the cell made them
-    (their ids are in ``ids``), ``_``/``__``/``___`` when they show one of those values. A
-    reference the walk does not count is a holder: what another cell's output shows is kept.
+    ``part``: only ``%%tidy``'s part, ``(ids, keys)`` (see `Part`): then ``Out`` is no root, and
+    only its entries under ``keys``, ``_N`` for those keys, and the other slots showing a value
+    in ``ids`` count. A reference not counted is a holder: another cell's output is kept.
     """
     ns = shell.user_ns
     out = ns.get("Out")
@@ -197,12 +194,9 @@ class _Graph:
         self, history: tuple[list[Any], list[Any], set[int]], created: Any, frozen: set[int]
     ) -> dict[int, int]:
         """Fill ``self.nodes`` with what the history reaches; return, per node, how many
-        references to it the history and the expanded nodes hold.
-
-        A node is expanded (its referents walked) once every reference to it is counted. One
-        that something else also holds is held, and so is all it reaches, so its insides need
-        no walk: a large structure that a user name and ``Out`` both show costs one step.
-        """
+        references to it the history and the expanded nodes hold. A node is expanded (its
+        referents walked) once every reference to it is counted: one held from elsewhere too
+        needs no walk (a large structure that a user name also shows costs one step)."""
         nodes, expanded = self.nodes, self.expanded
         self.roots, values, skip = history
         inner: dict[int, int] = {}
@@ -295,13 +289,11 @@ class Decision(_Graph):
             if key not in held and (key in created or _freeable(obj))
         }
         walked = out.keys() if part is None else part[1]  # the other entries: as they were
+        for n in [n for n in inert if n not in out or n in walked]:
+            del inert[n]
         for n, v in out.items():
             if n in walked and (id(v) in frozen or self._inert(v, held, created)):
                 inert[n] = id(v)
-            elif n in walked:
-                inert.pop(n, None)
-        for n in [n for n in inert if n not in out]:
-            del inert[n]
 
     def _inert(self, value: Any, held: set[int], created: dict[int, Tensor]) -> bool:
         """Whether ``value`` and all below it were walked, are held by the history alone and
@@ -336,10 +328,9 @@ class Decision(_Graph):
             return
         hook = self.shell.displayhook
         slots = [s for s in _slots(self.shell) if s[0] in ("Out", hook) or isinstance(s[0], dict)]
-        named: dict[int, str] = {}  # a value's label: its Out entry, else its first name
-        for where, name, value in sorted(slots, key=lambda s: s[0] != "Out"):
-            if where is not hook:
-                named.setdefault(id(value), _label(where, name))
+        # a value's label: its Out entry, else its first name (the first written last wins)
+        ordered = sorted(slots, key=lambda s: s[0] != "Out")
+        named = {id(v): _label(w, n) for w, n, v in reversed(ordered) if w is not hook}
         slots += [(r, "result", r.result) for r in self.roots if hasattr(r, "result")]
         placeholders: dict[int, FreedOutput | None] = {}
         for where, name, value in slots:
@@ -436,9 +427,7 @@ def delete_unshared(arrays: list[Any]) -> tuple[set[int], int]:
 
     Another array object over the same buffer (a transfer to where it already is, a shard view,
     a tracked Tensor's array) would lose its data too, so those are left alone, as are arrays
-    whose computation failed. A view that no Python object refers to (JAX's own, such as the
-    one showing an array makes, held by the array it views) does not count.
-    """
+    whose computation failed; a view no Python object refers to (JAX's own) does not count."""
     ready = []
     for arr in arrays:
         try:

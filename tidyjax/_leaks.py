@@ -3,21 +3,16 @@
 
 A check counts two kinds of leak, apart: **Tensors** made inside and alive at the end (tracked),
 and **plain jax.Arrays** made inside and alive at the end that tidyjax does not track
-(untracked: the outputs of ``jnp``, a raw ``jax.jit``, NNX or Equinox). The plain ones are the
-arrays `ArrayMark` finds, less three kinds:
-
-* arrays tidyjax records (a Tensor's array, counted as the Tensor);
-* arrays allowed (``checker.allow``, the decorator's return value);
-* arrays with no user frame in their creation traceback: ``creation_site`` gives None or a
-  frame inside JAX, tidyjax or installed code (``_sites.LIBRARY_FOLDERS``,
-  ``INSTALLED_FOLDERS``). Those are JAX's and libraries' own: compiled-function constants,
-  caches, PRNG internals. A cache a library fills on the first call *from the user's line*
-  (it has a user frame) is what a warm-up step before the check removes.
+(untracked: the outputs of ``jnp``, a raw ``jax.jit``, NNX or Equinox): the arrays `ArrayMark`
+finds, less those tidyjax records, those allowed, and those with no user frame in their creation
+traceback (JAX's and installed libraries' own: compiled-function constants, caches, PRNG
+internals; a cache filled on a first call *from the user's line* is what a warm-up step removes).
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import gc
 import sys
@@ -41,9 +36,7 @@ from ._census import (
 )
 from ._decorating import decorate
 from ._errors import LeakError, TidyjaxTypeError, check_count, check_flag, check_seconds
-from ._format import count as _count
-from ._format import esc
-from ._format import fmt_bytes as _fmt_bytes
+from ._format import count, esc, fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
@@ -54,8 +47,6 @@ from ._trees import _gather
 __all__ = ["UNTRACKED", "LeakReport", "check_leaks", "leak_error", "plain_leaks"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_NOUN = "untracked array"
 
 
 class LeakReport:
@@ -101,21 +92,30 @@ class LeakReport:
     def __len__(self) -> int:
         return len(self.records)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
-
     def _headline(self) -> str:
         tensors, arrays = self.tensors, self.arrays
         parts = []
         if tensors or not arrays:
-            parts.append(f"{_count(len(tensors), 'tensor')} ({_fmt_bytes(_bytes(tensors))})")
+            parts.append(f"{count(len(tensors), 'tensor')} ({fmt_bytes(_bytes(tensors))})")
         if arrays:
-            parts.append(f"{_count(len(arrays), _NOUN)} ({_fmt_bytes(_bytes(arrays))})")
+            parts.append(f"{count(len(arrays), 'untracked array')} ({fmt_bytes(_bytes(arrays))})")
         verb = "is" if len(self.records) == 1 else "are"
         return f"{' and '.join(parts)} created inside {self.where} {verb} still alive"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _report_html(self)
+        if not self.records:
+            return _html.box(f"<b>{esc(f'no leaks after {self.where}')}</b>")
+        chains = _chains_of(self)
+        return _html.box(
+            _html.bad(f"leak: {self._headline()}"),
+            site_table(self.groups + self.array_groups,
+                       more=lambda g: "".join(_html.dim(f" through {c}") for c in chains(g))),
+            _html.line(_html.dim(_advice(self))),
+        )  # fmt: skip
 
     def __str__(self) -> str:
         if not self.records:
@@ -128,46 +128,29 @@ class LeakReport:
         return "\n".join(lines)
 
 
-def _chains_of(report: LeakReport) -> Callable[[SiteStat], list[str]]:
-    """The stacks under a row of the report (`_chains` of the records of its kind and site)."""
-    by_site: dict[tuple[bool, str], list[TensorRecord]] = collections.defaultdict(list)
-    for r in report.records:
-        by_site[r.scope == UNTRACKED, site_label(r.site)].append(r)
-    return lambda g: _chains(by_site.get((g.untracked, site_label(g.site)), []))
-
-
 #: The most distinct stacks a leak report shows under one site.
 STACKS_SHOWN = 3
 
 
-def _chains(records: list[TensorRecord]) -> list[str]:
-    """The distinct stacks of the records of one site (the user frames further in than the
+def _chains_of(report: LeakReport) -> Callable[[SiteStat], list[str]]:
+    """The distinct stacks under a row of the report (the user frames further in than its
     site, see ``_sites.Entry``), each from the site inward: ``model.py:8 in Model.__call__``."""
-    stacks = dict.fromkeys(r.site.stack for r in records if r.site is not None and r.site.stack)
-    chains = [" -> ".join(str(f) for f in reversed(st)) for st in stacks]
-    if len(chains) > STACKS_SHOWN:
-        chains[STACKS_SHOWN:] = [f"... and {len(chains) - STACKS_SHOWN} more"]
+    stacks: dict[tuple[bool, str], dict[Any, None]] = collections.defaultdict(dict)
+    for r in report.records:
+        if r.site is not None and r.site.stack:
+            stacks[r.scope == UNTRACKED, site_label(r.site)][r.site.stack] = None
+
+    def chains(g: SiteStat) -> list[str]:
+        found = stacks.get((g.untracked, site_label(g.site)), {})
+        out = [" -> ".join(str(f) for f in reversed(st)) for st in found]
+        more = [f"... and {len(out) - STACKS_SHOWN} more"] * (len(out) > STACKS_SHOWN)
+        return out[:STACKS_SHOWN] + more
+
     return chains
 
 
 def _bytes(records: Iterable[TensorRecord]) -> int:
     return sum({r._buffer: r.bytes for r in records}.values())
-
-
-@_html.never_raises
-def _report_html(report: LeakReport) -> str:
-    chains = _chains_of(report)
-
-    def through(g: SiteStat) -> str:
-        return "".join(_html.dim(f" through {c}") for c in chains(g))
-
-    if not report.records:
-        return _html.box(f"<b>{esc(f'no leaks after {report.where}')}</b>")
-    return _html.box(
-        _html.bad(f"leak: {report._headline()}"),
-        site_table(report.groups + report.array_groups, more=through),
-        _html.line(_html.dim(_advice(report))),
-    )
 
 
 def _advice(report: LeakReport) -> str:
@@ -198,11 +181,8 @@ def leak_error(
     checker: check_leaks | None = None,
 ) -> LeakError | None:
     """The `LeakError` to raise if more than ``allowance`` Tensors and plain arrays
-    (together) leaked, or None.
-
-    Returned, not raised, so that the frame raising it is the caller's: the fewer tidyjax
-    frames in a traceback, the fewer IPython shows (it always shows the innermost one).
-    """
+    (together) leaked, or None: returned, so that the frame raising it is the caller's (IPython
+    shows the innermost frame of a traceback)."""
     report = LeakReport(leaked, where)
     if checker is not None:
         checker.report = report
@@ -225,17 +205,11 @@ def leak_error(
     return LeakError(message, report)
 
 
-def _user_site(arr: Any) -> Site | None:
-    """The user's line that made ``arr``; None when its traceback has no user frame (an array
-    JAX, tidyjax or an installed library made for itself)."""
+def _made_by_user(arr: Any) -> bool:
+    """Whether ``arr``'s creation traceback has a user frame (not an array JAX, tidyjax or an
+    installed library made for itself)."""
     site = creation_site(arr)
-    if (
-        site is None
-        or site.file.startswith(LIBRARY_FOLDERS)
-        or site.file.startswith(INSTALLED_FOLDERS)
-    ):
-        return None
-    return site
+    return site is not None and not site.file.startswith(LIBRARY_FOLDERS + INSTALLED_FOLDERS)
 
 
 def plain_leaks(
@@ -243,23 +217,17 @@ def plain_leaks(
     allowed: dict[int, Any] | None = None,
     site_of: Callable[[Any], Site | None] = creation_site,
 ) -> list[TensorRecord]:
-    """A record of each plain jax.Array made since ``mark`` and alive whose buffer no live
-    Tensor holds, that ``allowed`` (ids to weak references) does not hold, and whose traceback
-    has a user frame (see the module docstring), largest first: one per device buffer.
-
-    A plain array here is one tidyjax does not record, or a Tensor's array that outlived every
-    Tensor on its buffer (``t.array`` kept, ``t`` dropped; an array handed to ``tensors()``
-    whose Tensor died). Array objects over one buffer count once (the oldest stands for it):
-    a raw ``device_put`` to where a buffer is, the object printing an array makes. One over a
-    buffer that a live Tensor holds is that Tensor's, and one over an allowed array's buffer is
-    allowed. ``site_of``: how a site is found (`check_leaks` names the outermost user frame
-    inside its block).
+    """A record of each plain jax.Array made since ``mark``, alive, with a user frame in its
+    traceback (see the module docstring), that no live Tensor's buffer and no array in
+    ``allowed`` (ids to weak references) holds, largest first: one per device buffer (the
+    oldest object over a buffer stands for it). Plain: not recorded by tidyjax, or a Tensor's
+    array that outlived every Tensor on its buffer (``t.array`` kept, ``t`` dropped).
+    ``site_of``: how a site is found (`check_leaks` names the outermost user frame inside it).
     """
-    found = [a for a in _candidates(mark, allowed) if _user_site(a) is not None]
+    found = [a for a in _candidates(mark, allowed) if _made_by_user(a)]
     taken = [r() for r in (allowed or {}).values()] + _held_arrays()
-    out = [untracked_record(a, site_of) for a in one_per_buffer(found, taken, wait=True)]
-    out.sort(key=lambda r: -r.bytes)
-    return out
+    kept = one_per_buffer(found, taken, wait=True)
+    return sorted((untracked_record(a, site_of) for a in kept), key=lambda r: -r.bytes)
 
 
 def _held_arrays() -> list[Any]:
@@ -336,16 +304,12 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         all_processes: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        allow_returned = check_flag(allow_returned, "allow_returned", "check_leaks()")
-        allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
-        arrays = check_flag(arrays, "arrays", "check_leaks()")
-        all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
+        self.allow_returned = check_flag(allow_returned, "allow_returned", "check_leaks()")
+        self.allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
+        self.arrays = check_flag(arrays, "arrays", "check_leaks()")
+        self.all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
         self.allowance = check_count(allowance, "allowance", "check_leaks()")
-        self.all_processes = all_processes
         self.timeout = check_seconds(timeout, "timeout", "check_leaks()")
-        self.allow_returned = allow_returned
-        self.allow_kept = allow_kept
-        self.arrays = arrays
         self._start: int | None = None
         self._mark: ArrayMark | None = None
         self._allowed: set[int] = set()
@@ -380,15 +344,9 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
 
     def leaked(self) -> list[TensorRecord]:
         """The Tensors, then the plain arrays, made since entering that are alive and not
-        allowed.
-
-        With no Tensor and no plain array made since entering, this costs one walk of the
-        newest arrays and no garbage collection.
-
-        Each record's ``site`` is the outermost user frame inside the checked block (the line
-        of the block, or of the decorated function, that led to the leak), its ``site.stack``
-        the user frames further in: a model's ``__call__`` called from two lines of the block
-        leaks at two sites.
+        allowed (with none made, one walk of the newest arrays and no garbage collection).
+        Each record's ``site`` is the outermost user frame inside the checked block, its
+        ``site.stack`` the user frames further in.
         """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
@@ -398,10 +356,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
             return []
         gc.collect()
         entry = self._entry
-        site_of: Callable[[Any], Site | None] = creation_site
-        if entry is not None:
-            cache: dict[Any, Site | None] = {}
-            site_of = functools.partial(entry.site, cache=cache)
+        site_of = creation_site if entry is None else functools.partial(entry.site, cache={})
         out = [
             r
             for r in tensor_records(self._start, site_of=site_of)
@@ -422,17 +377,6 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
                           self.timeout, self)  # fmt: skip
 
     def __call__(self, fn: F) -> F:
-        settings: dict[str, Any] = {
-            "allowance": self.allowance,
-            "allow_returned": self.allow_returned,
-            "allow_kept": self.allow_kept,
-            "arrays": self.arrays,
-            "all_processes": self.all_processes,
-            "timeout": self.timeout,
-        }
-        allow = _allow_result if self.allow_returned else None
-        return decorate(fn, lambda: check_leaks(**settings), "@check_leaks", allow)
-
-
-def _allow_result(checker: check_leaks, result: Any) -> None:
-    checker.allow(result)
+        # each call a fresh checker with these settings (``__enter__`` resets all the rest)
+        allow = check_leaks.allow if self.allow_returned else None
+        return decorate(fn, lambda: copy.copy(self), "@check_leaks", allow)

@@ -10,22 +10,15 @@ from typing import Any
 
 import jax
 
-from . import _format, _html
+from . import _html
 from ._census import Census, SiteStat, census, site_table, statistics, summed, top_per_device
 from ._errors import check_flag, check_seconds
-from ._format import count as _count
-from ._format import fmt_bytes as _fmt_bytes
+from ._format import count, esc, fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
 
 __all__ = [
-    "ALARM_BYTES",
-    "ALARM_SHARE",
-    "DEVICE_TOP",
-    "TOP_SITES",
-    "MemoryInfo",
-    "device_stats",
-    "memory",
-]
+    "ALARM_BYTES", "ALARM_SHARE", "DEVICE_TOP", "TOP_SITES", "MemoryInfo", "device_stats", "memory",
+]  # fmt: skip
 
 #: How many creation sites of untracked arrays ``memory()`` names per device, largest first.
 TOP_SITES = 5
@@ -120,26 +113,42 @@ class MemoryInfo:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _memory_html(self)
+        """The devices as rows (each column of bars on one scale: tidyjax's bytes against the
+        largest, JAX's own totals against each device's limit), then the largest holders."""
+        parts = [f"<b>tidyjax memory</b>: {esc(_headline(self))}"]
+        if not self.bytes_per_device and not self.num_data_buffers:
+            parts.append(_html.line("nothing tracked: no live tensors"))
+        if not _devices(self) and not self.untracked_arrays and not self.watched:
+            return _html.box(*parts, *_reasons(self))
+        header, rows = _device_table(self)
+        numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
+        parts.append(_html.table(header, rows, numeric))
+        if self.top_sites:  # what holds the memory, not only how much
+            parts.append(site_table(self.top_sites, f"largest holders (top {DEVICE_TOP})"))
+        if self.untracked_sites:
+            parts.append(site_table(self.untracked_sites, "untracked arrays made at"))
+        return _html.box(*parts, *_reasons(self))
 
     def __str__(self) -> str:
         lines = [_headline(self)]
         for d in _devices(self):
             lines.append(f"  {d}: {_device_sum(self, d)}")
-            stats = _limit_line(self.device_stats.get(d))
-            if stats:
-                lines.append(f"    {stats}")
-            lines += [f"    {i}. {t}" for i, t in enumerate(_top_of(self, d), 1)]
-        lines += [f"  {_watched_line(self, name)}" for name in self.watched]
+            lines += [f"    {stats}" for stats in [_limit_line(self.device_stats.get(d))] if stats]
+            top = [t for t in self.top_sites if t.device == str(d)]
+            lines += [f"    {i}. {t}" for i, t in enumerate(top, 1)]
+        for name, b in self.watched.items():
+            n = count(self.watched_arrays.get(name, 0), "array")
+            lines.append(f"  watched {name!r}: {fmt_bytes(b)} in {n}")
         if self.untracked_arrays:
-            lines.append(f"  untracked: {_untracked(self)}")
-            if self.untracked_sites:
-                lines[-1] += "; made at (largest first):"
+            made = "; made at (largest first):" if self.untracked_sites else ""
+            lines.append(
+                f"  untracked: {count(self.untracked_arrays, 'jax array')} not owned by tidyjax, "
+                f"{fmt_bytes(self.untracked_bytes or 0)}{made}"
+            )
             lines += [f"    {u.device}: {u}" for u in self.untracked_sites]
-        minor = _minor(self)
-        lines += [f"  {'note' if minor and _is_untracked(r) else 'unreliable'}: {r}"
-                  for r in self.reasons]  # fmt: skip
+        lines += [f"  {'note' if note else 'unreliable'}: {r}" for note, r in _notes(self)]
         return "\n".join(lines)
 
 
@@ -154,13 +163,10 @@ def _device_sum(m: MemoryInfo, d: Any) -> str:
     b = m.bytes_per_device.get(d, 0)
     w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
     if not (w or u):
-        return _fmt_bytes(b)
-    if m.untracked_arrays is None:  # not scanned: no figure to add
-        return f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched = {_fmt_bytes(b + w)}"
-    return (
-        f"{_fmt_bytes(b)} tidyjax + {_fmt_bytes(w)} watched + {_fmt_bytes(u)} untracked = "
-        f"{_fmt_bytes(b + w + u)}"
-    )
+        return fmt_bytes(b)
+    parts = [(b, "tidyjax"), (w, "watched")]
+    parts += [(u, "untracked")] * (m.untracked_arrays is not None)  # not scanned: no figure
+    return " + ".join(f"{fmt_bytes(n)} {what}" for n, what in parts) + f" = {fmt_bytes(b + w + u)}"
 
 
 def _limit_line(s: Mapping[str, int] | None) -> str:
@@ -168,78 +174,38 @@ def _limit_line(s: Mapping[str, int] | None) -> str:
     if not s or not s.get("bytes_limit"):
         return ""
     used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-    text = (
-        f"in use (all of JAX) {_fmt_bytes(used)} = {_share(used, limit)} of the limit "
-        f"{_fmt_bytes(limit)}"
-    )
-    if "peak_bytes_in_use" in s:
-        text += f"; peak {_fmt_bytes(s['peak_bytes_in_use'])}"
-    return text
+    peak = f"; peak {fmt_bytes(s['peak_bytes_in_use'])}" if "peak_bytes_in_use" in s else ""
+    share = f"{fmt_bytes(used)} = {_share(used, limit)}"
+    return f"in use (all of JAX) {share} of the limit {fmt_bytes(limit)}{peak}"
 
 
 def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def _top_of(m: MemoryInfo, d: Any) -> list[SiteStat]:
-    return [t for t in m.top_sites if t.device == str(d)]
-
-
-def _is_untracked(reason: str) -> bool:
-    return "not owned by tidyjax" in reason
-
-
-def _minor(m: MemoryInfo) -> bool:
-    """Whether the untracked arrays are a small stray rather than a gap worth an alarm."""
+def _notes(m: MemoryInfo) -> list[tuple[bool, str]]:
+    """Each reason, and whether it is only a note: untracked arrays that are a small stray
+    rather than a gap worth an alarm."""
     u = m.untracked_bytes or 0
     total = sum(m.total_per_device.values()) or m.num_bytes + u
-    return u < ALARM_BYTES and (total < ALARM_BYTES or u < ALARM_SHARE * total)
+    minor = u < ALARM_BYTES and (total < ALARM_BYTES or u < ALARM_SHARE * total)
+    return [(minor and "not owned by tidyjax" in r, r) for r in m.reasons]
 
 
 def _headline(m: MemoryInfo) -> str:
     text = (
-        f"{_count(m.num_tensors, 'tensor')}, {_count(m.num_data_buffers, 'buffer')}, "
-        f"{_fmt_bytes(m.num_bytes)}"
+        f"{count(m.num_tensors, 'tensor')}, {count(m.num_data_buffers, 'buffer')}, "
+        f"{fmt_bytes(m.num_bytes)}"
     )
     w, u = sum(m.watched_per_device.values()), sum(m.untracked_per_device.values())
     if w or u:
-        text += f"; {_fmt_bytes(m.num_bytes + w + u)} with watched and untracked arrays"
+        text += f"; {fmt_bytes(m.num_bytes + w + u)} with watched and untracked arrays"
     return text
-
-
-def _watched_line(m: MemoryInfo, name: str) -> str:
-    """``watched 'model': 4.0 MiB in 2 arrays``: a watched object's bytes with their count."""
-    n = m.watched_arrays.get(name, 0)
-    return f"watched {name!r}: {_fmt_bytes(m.watched.get(name, 0))} in {_count(n, 'array')}"
-
-
-def _untracked(m: MemoryInfo) -> str:
-    return (
-        f"{_count(m.untracked_arrays or 0, 'jax array')} not owned by tidyjax, "
-        f"{_fmt_bytes(m.untracked_bytes or 0)}"
-    )
-
-
-@_html.never_raises
-def _memory_html(m: MemoryInfo) -> str:
-    """The devices as rows. Each column of bars has one scale: tidyjax's bytes (and the
-    untracked arrays' row) against the largest of them; JAX's own totals against each
-    device's limit. Where watched or untracked arrays add to a device, its total with each
-    part; then the largest holders on each device."""
-    parts = [f"<b>tidyjax memory</b>: {_format.esc(_headline(m))}"]
-    if not m.bytes_per_device and not m.num_data_buffers:
-        parts.append(_html.line("nothing tracked: no live tensors"))
-    if not _devices(m) and not m.untracked_arrays and not m.watched:
-        return _html.box(*parts, *_reasons(m))
-    header, rows = _device_table(m)
-    numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
-    return _html.box(*parts, _html.table(header, rows, numeric), *_top_html(m), *_reasons(m))
 
 
 def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
     """The devices' rows, then a row per watched object and one for the untracked arrays."""
     stats = {d: s for d, s in m.device_stats.items() if s.get("bytes_limit")}
-    esc, fmt = _format.esc, _fmt_bytes
     top = max([*m.bytes_per_device.values(), *m.watched.values(), m.untracked_bytes or 0]) or 1
     parted = any(m.watched_per_device.values()) or any(m.untracked_per_device.values())
     peaks = any("peak_bytes_in_use" in s for s in stats.values())
@@ -249,54 +215,41 @@ def _device_table(m: MemoryInfo) -> tuple[list[str], list[list[str]]]:
     rows: list[list[str]] = []
     for d in _devices(m):
         b = m.bytes_per_device.get(d, 0)
-        row = [esc(d), esc(fmt(b)), _html.bar(b / top)]
+        row = [esc(d), fmt_bytes(b), _html.bar(b / top)]
         if parted:
             w, u = m.watched_per_device.get(d, 0), m.untracked_per_device.get(d, 0)
             unscanned = _html.dim("not scanned") if m.untracked_arrays is None else None
-            row += [esc(fmt(w)), unscanned or esc(fmt(u)), esc(fmt(b + w + u))]
+            row += [fmt_bytes(w), unscanned or fmt_bytes(u), fmt_bytes(b + w + u)]
         if stats:
             row += _limit_cells(stats.get(d), peaks)
         rows.append(row)
     pad = [""] * (len(header) - 3)
-    extra = [(f"watched {name!r} (tidyjax.watch): {_count(m.watched_arrays.get(name, 0), 'array')}",
+    extra = [(f"watched {name!r} (tidyjax.watch): {count(m.watched_arrays.get(name, 0), 'array')}",
               b) for name, b in m.watched.items()]  # fmt: skip
     if m.untracked_arrays:
-        extra.append((f"untracked: {_count(m.untracked_arrays, 'jax array')} (not tidyjax)",
+        extra.append((f"untracked: {count(m.untracked_arrays, 'jax array')} (not tidyjax)",
                       m.untracked_bytes or 0))  # fmt: skip
-    rows += [[esc(label), esc(fmt(b)), _html.bar(b / top), *pad] for label, b in extra]
+    rows += [[esc(label), fmt_bytes(b), _html.bar(b / top), *pad] for label, b in extra]
     return header, rows
 
 
 def _limit_cells(s: Mapping[str, int] | None, peaks: bool) -> list[str]:
     """JAX's own use on a device against its limit (and its peak), or blanks."""
     if not s:
-        return [""] * (4 if peaks else 3)
-    used, limit = s.get("bytes_in_use", 0), s["bytes_limit"]
-    cells = [_format.esc(f"{_fmt_bytes(used)} ({_share(used, limit)})"),
-             _format.esc(_fmt_bytes(limit)), _html.bar(used / limit)]  # fmt: skip
-    if peaks:
-        peak = s.get("peak_bytes_in_use")
-        cells.append("" if peak is None else _format.esc(_fmt_bytes(peak)))
-    return cells
-
-
-def _top_html(m: MemoryInfo) -> list[str]:
-    """The largest holders on each device (what holds the memory, not only how much), then the
-    untracked arrays' largest creation sites (none if not scanned)."""
-    tables = [site_table(m.top_sites, f"largest holders (top {DEVICE_TOP})")] * bool(m.top_sites)
-    if m.untracked_sites:
-        tables.append(site_table(m.untracked_sites, "untracked arrays made at"))
-    return tables
+        return [""] * (3 + peaks)
+    used, limit, peak = s.get("bytes_in_use", 0), s["bytes_limit"], s.get("peak_bytes_in_use")
+    shown = "" if peak is None else fmt_bytes(peak)
+    use = f"{fmt_bytes(used)} ({_share(used, limit)})"
+    return [use, fmt_bytes(limit), _html.bar(used / limit)] + [shown] * peaks
 
 
 def _reasons(m: MemoryInfo) -> list[str]:
     """Why the figures are incomplete: an alarm, except for a small untracked stray."""
-    minor = _minor(m)
     return [
-        _html.line(_html.dim("note: "), _format.esc(r))
-        if minor and _is_untracked(r)
-        else _html.line(_html.bad("unreliable"), ": ", _format.esc(r))
-        for r in m.reasons
+        _html.line(_html.dim("note: "), esc(r))
+        if note
+        else _html.line(_html.bad("unreliable"), ": ", esc(r))
+        for note, r in _notes(m)
     ]
 
 
@@ -365,30 +318,30 @@ def _scanned(c: Census) -> dict[str, Any]:
         "untracked_bytes": sum(r.bytes for r in untracked),
         "untracked_sites": tuple(statistics(untracked, ("device", "site"), TOP_SITES)),
         "untracked_per_device": MappingProxyType(c.per_device("untracked")),
-        "top_sites": _holders(c),
+        # on each device its largest holders: sites of Tensors and untracked arrays, watched
+        # objects by name
+        "top_sites": tuple(
+            top_per_device(
+                statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
+                + statistics(c.of("watched"), ("device", "name")),
+                DEVICE_TOP,
+            )
+        ),
     }
-
-
-def _holders(c: Census) -> tuple[SiteStat, ...]:
-    """On each device, its `DEVICE_TOP` largest holders: sites of Tensors and of untracked
-    arrays, watched objects by name."""
-    rows = statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
-    rows += statistics(c.of("watched"), ("device", "name"))
-    return tuple(top_per_device(rows, DEVICE_TOP))
 
 
 def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
     reasons = []
     if deleted:
         reasons.append(
-            f"{_count(deleted, 'buffer')} held by live Tensors "
+            f"{count(deleted, 'buffer')} held by live Tensors "
             f"{'was' if deleted == 1 else 'were'} deleted outside tidyjax "
             "(jax.Array.delete() or donation through raw jax.jit); those Tensors are unusable."
         )
     if untracked:
         n, b = len(untracked), sum(r.bytes for r in untracked)
         reasons.append(
-            f"{_count(n, 'jax array')} ({_fmt_bytes(b)}) alive in this process "
+            f"{count(n, 'jax array')} ({fmt_bytes(b)}) alive in this process "
             f"{'is' if n == 1 else 'are'} not owned by tidyjax; wrap them with tidyjax.adopt(), "
             "delete them, or tidyjax.watch() the object holding them (a model, an optimizer) to "
             "make the figures complete."
@@ -426,10 +379,8 @@ def _all_processes(scan_untracked: bool, timeout: float) -> MemoryInfo:
 
     merged: dict[str, Any] = {f: tuple(t for r in reports for t in getattr(r, f)) for f in _ROWS}
     merged.update({f: MappingProxyType(summed(getattr(r, f) for r in reports)) for f in _SUMMED})
+    merged.update({f: total(f) for f in ("num_tensors", "num_data_buffers", "num_bytes")})
     return MemoryInfo(
-        num_tensors=total("num_tensors"),
-        num_data_buffers=total("num_data_buffers"),
-        num_bytes=total("num_bytes"),
         unreliable=any(r.unreliable for r in reports),
         reasons=reports[0].reasons
         if len(reports) == 1
@@ -458,17 +409,14 @@ def _to_json(m: MemoryInfo) -> dict[str, Any]:
 
 def _from_json(d: dict[str, Any]) -> MemoryInfo:
     devices = {dev.id: dev for dev in jax.devices()}
-    fields: dict[str, Any] = {
-        k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in d.items()
-    }
+    fields = {k: _frozen(v) for k, v in d.items()}
     for f in _BY_DEVICE:
-        fields[f] = MappingProxyType(
-            {
-                devices[int(k)]: v if isinstance(v, int) else MappingProxyType(v)
-                for k, v in d[f].items()
-            }
-        )
+        fields[f] = MappingProxyType({devices[int(k)]: _frozen(v) for k, v in d[f].items()})
     for f in _ROWS:
         fields[f] = tuple(SiteStat.from_json(t) for t in d[f])
     fields["reasons"] = tuple(d["reasons"])
     return MemoryInfo(**fields)
+
+
+def _frozen(v: Any) -> Any:
+    return MappingProxyType(v) if isinstance(v, dict) else v

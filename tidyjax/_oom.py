@@ -4,15 +4,11 @@ When JAX cannot allocate, it raises a ``JaxRuntimeError`` whose message starts w
 ``RESOURCE_EXHAUSTED`` (``INTERNAL: ... Out of memory`` when an op reads an array whose own
 allocation failed). tidyjax's call sites (operators, lifted calls, ``tensor()``, the
 transformations, the Tensor methods that wait for a value) catch it and call
-`raise_if_oom`, which raises `OutOfMemoryError` from it with an `OOMReport`:
-what was asked for, and the largest live holders by creation site and scope, tidyjax's and the
-untracked arrays' apart. Any other error passes through untouched.
-
-Only the error path pays: a call site is a ``try`` block (free in CPython 3.11 while nothing is
-raised) that calls ``_context.on_jax_error``; `install` (at package import) makes
-`raise_for` its handler, so the core never imports this module. Tensor's waiting methods wait
-for the buffer first and pass ``method=True`` (``_tensor``). The census (``_census``) and the
-timeline are imported when a report is built.
+``_context.on_jax_error``, which `install` (at package import) makes `raise_for`: it raises
+`OutOfMemoryError` with an `OOMReport` (what was asked for, the largest live holders by
+creation site and scope, tidyjax's and the untracked arrays' apart); any other error passes
+through untouched, and the core never imports this module. The census and the timeline are
+imported when a report is built.
 """
 
 from __future__ import annotations
@@ -20,11 +16,15 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime
+import itertools
 import os
+import pathlib
 import re
 import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import jax
@@ -33,7 +33,7 @@ from jax.errors import JaxRuntimeError
 from . import _html, _registry
 from ._arrays import CONCRETE, describe, failed  # failed: re-exported (it lived here)
 from ._context import set_jax_error_hook
-from ._decorating import check_callable, decorate
+from ._decorating import decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
 from ._memory import device_stats
@@ -43,10 +43,7 @@ from ._trees import tensors_in
 if TYPE_CHECKING:
     from ._census import SiteStat, WatchedUsage
 
-__all__ = [
-    "OOMReport", "failed", "install", "oom_report",
-    "raise_for", "raise_if_oom",
-]  # fmt: skip
+__all__ = ["OOMReport", "failed", "install", "oom_report", "raise_for"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,28 +62,6 @@ def is_oom(err: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
 
 
-def raise_if_oom(err: BaseException, what: str, operands: tuple[Any, ...] = ()) -> None:
-    """Raise `OutOfMemoryError` from ``err`` if it is JAX's out-of-memory error.
-
-    Returns (doing nothing) for any other error: the caller then re-raises it untouched:
-
-    ```python
-    try:
-        out = fn(*args)
-    except JaxRuntimeError as e:
-        raise_if_oom(e, name, args)
-        raise
-    ```
-
-    Args:
-        err: the error JAX raised.
-        what: the op, function or block that was running (``"add"``, ``"jax.numpy.zeros"``).
-        operands: its arguments, described by dtype and shape in the message.
-    """
-    if is_oom(err):
-        _raise(err, what, operands)
-
-
 def install() -> None:
     """Make `raise_for` the core's handler of JAX's runtime errors (``_context.on_jax_error``).
     Called once, at package import."""
@@ -96,16 +71,12 @@ def install() -> None:
 def raise_for(
     err: BaseException, what: str, operands: tuple[Any, ...] = (), method: bool = False
 ) -> None:
-    """Raise tidyjax's error for JAX's runtime error ``err`` in an op; return for any other
-    (the caller re-raises it untouched).
-
-    Out of memory: `OutOfMemoryError` (for a Tensor method that waited, ``method``, the report
-    names the method, the Tensor and where it was computed). An operand Tensor whose buffer
-    was deleted behind tidyjax's back (``t.array.delete()``): `DisposedError` saying so.
-    """
-    if method and is_oom(err):
-        _raise(err, _waited_text(operands[0], what), ())
-    raise_if_oom(err, what, operands)
+    """Raise tidyjax's error for JAX's runtime error ``err`` in an op, else return (the caller
+    re-raises it): out of memory, `OutOfMemoryError` (after a Tensor method waited, ``method``,
+    naming the method, the Tensor and where it was computed); an operand Tensor whose buffer
+    was deleted behind tidyjax's back (``t.array.delete()``), `DisposedError` saying so."""
+    if is_oom(err):
+        _raise(err, *((_waited_text(operands[0], what), ()) if method else (what, operands)))
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
             rec = t._rec
@@ -116,19 +87,16 @@ def raise_for(
 
 
 def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
-    name = what  # a tidyjax transformation passes its function's __qualname__
-    consumed = _consumed(operands, name)
-    report = build_report(err, _call_text(name, operands), _call_site(err))
-    if consumed:
-        report = dataclasses.replace(report, donated=consumed)
+    consumed = _consumed(operands, what)  # a transformation's `what`: its function's __qualname__
+    report = build_report(err, _call_text(what, operands), _call_site(err))
+    report = dataclasses.replace(report, donated=consumed) if consumed else report
     raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
 
 
 def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
-    """Mark donated as ``name``'s the operand Tensors whose buffers the failed call deleted,
-    and describe them: XLA consumes a donated buffer when the call starts, and JAX deletes it
-    even when the call then runs out of memory (an out-of-memory error never comes from an
-    operand deleted before the call: JAX refuses that one first)."""
+    """Mark donated as ``name``'s the operand Tensors whose buffers the failed call deleted
+    (JAX deletes a donated buffer when the call starts, even one that then runs out of memory),
+    and describe them."""
     out = []
     for t in tensors_in(operands):
         rec = t._rec
@@ -145,31 +113,18 @@ def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-class _Frame:
-    """A Python frame as ``_sites.site_of_frames`` reads JAX's traceback frames."""
-
-    __slots__ = ("file_name", "function_name", "line_num")
-
-    def __init__(self, code: Any, line: int | None) -> None:
-        self.file_name, self.function_name, self.line_num = code.co_filename, code.co_name, line
-
-
 def _call_site(err: BaseException) -> str | None:
     """The user's line that called into tidyjax, JAX or the failed block: the innermost calling
     frame outside tidyjax, JAX and installed code, at the line the error passed through when
     it is in the error's traceback too (the body of ``with oom_report()``)."""
     from ._sites import site_of_frames
 
-    lines = {}
-    tb = err.__traceback__
-    while tb is not None:
-        lines[id(tb.tb_frame)] = tb.tb_lineno
-        tb = tb.tb_next
-    frames = []
-    f: Any = sys._getframe(1)
-    while f is not None:
-        frames.append(_Frame(f.f_code, lines.get(id(f), f.f_lineno)))
-        f = f.f_back
+    lines = {id(f): line for f, line in traceback.walk_tb(err.__traceback__)}
+    frames = [  # as JAX's traceback frames read
+        SimpleNamespace(file_name=f.f_code.co_filename, function_name=f.f_code.co_name,
+                        line_num=lines.get(id(f), line))
+        for f, line in traceback.walk_stack(sys._getframe(1))
+    ]  # fmt: skip
     site = site_of_frames(frames)
     return None if site is None else str(site)
 
@@ -218,16 +173,16 @@ class OOMReport:
 
     what: str
     requested: int | None
-    tracked_bytes: int
-    untracked_bytes: int
-    untracked_arrays: int
-    device: str | None
-    limit: int | None
-    in_use: int | None
-    holders: tuple[SiteStat, ...]
-    failed: tuple[str, ...]
-    files: tuple[str, ...]
-    jax_message: str
+    tracked_bytes: int = 0
+    untracked_bytes: int = 0
+    untracked_arrays: int = 0
+    device: str | None = None
+    limit: int | None = None
+    in_use: int | None = None
+    holders: tuple[SiteStat, ...] = ()
+    failed: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    jax_message: str = ""
     problems: tuple[str, ...] = ()
     watched: tuple[WatchedUsage, ...] = ()
     called_at: str | None = None
@@ -254,20 +209,17 @@ class OOMReport:
             f"Out of memory: {self.what}{_asked(self)}{at}. JAX said: {self.jax_message.strip()}"
         ]
         lines += _device_line(self)
-        tracked = [h for h in self.holders if h.tracked]
         lines += _section(
-            f"tidyjax holds {fmt_bytes(self.tracked_bytes)} in {count(self.tensors, 'tensor')}",
-            "; the largest, by creation site and scope:", tracked,
+            f"tidyjax holds {_held(self.tracked_bytes, self.tensors, 'tensor')}",
+            "; the largest, by creation site and scope:", [h for h in self.holders if h.tracked],
         )  # fmt: skip
         if self.watched:
-            lines.append(
-                f"Watched (tidyjax.watch; tidyjax frees none of it): "
-                f"{fmt_bytes(self.watched_bytes)} in {count(self.watched_arrays, 'array')}:"
-            )
+            held = _held(self.watched_bytes, self.watched_arrays)
+            lines.append(f"Watched (tidyjax.watch; tidyjax frees none of it): {held}:")
             lines += [f"  {w}" for w in self.watched]
         lines += _section(
-            f"Untracked (jax arrays tidyjax does not own): {fmt_bytes(self.untracked_bytes)} in "
-            f"{count(self.untracked_arrays, 'array')}",
+            "Untracked (jax arrays tidyjax does not own): "
+            + _held(self.untracked_bytes, self.untracked_arrays),
             "; the largest, by creation site:", [h for h in self.holders if not h.tracked],
         )  # fmt: skip
         lines += _notes(self)
@@ -281,8 +233,32 @@ class OOMReport:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _report_html(self)
+        """The report as a notebook shows it: the request, then a holders table with bars."""
+        asked = esc(_asked(self))
+        if self.requested is not None:  # the bytes in bold
+            size = esc(fmt_bytes(self.requested))
+            asked = asked.replace(size, f"<b>{size}</b>", 1)
+        at = _html.dim(f" at {self.called_at}") if self.called_at else ""
+        held = [f"tidyjax holds {_held(self.tracked_bytes, self.tensors, 'tensor')}",
+                f"untracked: {_held(self.untracked_bytes, self.untracked_arrays)}"]  # fmt: skip
+        held += [f"watched: {_held(self.watched_bytes, self.watched_arrays)}"] * bool(self.watched)
+        after = [*(f"Watched {w}" for w in self.watched), *_notes(self)]
+        return _html.box(
+            _html.line(_html.bad("Out of memory"), f": <code>{esc(self.what)}</code>", asked, at),
+            *(_html.line(esc(text)) for text in (*_device_line(self), "; ".join(held) + ".")),
+            _holders_table(self.holders),
+            *(_html.line(esc(text)) for text in after),
+            _html.line(_html.dim("To fit: free the largest holders above, wrap untracked arrays "
+                                 "with tidyjax.adopt(), or make this request smaller.")),
+            _html.details(esc("JAX said"), f"<pre>{esc(self.jax_message.strip())}</pre>"),
+        )  # fmt: skip
+
+
+def _held(nbytes: int, n: int, noun: str = "array") -> str:
+    """``4.0 KiB in 2 arrays``."""
+    return f"{fmt_bytes(nbytes)} in {count(n, noun)}"
 
 
 def _asked(r: OOMReport) -> str:
@@ -293,10 +269,8 @@ def _asked(r: OOMReport) -> str:
 
 
 def _device_line(r: OOMReport) -> list[str]:
-    if r.limit is None:
-        return []
-    use = f"{fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit)}"
-    return [f"Device {r.device}: {use} (all of JAX)."]
+    use = f"{fmt_bytes(r.in_use or 0)} in use of {fmt_bytes(r.limit or 0)}"
+    return [f"Device {r.device}: {use} (all of JAX)."] * (r.limit is not None)
 
 
 def _section(head: str, more: str, rows: list[SiteStat]) -> list[str]:
@@ -340,38 +314,10 @@ def _holders_table(holders: Sequence[SiteStat], top: int = TOP) -> str:
     return text
 
 
-@_html.never_raises
-def _report_html(r: OOMReport) -> str:
-    """The report as a notebook shows it: the request, then a holders table with bars."""
-    asked = esc(_asked(r))
-    if r.requested is not None:  # the bytes in bold
-        size = esc(fmt_bytes(r.requested))
-        asked = asked.replace(size, f"<b>{size}</b>", 1)
-    at = _html.dim(f" at {r.called_at}") if r.called_at else ""
-    parts = [_html.line(_html.bad("Out of memory"), f": <code>{esc(r.what)}</code>", asked, at)]
-    summary = (
-        f"tidyjax holds {fmt_bytes(r.tracked_bytes)} in {count(r.tensors, 'tensor')}; untracked: "
-        f"{fmt_bytes(r.untracked_bytes)} in {count(r.untracked_arrays, 'array')}"
-    )
-    if r.watched:
-        summary += f"; watched: {fmt_bytes(r.watched_bytes)} in {count(r.watched_arrays, 'array')}"
-    parts += [_html.line(esc(text)) for text in (*_device_line(r), summary + ".")]
-    parts.append(_holders_table(r.holders))
-    parts += [_html.line(esc(text)) for text in (*(f"Watched {w}" for w in r.watched), *_notes(r))]
-    parts.append(_html.line(_html.dim(
-        "To fit: free the largest holders above, wrap untracked arrays with tidyjax.adopt(), or "
-        "make this request smaller."
-    )))  # fmt: skip
-    parts.append(_html.details(esc("JAX said"), f"<pre>{esc(r.jax_message.strip())}</pre>"))
-    return _html.box(*parts)
-
-
 def requested_bytes(message: str) -> int | None:
     """The bytes JAX's out-of-memory message says it could not allocate, or None."""
     m = _REQUESTED.search(message)
-    if m is None:
-        return None
-    return int(next(g for g in m.groups() if g is not None))
+    return None if m is None else int(next(g for g in m.groups() if g is not None))
 
 
 #: The error whose report is being built: ``_holders_report`` leaves out what only its failed
@@ -384,19 +330,20 @@ _reporting: contextvars.ContextVar[BaseException | None] = contextvars.ContextVa
 def build_report(err: BaseException, what: str, called_at: str | None = None) -> OOMReport:
     """The report for ``err``; a report that itself fails still gives the request and says why."""
     message = str(err)
-    files, problems = _save_timeline(what, requested_bytes(message), called_at)
+    requested = requested_bytes(message)
+    files, problems = _save_timeline(what, requested, called_at)
     token = _reporting.set(err)
     try:
-        return dataclasses.replace(
-            _holders_report(), what=what, requested=requested_bytes(message),
-            files=files, jax_message=message, problems=problems, called_at=called_at,
-        )  # fmt: skip
+        report = _holders_report()
     except Exception as e:  # a broken report must not hide the out-of-memory error
-        problem = f"(The list of holders failed: {type(e).__name__}: {e}.)"
-        return OOMReport(what, requested_bytes(message), 0, 0, 0, None, None, None, (), (),
-                         files, message, (*problems, problem), (), called_at)  # fmt: skip
+        report = OOMReport(what, requested)
+        problems += (f"(The list of holders failed: {type(e).__name__}: {e}.)",)
     finally:
         _reporting.reset(token)
+    return dataclasses.replace(
+        report, what=what, requested=requested, files=files, jax_message=message,
+        problems=problems, called_at=called_at,
+    )  # fmt: skip
 
 
 def _holders_report() -> OOMReport:
@@ -409,14 +356,14 @@ def _holders_report() -> OOMReport:
     # The Tensors only: a watched raw array is in the watched section, counted there.
     raws = ("<watched>", "<untracked>")
     tracked = [r for r in c.records() if r.scope not in raws and r._buffer not in broken]
-    raw = [r.array for r in c.of("untracked")]
-    untracked = [untracked_record(a) for a in raw if id(a) not in temporaries]
+    untracked = [untracked_record(r.array) for r in c.of("untracked")
+                 if id(r.array) not in temporaries]  # fmt: skip
     tensor_rows = statistics(tracked, ("scope", "site"))
     untracked_rows = statistics(untracked, ("scope", "site"))
     device, limit, in_use = _fullest_device()
     return OOMReport(
-        what="",
-        requested=None,
+        "",
+        None,
         tracked_bytes=sum(h.bytes for h in tensor_rows),
         untracked_bytes=sum(h.bytes for h in untracked_rows),
         untracked_arrays=sum(h.count for h in untracked_rows),
@@ -425,8 +372,6 @@ def _holders_report() -> OOMReport:
         in_use=in_use,
         holders=tuple(tensor_rows + untracked_rows),
         failed=_failed(c),
-        files=(),
-        jax_message="",
         watched=tuple(c.usage),
     )
 
@@ -455,15 +400,10 @@ def _fullest_device() -> tuple[str | None, int | None, int | None]:
 
 # -- what the failed call itself holds ---------------------------------------------------------
 #
-# A call that fails at once leaves the arrays it made on the way alive in the frames of the
-# error's traceback: ``jnp.zeros(shape)`` makes its fill value, a float32[] scalar, before the
-# allocation fails. JAX's traceback names the user's line as its creation site, so the report
-# would list it as the user's untracked holder. It is left out when JAX's (or tidyjax's)
-# finished frames of the failed call, and what only they hold, hold it alone
-# (``_history.held_only_by``: reference counts compared exactly, so any reference not seen, a
-# user's variable, a running frame, keeps the array a holder). Only tiny ones are left out: a
-# large array the failed call made on the way held memory when the allocation failed, and the
-# report names it.
+# A call that fails at once leaves what it made on the way (``jnp.zeros``'s fill value, a
+# float32[] scalar) alive in its traceback's frames, made at the user's line. Those tiny arrays
+# that only JAX's and tidyjax's finished frames of the failed call hold (``held_only_by``:
+# exact reference counts) are left out; a large one held memory when the allocation failed.
 
 #: The most bytes of a temporary of the failed call that the report leaves out.
 TINY = 1024
@@ -487,15 +427,8 @@ def _failed_call_frames(err: BaseException | None) -> list[Any]:
     seen: set[int] = set()
     while err is not None and id(err) not in seen and len(seen) < 8:
         seen.add(id(err))
-        chain = []
-        tb = err.__traceback__
-        while tb is not None:
-            chain.append(tb.tb_frame)
-            tb = tb.tb_next
-        for f in reversed(chain):
-            if not f.f_code.co_filename.startswith(_SKIP):
-                break
-            frames.append(f)
+        chain = [f for f, _ in traceback.walk_tb(err.__traceback__)]
+        frames += itertools.takewhile(lambda f: f.f_code.co_filename.startswith(_SKIP), chain[::-1])
         err = err.__cause__ if err.__cause__ is not None else err.__context__
     return frames
 
@@ -523,12 +456,9 @@ def _operand(x: Any) -> str:
 # -- the timeline ------------------------------------------------------------------------------
 
 
-#: How the mark of the failed request on the timeline (and its saved page) is labelled.
-OOM_LABEL = "out of memory"
-
-
 def _oom_label(what: str, called_at: str | None) -> str:
-    return f"{OOM_LABEL}: {what or 'a request'}" + (f" at {called_at}" if called_at else "")
+    """How the mark of the failed request on the timeline (and its saved page) is labelled."""
+    return f"out of memory: {what or 'a request'}" + (f" at {called_at}" if called_at else "")
 
 
 def _save_timeline(
@@ -542,15 +472,13 @@ def _save_timeline(
 
         timeline = active()
     except Exception:  # no timeline module (yet): nothing is recorded
-        return (), ()
+        timeline = None
     if timeline is None:
         return (), ()
-    label = _oom_label(what, called_at)
     try:
-        mark = timeline.annotate(label, requested)
-        moment = mark.time
+        moment = timeline.annotate(_oom_label(what, called_at), requested).time
     except Exception:  # not a recording Timeline: the page is marked all the same
-        mark, moment = None, time.perf_counter()
+        moment = time.perf_counter()
     failure = {"time": moment, "what": what, "requested": requested, "called_at": called_at}
     folder = os.environ.get("TIDYJAX_OOM_DIR") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -571,9 +499,7 @@ def _save_page(timeline: Any, failure: dict[str, Any], path: str) -> None:
     if not hasattr(timeline, "_window"):  # not a recorded Timeline: its own page
         timeline.save_html(path)
         return
-    page = oom_page(timeline, failure)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    pathlib.Path(path).write_text(oom_page(timeline, failure), encoding="utf-8")
 
 
 def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
@@ -582,15 +508,13 @@ def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
         return
     from . import _timeline_format
 
-    data = timeline.to_json()  # the failed request among its marks
-    data["oom"] = failure  # Timeline.load ignores it; `python -m tidyjax view` shows it
-    _timeline_format.write(data, path)
+    # the failed request among its marks, and as "oom" (`tidyjax view` shows it, load ignores it)
+    _timeline_format.write({**timeline.to_json(), "oom": failure}, path)
 
 
 def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
-    """The timeline page of ``tl`` marked with a failed request: a line at its moment in the
-    chart (the timeline's own mark, or one made from ``failure`` for a file saved before marks
-    were kept), and the table of what was alive then, by creation site and scope.
+    """The timeline page of ``tl`` marked with a failed request: a line at its moment (the
+    timeline's own mark, or one made from ``failure``), and the table of what was alive then.
 
     Args:
         tl: the timeline (recorded or loaded).
@@ -626,13 +550,11 @@ def _waited_text(t: Any, name: str) -> str:
 # -- oom_report --------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _OOMReporting:
     """The object ``oom_report()`` returns: a context manager, and a decorator."""
 
-    __slots__ = ("label",)
-
-    def __init__(self, label: str | None) -> None:
-        self.label = label
+    label: str | None
 
     def __enter__(self) -> _OOMReporting:
         return self
@@ -642,10 +564,8 @@ class _OOMReporting:
             _raise(exc, f"in oom_report({self.label!r})" if self.label else "in oom_report()", ())
 
     def __call__(self, fn: F) -> F:
-        check_callable(fn, "@oom_report", decorator=True)
         label = self.label or getattr(fn, "__qualname__", type(fn).__name__)
-        reporting = _OOMReporting(label)
-        return decorate(fn, lambda: reporting, "@oom_report")
+        return decorate(fn, lambda: _OOMReporting(label), "@oom_report")
 
 
 def oom_report(label: str | Callable[..., Any] | None = None) -> Any:

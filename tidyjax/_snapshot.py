@@ -26,9 +26,7 @@ from ._census import (
     summary,
 )
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
-from ._format import count as _count
-from ._format import esc
-from ._format import fmt_bytes as _fmt_bytes
+from ._format import count, esc, fmt_bytes
 
 __all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot"]
 
@@ -58,8 +56,8 @@ class SiteDiff:
     def __str__(self) -> str:
         sign = "+" if self.bytes_diff >= 0 else "-"
         return (
-            f"{self.label}: {_fmt_bytes(self.bytes)} ({sign}{_fmt_bytes(abs(self.bytes_diff))}), "
-            f"{_count(self.count, NOUNS[self.kind])} ({self.count_diff:+d})"
+            f"{self.label}: {fmt_bytes(self.bytes)} ({sign}{fmt_bytes(abs(self.bytes_diff))}), "
+            f"{count(self.count, NOUNS[self.kind])} ({self.count_diff:+d})"
         )
 
 
@@ -82,9 +80,6 @@ class Snapshot:
 
     __slots__ = ("records", "taken_at", "untracked")
 
-    records: tuple[TensorRecord, ...]
-    untracked: tuple[TensorRecord, ...]
-
     def __init__(self, records: Iterable[TensorRecord], taken_at: float | None = None) -> None:
         every = tuple(records)
         self.records = tuple(r for r in every if r.scope != UNTRACKED)
@@ -94,8 +89,13 @@ class Snapshot:
     def __repr__(self) -> str:
         return f"<Snapshot of {summary(self.records + self.untracked)}>"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _snapshot_html(self)
+        head = f"<b>{esc(summary(self.records + self.untracked))}</b>"
+        return _html.box(head, *_tables(self.statistics()))
 
     def __str__(self) -> str:
         stats = self.statistics()
@@ -106,9 +106,6 @@ class Snapshot:
             lines.append("  untracked (jax arrays tidyjax does not own), by creation site:")
             lines += [f"    {s}" for s in untracked]
         return "\n".join(lines)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
     def statistics(self, by: tuple[str, ...] = ("site",)) -> list[SiteStat]:
         """One [`SiteStat`][tidyjax.SiteStat] per kind and creation site (``by``: also, or
@@ -129,10 +126,10 @@ class Snapshot:
         for key in new_g.keys() | old_g.keys():
             n, o = new_g.get(key), old_g.get(key)
             site = (n or o).site  # type: ignore[union-attr]
-            count, nbytes = (n.count, n.bytes) if n else (0, 0)
-            ocount, obytes = (o.count, o.bytes) if o else (0, 0)
-            if (count, nbytes) != (ocount, obytes):
-                diffs.append(SiteDiff(site, key[0], count, count - ocount, nbytes, nbytes - obytes))
+            num, nbytes = (n.count, n.bytes) if n else (0, 0)
+            onum, obytes = (o.count, o.bytes) if o else (0, 0)
+            if (num, nbytes) != (onum, obytes):
+                diffs.append(SiteDiff(site, key[0], num, num - onum, nbytes, nbytes - obytes))
         diffs.sort(key=lambda d: (d.untracked, -abs(d.bytes_diff), -abs(d.count_diff), d.label))
         return SiteDiffList(diffs)
 
@@ -202,42 +199,27 @@ def snapshot(*, untracked: bool = True) -> Snapshot:
         untracked: False leaves the untracked arrays out (and the scan of
             ``jax.live_arrays()`` they cost).
     """
-    untracked = check_flag(untracked, "untracked", "snapshot()")
-    return Snapshot(census(untracked=untracked).records())
+    return Snapshot(census(untracked=check_flag(untracked, "untracked", "snapshot()")).records())
 
 
 class SiteDiffList(list[SiteDiff]):
     """What `Snapshot.compare_to` returns: a list of `SiteDiff` that shows itself
     as a table in Jupyter."""
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _diffs_html(self)
-
-
-@_html.never_raises
-def _snapshot_html(snap: Snapshot) -> str:
-    return _html.box(
-        f"<b>{esc(summary(snap.records + snap.untracked))}</b>", *_tables(snap.statistics())
-    )
-
-
-@_html.never_raises
-def _diffs_html(diffs: list[SiteDiff]) -> str:
-    if not diffs:
-        return _html.box("<b>no change</b> between the snapshots")
-    head = f"<b>{esc(_count(len(diffs), 'site'))} changed</b>, the largest change first"
-    return _html.box(head, *_tables(diffs))
+        if not self:
+            return _html.box("<b>no change</b> between the snapshots")
+        head = f"<b>{esc(count(len(self), 'site'))} changed</b>, the largest change first"
+        return _html.box(head, *_tables(self))
 
 
 def _tables(rows: list[Any]) -> list[str]:
     """`SiteStat` or `SiteDiff` rows as tables: the Tensors' (and watched arrays') sites, then
     the untracked arrays' under a note."""
-    parts = []
-    for untracked in (False, True):
-        part = [r for r in rows if r.untracked == untracked]
-        parts += [_html.line(_html.dim(_UNTRACKED_NOTE))] * (untracked and bool(part))
-        parts += [site_table(part)] * bool(part)
+    tracked, untracked = [r for r in rows if not r.untracked], [r for r in rows if r.untracked]
+    parts = [site_table(tracked)] * bool(tracked)
+    if untracked:
+        note = "untracked: jax arrays tidyjax does not own, by the line that made them"
+        parts += [_html.line(_html.dim(note)), site_table(untracked)]
     return parts
-
-
-_UNTRACKED_NOTE = "untracked: jax arrays tidyjax does not own, by the line that made them"

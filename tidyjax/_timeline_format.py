@@ -1,27 +1,16 @@
-"""The timeline's events as files: `TimelineEvent`, the event kinds, the JSON layout, and the
-Chrome trace-event export.
+"""The timeline's events as files: `TimelineEvent`, the event kinds, the JSON layout that
+``Timeline.dump`` writes and ``load`` reads (format ``"tidyjax.timeline"``, version 1), and the
+Chrome trace-event export. The recording itself is ``_timeline``'s.
 
-What a `tidyjax.Timeline` records and what ``Timeline.dump`` writes and ``load`` reads
-(format ``"tidyjax.timeline"``, version 1). The recording itself is ``_timeline``'s.
-
-``Timeline.to_chrome_trace`` writes `chrome_trace`: the trace-event format's "JSON Object
-Format" (``{"traceEvents": [...], "displayTimeUnit": "ms"}``), which Perfetto's UI
-(ui.perfetto.dev, offline too) and ``chrome://tracing`` open:
-
-* one process, ``tidyjax memory``, named by a metadata event (``"ph": "M"``, ``process_name``),
-  its threads too (``thread_name``, ``thread_sort_index``);
-* a counter track per device (``"ph": "C"``, named by the device, ``args: {"bytes in use":
-  n}``): the bytes alive there, each shared buffer once, as ``memory().bytes_per_device``
-  counts them; with several devices a track of their sum as well;
-* each scope a complete slice (``"ph": "X"``, ``ts`` and ``dur`` in microseconds) on a
-  ``scopes`` thread; scopes that overlap without nesting (threads, asyncio tasks) go on further
-  ``scopes`` threads, so that slices on one thread always nest;
-* optionally an instant event (``"ph": "i"``) per allocation and free on a ``buffers`` thread,
-  with its bytes, site, scope, shape and dtype; a global instant at the peak and one per
-  annotation (`Timeline.annotate`).
-
-Times are microseconds since the timeline started. The timeline is read through its kept
-events (``_window()``), so this module imports no timeline code.
+`chrome_trace` is the trace-event "JSON Object Format", which Perfetto's UI and
+``chrome://tracing`` open: one process (``tidyjax memory``, named by metadata events, its
+threads too); a counter track per device (``"ph": "C"``), the bytes alive there as
+``memory().bytes_per_device`` counts them, with several devices their sum as well; each scope a
+complete slice (``"ph": "X"``) on a ``scopes`` thread, scopes that overlap without nesting
+(threads, asyncio tasks) on further ones, so that slices on one thread always nest; optionally
+an instant (``"ph": "i"``) per allocation and free on a ``buffers`` thread; a global instant at
+the peak and one per annotation. Times are microseconds since the timeline started. The
+timeline is read through its kept events (``_window()``): no timeline code is imported.
 
 Reading checks every value it uses: a file that is not as ``dump`` writes it (a value of the
 wrong type, out of range, NaN or infinite; an index into a table without that row; event times
@@ -41,32 +30,14 @@ from typing import Any, NamedTuple
 
 from ._census import collector_paused
 from ._errors import TidyjaxValueError
-from ._format import fmt_bytes
+from ._format import describe, fmt_bytes
 from ._sites import Site
 
 __all__ = [
-    "ALLOC",
-    "FORMAT",
-    "FREE",
-    "HEADER",
-    "Mark",
-    "SCOPE_ENTER",
-    "SCOPE_EXIT",
-    "Codec",
-    "TimelineEvent",
-    "check",
-    "check_version",
-    "is_clock",
-    "is_count",
-    "is_unix_time",
-    "short",
-    "decode_extras",
-    "encode",
-    "read",
-    "write",
-    "chrome_trace",
-    "write_chrome_trace",
-]
+    "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "Codec", "Mark",
+    "TimelineEvent", "check", "check_version", "chrome_trace", "decode_extras", "encode",
+    "is_clock", "is_count", "is_unix_time", "read", "short", "write", "write_chrome_trace",
+]  # fmt: skip
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
@@ -84,18 +55,14 @@ _SEQ = (list, tuple)
 def short(value: Any) -> str:
     """``value`` in a message, as JSON spells it: a number or a short string whole, a longer one
     clipped, anything else by its type (a container could be huge, or too deep to write)."""
-    if value is None or isinstance(value, bool):
+    if value is None or isinstance(value, (bool, float)):  # NaN, Infinity as JSON reads them
         return json.dumps(value)
-    if isinstance(value, float):
-        return json.dumps(value)  # NaN, Infinity, -Infinity as JSON (and Python) reads them
     if isinstance(value, int):
         return str(value) if abs(value) < 10**30 else f"an int of {value.bit_length()} bits"
     if isinstance(value, str):
         return json.dumps(value) if len(value) <= 40 else json.dumps(value[:37])[:-1] + '…"'
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
     return f"a {type(value).__name__}"
 
 
@@ -122,16 +89,10 @@ def is_unix_time(x: Any) -> bool:
 
 
 def check_version(data: dict[str, Any], where: str, what: str, version: int, write: str) -> None:
-    """Refuse ``data`` unless its ``"version"`` is ``version``: one with none, or with one that no
-    tidyjax writes (not a positive int), is no tidyjax file; a newer one needs a newer tidyjax.
-
-    Args:
-        what: ``"timeline"`` or ``"snapshot"``.
-        write: the call that writes one (``"Timeline.dump(path)"``).
-
-    Raises:
-        TidyjaxValueError: saying which.
-    """
+    """Refuse ``data`` unless its ``"version"`` is ``version``, with a `TidyjaxValueError` that
+    says why: one with none, or one no tidyjax writes (not a positive int), is no tidyjax file; a
+    newer one needs a newer tidyjax. ``what``: ``"timeline"`` or ``"snapshot"``; ``write``: the
+    call that writes one (``"Timeline.dump(path)"``)."""
     if "version" not in data:
         raise TidyjaxValueError(
             f'{where} is not a tidyjax {what} file: it has no "version" (every file {write} '
@@ -261,14 +222,10 @@ class Codec:
         return self.sites.setdefault((site, site.detail), len(self.sites))
 
     def tables(self) -> dict[str, Any]:
-        s = self._s
-        placements = [[[s(d), b] for d, b in pd] for pd in self.placements]
-        return {
-            "strings": list(self.strings),
-            "sites": [_site_row(x) for x, _ in self.sites],
-            "metas": self.meta_list,
-            "placements": placements,
-        }
+        placements = [[[self._s(d), b] for d, b in pd] for pd in self.placements]
+        sites = [_site_row(x) for x, _ in self.sites]
+        return {"strings": list(self.strings), "sites": sites, "metas": self.meta_list,
+                "placements": placements}  # fmt: skip
 
     @classmethod
     def read(cls, data: dict[str, Any]) -> Codec:
@@ -575,29 +532,19 @@ def _counters(
     changes += [(ev.time, 1 if ev.kind == ALLOC else -1, ev) for ev in events if ev.kind in _SIGNED]
     devices = dict.fromkeys((d for _, _, ev in changes for d, _ in _shares(ev)), 0)
     total = "all devices" if len(devices) > 1 else None
-    out: list[dict[str, Any]] = []
-    last: dict[str, dict[str, Any]] = {}  # track -> its latest counter event
-
-    def put(track: str, ts: float, value: int) -> None:
-        prev = last.get(track)
-        if prev is not None and prev["ts"] == ts:  # one value per moment: the latest
-            prev["args"][_COUNTER] = value
-            return
-        ev = {"name": track, "cat": "memory", "ph": "C", "ts": ts, "pid": _PID, "tid": 0,
-              "args": {_COUNTER: value}}  # fmt: skip
-        last[track] = ev
-        out.append(ev)
-
-    for track in [*devices, total] if total else devices:
-        put(track, _us(start, t0), 0)
+    # per track, its value at each moment (the latest); times only grow
+    values = {track: {_us(start, t0): 0} for track in ([*devices, total] if total else devices)}
     for t, sign, ev in changes:
         ts = _us(t, t0)
         for d, b in _shares(ev):
-            devices[d] += sign * b
-            put(d, ts, devices[d])
+            devices[d] = values[d][ts] = devices[d] + sign * b
         if total:
-            put(total, ts, sum(devices.values()))
-    return out
+            values[total][ts] = sum(devices.values())
+    return [
+        {"name": track, "cat": "memory", "ph": "C", "ts": ts, "pid": _PID, "tid": 0,
+         "args": {_COUNTER: value}}
+        for track, by_time in values.items() for ts, value in by_time.items()
+    ]  # fmt: skip
 
 
 def _scope_slices(
@@ -606,18 +553,10 @@ def _scope_slices(
     """The scopes as complete slices, one list per thread, each sorted and properly nested."""
     spans: dict[int, list[Any]] = {}  # scope number -> [start, end, name, path]
     for ev in events:
-        if ev.kind == SCOPE_ENTER:
-            spans[ev.buffer] = [ev.time, None, ev.name or "<tidy>", ev.scope]
-        elif ev.kind == SCOPE_EXIT:
-            span = spans.get(ev.buffer)
-            if span is None:  # entered before the events kept
-                spans[ev.buffer] = [start, ev.time, ev.name or "<tidy>", ev.scope]
-            else:
-                span[1] = ev.time
-    ordered = sorted(
-        ((s, end if e is None else e, name, path) for s, e, name, path in spans.values()),
-        key=lambda span: (span[0], -span[1]),
-    )
+        if ev.kind in (SCOPE_ENTER, SCOPE_EXIT):  # an exit alone: entered before the events kept
+            span = spans.setdefault(ev.buffer, [start, end, ev.name or "<tidy>", ev.scope])
+            span[ev.kind == SCOPE_EXIT] = ev.time
+    ordered = sorted(spans.values(), key=lambda span: (span[0], -span[1]))
     lanes: list[list[float]] = []  # per thread: the ends of the slices open there
     threads: list[list[dict[str, Any]]] = []
     for s, e, name, path in ordered:
@@ -645,21 +584,15 @@ def _lane(lanes: list[list[float]], start: float, end: float) -> int:
 
 
 def _instants(events: list[TimelineEvent], t0: float) -> list[dict[str, Any]]:
-    out = []
-    for ev in events:
-        if ev.kind not in _SIGNED:
-            continue
-        what = f"{ev.dtype}{list(ev.shape)}".replace(" ", "")
-        out.append({
-            "name": f"{ev.kind} {what} {fmt_bytes(ev.bytes)}", "cat": ev.kind, "ph": "i",
-            "s": "t", "ts": _us(ev.time, t0), "pid": _PID, "tid": _TID_BUFFERS,
-            "args": {
-                "bytes": ev.bytes, "device": ev.device, "site": str(ev.site or "<unknown site>"),
-                "scope": ev.scope, "shape": list(ev.shape), "dtype": ev.dtype,
-                "buffer": ev.buffer, "tensors": list(ev.tensors),
-            },
-        })  # fmt: skip
-    return out
+    return [{
+        "name": f"{ev.kind} {describe(ev)} {fmt_bytes(ev.bytes)}", "cat": ev.kind, "ph": "i",
+        "s": "t", "ts": _us(ev.time, t0), "pid": _PID, "tid": _TID_BUFFERS,
+        "args": {
+            "bytes": ev.bytes, "device": ev.device, "site": str(ev.site or "<unknown site>"),
+            "scope": ev.scope, "shape": list(ev.shape), "dtype": ev.dtype,
+            "buffer": ev.buffer, "tensors": list(ev.tensors),
+        },
+    } for ev in events if ev.kind in _SIGNED]  # fmt: skip
 
 
 def _moments(tl: Any, t0: float, start: float | None) -> list[dict[str, Any]]:
@@ -684,12 +617,10 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
         buffers: also an instant event per allocation and free (with its site, scope, shape).
     """
     base, events = tl._window()
-    first = events[0].time if events else 0.0
-    t0 = tl.start_time if tl.start_time is not None else first
-    t0 = min(t0, first) if events else t0
-    start = first if tl.dropped and events else t0  # before the kept events: unknown
-    end = tl.stop_time if tl.stop_time is not None else (events[-1].time if events else t0)
-    end = max(end, events[-1].time) if events else end
+    first, last = (events[0].time, events[-1].time) if events else (None, None)
+    t0 = min((t for t in (tl.start_time, first) if t is not None), default=0.0)
+    end = max((t for t in (tl.stop_time, last) if t is not None), default=t0)
+    start = t0 if first is None or not tl.dropped else first  # before the kept events: unknown
     threads = _scope_slices(events, t0, start, end)
     names = [("process", 0, "tidyjax memory")]
     names += [("thread", _TID_BUFFERS, "buffers")] if buffers else []
@@ -703,21 +634,13 @@ def chrome_trace(tl: Any, *, buffers: bool = True) -> dict[str, Any]:
         for key, value in (("name", name), ("sort_index", tid))
     ]
     trace += _counters(base, events, t0, start)
-    for slices in threads:
-        trace += slices
+    trace += [s for slices in threads for s in slices]
     if buffers:
         trace += _instants(events, t0)
     trace += _moments(tl, t0, start if events else None)
-    return {
-        "traceEvents": trace,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "producer": "tidyjax",
-            "started_at": tl.started_at,
-            "peak_bytes": tl.peak_bytes,
-            "dropped_events": tl.dropped,
-        },
-    }
+    other = {"producer": "tidyjax", "started_at": tl.started_at, "peak_bytes": tl.peak_bytes,
+             "dropped_events": tl.dropped}  # fmt: skip
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": other}
 
 
 def write_chrome_trace(
@@ -726,11 +649,7 @@ def write_chrome_trace(
     """Write `chrome_trace` of ``tl`` to ``path`` (gzip-compressed when it ends in
     ``.gz``), creating missing parent folders; returns the path written."""
     target = pathlib.Path(os.fspath(path))
-    text = json.dumps(chrome_trace(tl, buffers=buffers), separators=(",", ":"))
+    data = json.dumps(chrome_trace(tl, buffers=buffers), separators=(",", ":")).encode("utf-8")
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.name.endswith(".gz"):
-        with gzip.open(target, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        target.write_text(text, encoding="utf-8")
+    target.write_bytes(gzip.compress(data) if target.name.endswith(".gz") else data)
     return target

@@ -10,8 +10,7 @@ which owns the chart: areas, axes, scope bands, peak, marks, legend, zoom and pa
 Sanitizers (untrusted notebooks, nbviewer) drop ``<script>``, ``<style>`` and ``<svg>`` but keep
 ``<img>`` data URIs and inline styles: there the page shows its title, summary, sites, per device
 an image (one area, the peak, the marks) and the table of what was alive at the peak. Reads a
-timeline through ``_window()``, ``_names``, ``_stacks``, ``_marks``, ``dropped``, ``peak_*``,
-``start_time``, ``stop_time`` and ``started_at``; imports nothing of ``_timeline``."""
+timeline through its fields (``_window()``, ``_names``, ...); imports nothing of ``_timeline``."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from importlib import resources
 from typing import Any
 
 from ._census import UNTRACKED, WATCHED, site_label
-from ._format import esc, fmt_bytes
+from ._format import describe, esc, fmt_bytes
 
 __all__ = ["alive_after", "elapsed", "fragment", "page"]
 
@@ -359,7 +358,7 @@ def _peak_table(ch: _Chart, j: int) -> str:
             continue
         kind = _KINDS.get(ev.scope)  # a plain jax.Array: no scope frees it
         key = (site_label(ev.site, kind or "tensor"),
-               f"{ev.dtype}{list(ev.shape)}".replace(" ", ""), kind or ev.scope or "(no scope)",
+               describe(ev), kind or ev.scope or "(no scope)",
                device if several else ev.device)  # fmt: skip
         g = groups.setdefault(key, [0, 0])
         g[0], g[1] = g[0] + (nbytes if several else ev.bytes), g[1] + 1
@@ -443,9 +442,8 @@ def _payload(ch: _Chart) -> str:
 
 
 def _subtitle(tl: Any, ch: _Chart) -> str:
-    when = ""
-    if tl.started_at:
-        when = " · started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at))
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.started_at or 0))
+    when = f" · started {started}" if tl.started_at else ""
     lo, hi = min(ch.device_peak, default=0), max(ch.device_peak, default=0)
     peak = fmt_bytes(tl.peak_bytes or ch.peak)
     sub = [f"{ch.n:,} events over {elapsed(ch.end_time)[1:]}",
