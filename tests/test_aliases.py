@@ -244,3 +244,20 @@ def test_an_alias_no_tensor_holds_when_its_original_is_collected_is_the_callers_
         tj.tensor(np.ones(3, np.float32))  # a deletion: the alias check has run
     assert not raw.is_deleted()
     np.testing.assert_array_equal(np.asarray(raw), [0.0, 1.0, 2.0])
+
+
+def test_an_alias_inheriting_a_collected_originals_buffer_inherits_its_scope() -> None:
+    # The original, owned by a scope, is collected while a tensors() alias holds the buffer:
+    # the alias takes its place, so the scope's exit deletes the buffer as it would have with
+    # the original alive (and no report counts a tidyjax buffer that no Tensor holds).
+    with tj.tidy():
+        t = tj.tensor(np.arange(3.0, dtype=np.float32))
+        raw = jax.device_put(tj.arrays([t])[0], jax.devices()[0])
+        alias = tj.tensors(raw)
+        del t
+        gc.collect()
+        assert tj.memory(scan_untracked=False).num_data_buffers == 1
+    assert alias.is_disposed
+    assert raw.is_deleted()
+    info = tj.memory(scan_untracked=False)
+    assert (info.num_tensors, info.num_data_buffers) == (0, 0)

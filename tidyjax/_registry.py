@@ -708,12 +708,23 @@ def _group_suspects(
             if rec is other or k != key:
                 continue
             if id(arr) in held and other.n <= 0:
-                # Only `orphans` holds ``other``'s object: the suspect inherits the buffer if
-                # a Tensor holds it, else it is the caller's plain array (no group: ``other``
-                # goes with its object).
-                rec.owned = rec.owned or rec.n > 0
+                # Only `orphans` holds ``other``'s object (no group: it goes with it).
+                if rec.n > 0:
+                    _inherit(rec, other)
             else:
                 _join_group(rec, other)
+
+
+def _inherit(heir: Buffer, gone: Buffer) -> None:
+    """``gone``'s last array object is going (an orphan) while ``heir``, a second object over
+    its buffer, is held by a Tensor: ``heir`` takes its place, owned by tidyjax and by
+    ``gone``'s owner (else the caller's plain array: counted by no report)."""
+    heir.owned = True
+    owner = heir.scope = gone.scope
+    if owner is not None and hasattr(owner, "_owned"):
+        owner._owned.append(heir)  # listed again, not made again: num_created stays
+        if hasattr(owner, "_moved_in"):
+            owner._moved_in += 1
 
 
 def _records(pool: Iterable[Any], wanted: dict[tuple[Any, Any], Any]) -> list[Buffer]:
