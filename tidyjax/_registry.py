@@ -455,6 +455,39 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
     return free_all(done)
 
 
+def free_owned(
+    recs: list[Any], owner: Any, escaping: set[int], why: Reason
+) -> tuple[list[Any], list[Any], int]:
+    """A scope exit's deletions in one pass, while no observer, group or suspect exists: each
+    record ``owner`` owns with one array object that ``escaping`` (record ids) does not reach is
+    marked dead with ``why`` and its buffer deleted if tidyjax owns it. Returns the deleted
+    arrays, the records left for the general sort (batches, others', escaping, aliased), and
+    how many records Python had collected (JAX freed those)."""
+    out: list[Any] = []
+    rest: list[Any] = []
+    collected = 0
+    buffers = _buffers
+    with _lock:
+        for rec in recs:
+            if rec.dead is not None:
+                continue
+            if type(rec) is Batch or rec.scope is not owner or rec.more or id(rec) in escaping:
+                rest.append(rec)
+                continue
+            arr = rec()
+            if arr is None:
+                collected += 1
+                continue
+            rec.dead = why
+            key = id(arr)
+            if buffers.get(key) is rec:
+                del buffers[key]
+            if rec.owned:
+                arr.delete()
+                out.append(arr)
+    return out, rest, collected
+
+
 def free_all(recs: list[Buffer]) -> list[Any]:
     """`free` each dead record; returns the deleted arrays. With no observer, no group and no
     suspect (the usual case), `free` of a record with one array object is inlined: a call per

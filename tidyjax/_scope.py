@@ -291,10 +291,14 @@ class Scope(Tracker):
         escaping, handed_tensors, only_batches = self._escaping(result)
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
-        doomed, survivors, handed, batches = self._sort_owned(owned, escaping, parent)
+        why: Any = scope_exited(self.path) if owned or self._aliases or handed_tensors else None
+        rest, freed = owned, []
+        if owned and not (_registry.observers or _registry._groups or _registry.suspects):
+            freed, rest, collected = _registry.free_owned(owned, self, escaping, why)
+            self._collected += collected
+        doomed, survivors, handed, batches = self._sort_owned(rest, escaping, parent)
         settle = (handed_tensors and not only_batches) or self._aliases or survivors
-        why: Any = scope_exited(self.path) if doomed or settle or batches else None
-        self._freed = _registry.delete_many(doomed, why) if doomed else []
+        self._freed = freed + _registry.delete_many(doomed, why) if doomed else freed
         for b in batches:
             self._freed += _registry.delete_batch(b, why)
         if settle:
