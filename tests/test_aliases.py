@@ -261,3 +261,19 @@ def test_an_alias_inheriting_a_collected_originals_buffer_inherits_its_scope() -
     assert raw.is_deleted()
     info = tj.memory(scan_untracked=False)
     assert (info.num_tensors, info.num_data_buffers) == (0, 0)
+
+
+def test_a_scopes_own_alias_of_a_collected_original_stays_the_scopes() -> None:
+    # A lifted call's alias is a Tensor the scope made: when the original (made outside) is
+    # collected, the alias keeps its own owner, so the scope's exit disposes it (TensorFlow.js)
+    # and frees the buffer.
+    put = tj.lift(lambda a: jax.device_put(a, jax.devices()[0]))
+    t = tj.tensor(np.arange(3.0, dtype=np.float32))
+    with tj.tidy():
+        alias = put(t)
+        del t
+        gc.collect()
+        assert tj.memory(scan_untracked=False).num_data_buffers == 1
+    assert alias.is_disposed
+    info = tj.memory(scan_untracked=False)
+    assert (info.num_tensors, info.num_data_buffers) == (0, 0)

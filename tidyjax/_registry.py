@@ -742,7 +742,7 @@ def _group_suspects(
                 continue
             if id(arr) in held and other.n <= 0:
                 # Only `orphans` holds ``other``'s object (no group: it goes with it).
-                if rec.n > 0:
+                if rec.n > 0 and not rec.owned:  # an owned one keeps its own owner
                     _inherit(rec, other)
             else:
                 _join_group(rec, other)
