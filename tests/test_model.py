@@ -395,4 +395,3 @@ class TidyjaxMachine(RuleBasedStateMachine):
 
 
 TestTidyjaxModel = TidyjaxMachine.TestCase
-
