@@ -462,7 +462,10 @@ def free_owned(
     record ``owner`` owns with one array object that ``escaping`` (record ids) does not reach is
     marked dead with ``why`` and its buffer deleted if tidyjax owns it. Returns the deleted
     arrays, the records left for the general sort (batches, others', escaping, aliased), and
-    how many records Python had collected (JAX freed those)."""
+    how many records Python had collected (JAX freed those). With an observer, group or
+    suspect, every record is left for the general path."""
+    if not recs or observers or _groups or suspects:
+        return [], recs, 0
     out: list[Any] = []
     rest: list[Any] = []
     collected = 0

@@ -292,11 +292,8 @@ class Scope(Tracker):
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
         why: Any = scope_exited(self.path) if owned or self._aliases or handed_tensors else None
-        freed: list[Any] = []
-        rest = owned
-        if owned and not (_registry.observers or _registry._groups or _registry.suspects):
-            freed, rest, collected = _registry.free_owned(owned, self, escaping, why)
-            self._collected += collected
+        freed, rest, collected = _registry.free_owned(owned, self, escaping, why)
+        self._collected += collected
         doomed, survivors, handed, batches = self._sort_owned(rest, escaping, parent)
         settle = (handed_tensors and not only_batches) or self._aliases or survivors
         self._freed = freed + _registry.delete_many(doomed, why) if doomed else freed
