@@ -23,6 +23,7 @@ import gc
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import groupby, islice
 from typing import Any
 
 import jax
@@ -115,8 +116,7 @@ def released(rec: _registry.Buffer) -> bool:
 
 def buffer_id(rec: _registry.Buffer) -> int:
     """One id per device buffer: a group of records over one buffer shares its group's."""
-    group = _registry._groups.get(id(rec)) if _registry._groups else None
-    return id(rec) if group is None else id(group)
+    return id(_registry._groups.get(id(rec), rec))
 
 
 def holds(rec: _registry.Buffer) -> bool:
@@ -138,10 +138,8 @@ def same_buffer(arr: Any, records: Iterable[Any], wait: bool = False) -> Iterato
 
 def held(rec: _registry.Buffer) -> bool:
     """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
-    if rec.n > 0:
-        return True
-    group = _registry._groups.get(id(rec)) if _registry._groups else None
-    return any(r.n > 0 and r.dead is None for r in group or ())
+    group = _registry._groups.get(id(rec), ())
+    return rec.n > 0 or any(r.n > 0 and r.dead is None for r in group)
 
 
 def watched_ids(found: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
@@ -295,8 +293,7 @@ class Census:
     @staticmethod
     def _tracked(rec: _registry.Buffer) -> Row:
         arr = rec.array()
-        group = _registry._groups.get(id(rec)) if _registry._groups else None
-        n = sum(max(r.n, 0) for r in group) if group else max(rec.n, 0)
+        n = sum(max(r.n, 0) for r in _registry._groups.get(id(rec), [rec]))
         bad = failed(arr)
         spread = () if bad else tuple(_registry.device_bytes(rec).items())
         kind = "tensor" if held(rec) else "escaped"
@@ -337,20 +334,13 @@ class Census:
     def per_device(self, *kinds: str) -> dict[Any, int]:
         return summed(dict(row.spread) for row in self.of(*kinds))
 
-    def names(self) -> dict[int, str]:
-        """The watched arrays' paths, by the arrays' ids (the first name of each)."""
-        out: dict[int, str] = {}
-        for pairs in self.found.values():
-            for path, arr in pairs:
-                out.setdefault(id(arr), path)
-        return out
-
     def records(self) -> TensorRecordList:
         """A `TensorRecord` per live Tensor (oldest first), after the watched arrays' and
         before the escaped and untracked buffers' (largest first)."""
-        names = self.names()
-        with collector_paused():
-            out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
+        names: dict[int, str] = {}  # the watched arrays' paths (the first name of each)
+        for path, arr in (p for pairs in self.found.values() for p in pairs):
+            names.setdefault(id(arr), path)
+        out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
         head = [_raw_record(r, names) for r in self.of("watched")]
         tail = [_raw_record(r, names) for r in self.of("escaped")]
         untracked = [_raw_record(r, {}) for r in self.of("untracked")]
@@ -541,18 +531,13 @@ def statistics(
         if "device" in fields:
             fields["device"] = str(fields["device"])
         out.append(SiteStat(site, key[0], n, b, dict(shapes), **fields))
-    out.sort(key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
-    return out if top is None else top_per_device(out, top)
+    return top_per_device(out, len(out) if top is None else top)
 
 
 def top_per_device(rows: list[SiteStat], n: int) -> list[SiteStat]:
     """``rows`` sorted by device, then largest first, at most ``n`` per device."""
     rows = sorted(rows, key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
-    out: list[SiteStat] = []
-    for s in rows:
-        if sum(1 for t in out if t.device == s.device) < n:
-            out.append(s)
-    return out
+    return [s for _, g in groupby(rows, key=lambda s: s.device or "") for s in islice(g, n)]
 
 
 def _kind(it: Any) -> str:
@@ -685,7 +670,7 @@ def _record(
         kept=rec.scope is KEPT,
         variable=variable,
         _buffer=buffer_id(rec),  # records over one buffer (a group) share it
-        name=names.get(id(arr)) if names else None,
+        name=names.get(id(arr)),
     )
 
 
@@ -754,18 +739,17 @@ def summary(records: Iterable[TensorRecord]) -> str:
     watched and untracked arrays, each with theirs, each buffer once, a part left out when
     there is none of it (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``)."""
     n: Counter[str] = Counter()
-    by_buffer: dict[str, dict[int, int]] = {}
+    by_buffer: dict[tuple[str, int], int] = {}
     for r in records:
-        kind = _KINDS.get(r.scope, "tensor")
-        n[kind] += 1
-        by_buffer.setdefault(kind, {})[r._buffer] = r.bytes
-    parts = []
-    for kind in ("tensor", "escaped", "watched", "untracked"):
-        if n[kind] or kind == "tensor":
-            noun = "live tensor" if kind == "tensor" else NOUNS[kind]
-            parts.append(
-                f"{count(n[kind], noun)}, {fmt_bytes(sum(by_buffer.get(kind, {}).values()))}"
-            )
+        n[kind := _KINDS.get(r.scope, "tensor")] += 1
+        by_buffer[kind, r._buffer] = r.bytes
+    nbytes = summed({kind: b} for (kind, _), b in by_buffer.items())
+    parts = [f"{count(n['tensor'], 'live tensor')}, {fmt_bytes(nbytes.get('tensor', 0))}"]
+    parts += [
+        f"{count(n[k], NOUNS[k])}, {fmt_bytes(nbytes[k])}"
+        for k in ("escaped", "watched", "untracked")
+        if n[k]
+    ]
     return "; ".join(parts)
 
 
