@@ -172,21 +172,20 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
             return None
         return _registry.same_buffer_key(a)
 
-    keys = [(a, key(a)) for a in candidates]
     seen: set[Any] = set()
+
+    def new(k: Any) -> bool:  # whether buffer ``k`` is not seen yet; seen from now
+        if k in seen:
+            return False
+        seen.add(k)
+        seen.update((p,) for p in k)  # its per-shard views
+        return True
+
+    keys = [(a, key(a)) for a in candidates]
     for a in taken if any(k for _, k in keys) else ():
         if a is not None and (k := key(a)) is not None:
-            seen.add(k)
-            seen.update((p,) for p in k)  # its per-shard views
-    out = []
-    for a, k in sorted(keys, key=lambda p: -len(p[1] or ())):
-        if k is not None:
-            if k in seen:
-                continue
-            seen.add(k)
-            seen.update((p,) for p in k)
-        out.append(a)
-    return out
+            new(k)
+    return [a for a, k in sorted(keys, key=lambda p: -len(p[1] or ())) if k is None or new(k)]
 
 
 def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
@@ -273,13 +272,14 @@ class Row:
 
 
 class Census:
-    """The rows of one census (`census`), with what the reports read beside them: the records
-    counted (``recs``, each buffer's records; ``deleted``, deleted behind tidyjax's back),
-    the watched objects (``found``, ``usage``), and whether the untracked arrays were scanned."""
+    """One census of what is alive now (see the module docstring), made by `census`: its rows,
+    with what the reports read beside them: the records counted (``recs``, each buffer's
+    records; ``deleted``, deleted behind tidyjax's back), the watched objects (``found``,
+    ``usage``), and whether ``jax.live_arrays()`` was scanned for the untracked arrays."""
 
     __slots__ = ("deleted", "found", "recs", "rows", "scanned", "usage")
 
-    def __init__(self, untracked: bool) -> None:
+    def __init__(self, *, untracked: bool = True) -> None:
         self.recs, self.deleted = books()
         self.found = _watched()
         self.usage: list[WatchedUsage] = []
@@ -348,10 +348,7 @@ class Census:
         return TensorRecordList(head + out + tail + untracked)
 
 
-def census(*, untracked: bool = True) -> Census:
-    """One census of what is alive now (see the module docstring); ``untracked`` also scans
-    ``jax.live_arrays()`` for the arrays tidyjax does not own."""
-    return Census(untracked)
+census = Census
 
 
 def summed(parts: Iterable[Mapping[Any, int]]) -> dict[Any, int]:
@@ -649,8 +646,7 @@ def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[T
 
 def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
     """Every record the reports count (`books`) with the live Tensors holding it."""
-    recs, deleted = books()
-    return holders(recs + deleted)
+    return holders([r for part in books() for r in part])
 
 
 def _record(

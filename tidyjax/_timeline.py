@@ -938,8 +938,7 @@ class Timeline:
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
         """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
         for a suspect of the registry or a dead record whose buffer lives on."""
-        group = _registry._groups.get(id(rec)) if _registry._groups else None
-        for other in group or ():
+        for other in _registry._groups.get(id(rec), ()):
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry
