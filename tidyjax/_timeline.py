@@ -870,7 +870,8 @@ class Timeline:
         """A new record: its allocation; a plain array seen before (or its view, or ``plain``)
         moves over, becoming the entry's views. Over a recorded buffer: one more record on it."""
         entries = [] if plain is None else [plain]
-        for entry in map(self._entry_of, rec.arrays() if self._plain or self._view_of else ()):
+        for arr in rec.arrays() if self._plain or self._view_of else ():
+            entry = self._plain_of(arr) or self._view_entry(arr)  # the plain array, or its view
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
                 self._share(entry, rec, tensor)
                 return
@@ -889,10 +890,6 @@ class Timeline:
         for obj in moved:
             if all(obj is not a for a in own) and _registry.lookup(obj) is None:
                 self._add_view(entry, obj)
-
-    def _entry_of(self, arr: Any) -> list[Any] | None:
-        """The plain entry of ``arr``, or the entry ``arr`` is a view of, or None."""
-        return self._plain_of(arr) or self._view_entry(arr)
 
     def _plain_of(self, arr: Any) -> list[Any] | None:
         entry = self._plain.get(id(arr))
@@ -1046,16 +1043,11 @@ class Timeline:
 
     def _pop_views(self, entry: list[Any]) -> list[Any]:
         """Forget the views of ``entry`` (freed, or moved); those still alive."""
-        views = self._views.pop(id(entry), None)
-        out = []
-        for key, ref in views[1] if views is not None else ():
-            got = self._view_of.get(key)
-            if got is not None and got[0] is ref:
+        views: list[tuple[int, Any]] = self._views.pop(id(entry), (entry, []))[1]
+        for key, ref in views:
+            if self._view_of.get(key, (None,))[0] is ref:
                 del self._view_of[key]
-            view = ref()
-            if view is not None:
-                out.append(view)
-        return out
+        return [view for _, ref in views if (view := ref()) is not None]
 
     def _check_deleted_buffers(self) -> None:
         """Record the frees of recorded buffers deleted behind tidyjax's back (a raw ``jax.jit``
