@@ -381,9 +381,7 @@ class Timeline:
     def __repr__(self) -> str:
         with _lock:
             self._forget_failed()
-        state = "recording" if self._depth else "stopped"
-        if self._loaded:
-            state = "loaded"
+        state = "loaded" if self._loaded else "recording" if self._depth else "stopped"
         at = ""
         if self.start_time is not None and self.peak_bytes:
             at = f" at {_timeline_html.elapsed(self.peak_time - self.start_time)}"
@@ -830,15 +828,9 @@ class Timeline:
         self._named_upto = self._next
         self._vars_dirty = False
         live, names = self._live, self._names
-        for ref in list(_variable._variables.values()):
-            v = ref()
-            if v is None:
-                continue
-            var, rec = getattr(v, "_var", None), v._rec
-            if var is None or var.name is None or rec is None:
-                continue
-            entry = live.get(id(rec))
-            if entry is not None:
+        for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
+            var, entry = getattr(v, "_var", None), live.get(id(v._rec))  # None: no record's id
+            if var is not None and var.name is not None and entry is not None:
                 names[entry[1].buffer] = var.name
 
     def _free(self, entry: list[Any], now: float, survivors: Any = ()) -> None:
