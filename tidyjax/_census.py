@@ -305,27 +305,21 @@ class Census:
         holds, each buffer once over all the names (the first name that holds it claims it)."""
         out, claimed = [], set()
         for name, pairs in self.found.items():
-            arrays = nbytes = tensors = tensor_bytes = 0
-            seen: set[Any] = set()
+            sizes: dict[int, tuple[int, bool]] = {}  # buffer -> its bytes, whether a Tensor's
             for _, arr in pairs:
-                if failed(arr):  # never allocated: holds nothing
-                    continue
-                rec = _registry.lookup(arr)
-                if rec is not None and released(rec):  # the caller's plain array again
-                    rec = None
+                rec = _registry.lookup(arr)  # released: the caller's plain array again
+                rec = None if rec is None or released(rec) else rec
                 key = buffer_id(rec) if rec is not None else id(arr)
-                if key in seen:  # two objects over one recorded buffer: once
+                if failed(arr) or key in sizes:  # never allocated; two objects over one buffer
                     continue
-                seen.add(key)
                 base = base_array(arr)
-                b = local_nbytes(base)
-                arrays, nbytes = arrays + 1, nbytes + b
-                if rec is not None:
-                    tensors, tensor_bytes = tensors + 1, tensor_bytes + b
-                elif id(base) not in claimed:
+                sizes[key] = (local_nbytes(base), rec is not None)
+                if rec is None and id(base) not in claimed:
                     claimed.add(id(base))
                     out.append(Row("watched", arr, name=name, spread=_spread(base)))
-            self.usage.append(WatchedUsage(name, arrays, nbytes, tensors, tensor_bytes))
+            tracked = [b for b, tensor in sizes.values() if tensor]
+            total = sum(b for b, _ in sizes.values())
+            self.usage.append(WatchedUsage(name, len(sizes), total, len(tracked), sum(tracked)))
         return out
 
     def of(self, *kinds: str) -> list[Row]:
