@@ -188,13 +188,11 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
     return [a for a, k in sorted(keys, key=lambda p: -len(p[1] or ())) if k is None or new(k)]
 
 
-def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
+def find_untracked(recs: list[_registry.Buffer], watched: set[int]) -> list[Any]:
     """The jax arrays alive in the process whose buffers tidyjax does not record, less those a
-    watched object holds (``watched``: their ids; by default, found now), one per buffer: an
-    object tidyjax never saw over a recorded buffer (a shard view, a raw ``device_put`` to the
-    same device) is recognised by address. Arrays whose computation failed hold nothing."""
-    if watched is None:
-        watched = watched_ids(_watched())
+    watched object holds (``watched``: their ids), one per buffer: an object tidyjax never saw
+    over a recorded buffer (a shard view, a raw ``device_put`` to the same device) is
+    recognised by address. Arrays whose computation failed hold nothing."""
     candidates: list[Any] = []
     kept: list[Any] = []
     for platform in {d.platform for d in jax.local_devices()}:
