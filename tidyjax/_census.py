@@ -515,10 +515,7 @@ def statistics(
             g[3][shape] += 1
     out: list[SiteStat] = []
     for key, (site, n, b, shapes) in groups.items():
-        fields = dict(zip(by, key[1:], strict=True))
-        fields.pop("site", None)
-        if "device" in fields:
-            fields["device"] = str(fields["device"])
+        fields = {f: v for f, v in zip(by, key[1:], strict=True) if f != "site"}
         out.append(SiteStat(site, key[0], n, b, dict(shapes), **fields))
     return top_per_device(out, len(out) if top is None else top)
 
@@ -537,7 +534,7 @@ def _field(it: Any, field: str, device: Any) -> Any:
     if field == "site":
         return str(it.site) if it.site is not None else None
     if field == "device":
-        return device
+        return str(device)
     return getattr(it, field)
 
 
