@@ -23,6 +23,7 @@ import gc
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import groupby, islice
 from typing import Any
 
 import jax
@@ -115,8 +116,7 @@ def released(rec: _registry.Buffer) -> bool:
 
 def buffer_id(rec: _registry.Buffer) -> int:
     """One id per device buffer: a group of records over one buffer shares its group's."""
-    group = _registry._groups.get(id(rec)) if _registry._groups else None
-    return id(rec) if group is None else id(group)
+    return id(_registry._groups.get(id(rec), rec))
 
 
 def holds(rec: _registry.Buffer) -> bool:
@@ -138,10 +138,8 @@ def same_buffer(arr: Any, records: Iterable[Any], wait: bool = False) -> Iterato
 
 def held(rec: _registry.Buffer) -> bool:
     """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
-    if rec.n > 0:
-        return True
-    group = _registry._groups.get(id(rec)) if _registry._groups else None
-    return any(r.n > 0 and r.dead is None for r in group or ())
+    group = _registry._groups.get(id(rec), ())
+    return rec.n > 0 or any(r.n > 0 and r.dead is None for r in group)
 
 
 def watched_ids(found: Mapping[str, list[tuple[str, Any]]]) -> set[int]:
@@ -174,30 +172,27 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
             return None
         return _registry.same_buffer_key(a)
 
-    keys = [(a, key(a)) for a in candidates]
     seen: set[Any] = set()
+
+    def new(k: Any) -> bool:  # whether buffer ``k`` is not seen yet; seen from now
+        if k in seen:
+            return False
+        seen.add(k)
+        seen.update((p,) for p in k)  # its per-shard views
+        return True
+
+    keys = [(a, key(a)) for a in candidates]
     for a in taken if any(k for _, k in keys) else ():
         if a is not None and (k := key(a)) is not None:
-            seen.add(k)
-            seen.update((p,) for p in k)  # its per-shard views
-    out = []
-    for a, k in sorted(keys, key=lambda p: -len(p[1] or ())):
-        if k is not None:
-            if k in seen:
-                continue
-            seen.add(k)
-            seen.update((p,) for p in k)
-        out.append(a)
-    return out
+            new(k)
+    return [a for a, k in sorted(keys, key=lambda p: -len(p[1] or ())) if k is None or new(k)]
 
 
-def find_untracked(recs: list[_registry.Buffer], watched: set[int] | None = None) -> list[Any]:
+def find_untracked(recs: list[_registry.Buffer], watched: set[int]) -> list[Any]:
     """The jax arrays alive in the process whose buffers tidyjax does not record, less those a
-    watched object holds (``watched``: their ids; by default, found now), one per buffer: an
-    object tidyjax never saw over a recorded buffer (a shard view, a raw ``device_put`` to the
-    same device) is recognised by address. Arrays whose computation failed hold nothing."""
-    if watched is None:
-        watched = watched_ids(_watched())
+    watched object holds (``watched``: their ids), one per buffer: an object tidyjax never saw
+    over a recorded buffer (a shard view, a raw ``device_put`` to the same device) is
+    recognised by address. Arrays whose computation failed hold nothing."""
     candidates: list[Any] = []
     kept: list[Any] = []
     for platform in {d.platform for d in jax.local_devices()}:
@@ -275,13 +270,14 @@ class Row:
 
 
 class Census:
-    """The rows of one census (`census`), with what the reports read beside them: the records
-    counted (``recs``, each buffer's records; ``deleted``, deleted behind tidyjax's back),
-    the watched objects (``found``, ``usage``), and whether the untracked arrays were scanned."""
+    """One census of what is alive now (see the module docstring), made by `census`: its rows,
+    with what the reports read beside them: the records counted (``recs``, each buffer's
+    records; ``deleted``, deleted behind tidyjax's back), the watched objects (``found``,
+    ``usage``), and whether ``jax.live_arrays()`` was scanned for the untracked arrays."""
 
     __slots__ = ("deleted", "found", "recs", "rows", "scanned", "usage")
 
-    def __init__(self, untracked: bool) -> None:
+    def __init__(self, *, untracked: bool = True) -> None:
         self.recs, self.deleted = books()
         self.found = _watched()
         self.usage: list[WatchedUsage] = []
@@ -295,8 +291,7 @@ class Census:
     @staticmethod
     def _tracked(rec: _registry.Buffer) -> Row:
         arr = rec.array()
-        group = _registry._groups.get(id(rec)) if _registry._groups else None
-        n = sum(max(r.n, 0) for r in group) if group else max(rec.n, 0)
+        n = sum(max(r.n, 0) for r in _registry._groups.get(id(rec), [rec]))
         bad = failed(arr)
         spread = () if bad else tuple(_registry.device_bytes(rec).items())
         kind = "tensor" if held(rec) else "escaped"
@@ -308,27 +303,21 @@ class Census:
         holds, each buffer once over all the names (the first name that holds it claims it)."""
         out, claimed = [], set()
         for name, pairs in self.found.items():
-            arrays = nbytes = tensors = tensor_bytes = 0
-            seen: set[Any] = set()
+            sizes: dict[int, tuple[int, bool]] = {}  # buffer -> its bytes, whether a Tensor's
             for _, arr in pairs:
-                if failed(arr):  # never allocated: holds nothing
-                    continue
-                rec = _registry.lookup(arr)
-                if rec is not None and released(rec):  # the caller's plain array again
-                    rec = None
+                rec = _registry.lookup(arr)  # released: the caller's plain array again
+                rec = None if rec is None or released(rec) else rec
                 key = buffer_id(rec) if rec is not None else id(arr)
-                if key in seen:  # two objects over one recorded buffer: once
+                if failed(arr) or key in sizes:  # never allocated; two objects over one buffer
                     continue
-                seen.add(key)
                 base = base_array(arr)
-                b = local_nbytes(base)
-                arrays, nbytes = arrays + 1, nbytes + b
-                if rec is not None:
-                    tensors, tensor_bytes = tensors + 1, tensor_bytes + b
-                elif id(base) not in claimed:
+                sizes[key] = (local_nbytes(base), rec is not None)
+                if rec is None and id(base) not in claimed:
                     claimed.add(id(base))
                     out.append(Row("watched", arr, name=name, spread=_spread(base)))
-            self.usage.append(WatchedUsage(name, arrays, nbytes, tensors, tensor_bytes))
+            tracked = [b for b, tensor in sizes.values() if tensor]
+            total = sum(b for b, _ in sizes.values())
+            self.usage.append(WatchedUsage(name, len(sizes), total, len(tracked), sum(tracked)))
         return out
 
     def of(self, *kinds: str) -> list[Row]:
@@ -337,20 +326,13 @@ class Census:
     def per_device(self, *kinds: str) -> dict[Any, int]:
         return summed(dict(row.spread) for row in self.of(*kinds))
 
-    def names(self) -> dict[int, str]:
-        """The watched arrays' paths, by the arrays' ids (the first name of each)."""
-        out: dict[int, str] = {}
-        for pairs in self.found.values():
-            for path, arr in pairs:
-                out.setdefault(id(arr), path)
-        return out
-
     def records(self) -> TensorRecordList:
         """A `TensorRecord` per live Tensor (oldest first), after the watched arrays' and
         before the escaped and untracked buffers' (largest first)."""
-        names = self.names()
-        with collector_paused():
-            out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
+        names: dict[int, str] = {}  # the watched arrays' paths (the first name of each)
+        for path, arr in (p for pairs in self.found.values() for p in pairs):
+            names.setdefault(id(arr), path)
+        out = tensor_records(names=names, holding=holders(self.recs + self.deleted))
         head = [_raw_record(r, names) for r in self.of("watched")]
         tail = [_raw_record(r, names) for r in self.of("escaped")]
         untracked = [_raw_record(r, {}) for r in self.of("untracked")]
@@ -358,10 +340,7 @@ class Census:
         return TensorRecordList(head + out + tail + untracked)
 
 
-def census(*, untracked: bool = True) -> Census:
-    """One census of what is alive now (see the module docstring); ``untracked`` also scans
-    ``jax.live_arrays()`` for the arrays tidyjax does not own."""
-    return Census(untracked)
+census = Census
 
 
 def summed(parts: Iterable[Mapping[Any, int]]) -> dict[Any, int]:
@@ -536,23 +515,15 @@ def statistics(
             g[3][shape] += 1
     out: list[SiteStat] = []
     for key, (site, n, b, shapes) in groups.items():
-        fields = dict(zip(by, key[1:], strict=True))
-        fields.pop("site", None)
-        if "device" in fields:
-            fields["device"] = str(fields["device"])
+        fields = {f: v for f, v in zip(by, key[1:], strict=True) if f != "site"}
         out.append(SiteStat(site, key[0], n, b, dict(shapes), **fields))
-    out.sort(key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
-    return out if top is None else top_per_device(out, top)
+    return top_per_device(out, len(out) if top is None else top)
 
 
 def top_per_device(rows: list[SiteStat], n: int) -> list[SiteStat]:
     """``rows`` sorted by device, then largest first, at most ``n`` per device."""
     rows = sorted(rows, key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
-    out: list[SiteStat] = []
-    for s in rows:
-        if sum(1 for t in out if t.device == s.device) < n:
-            out.append(s)
-    return out
+    return [s for _, g in groupby(rows, key=lambda s: s.device or "") for s in islice(g, n)]
 
 
 def _kind(it: Any) -> str:
@@ -563,7 +534,7 @@ def _field(it: Any, field: str, device: Any) -> Any:
     if field == "site":
         return str(it.site) if it.site is not None else None
     if field == "device":
-        return device
+        return str(device)
     return getattr(it, field)
 
 
@@ -664,8 +635,7 @@ def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[T
 
 def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
     """Every record the reports count (`books`) with the live Tensors holding it."""
-    recs, deleted = books()
-    return holders(recs + deleted)
+    return holders([r for part in books() for r in part])
 
 
 def _record(
@@ -685,7 +655,7 @@ def _record(
         kept=rec.scope is KEPT,
         variable=variable,
         _buffer=buffer_id(rec),  # records over one buffer (a group) share it
-        name=names.get(id(arr)) if names else None,
+        name=names.get(id(arr)),
     )
 
 
@@ -754,18 +724,17 @@ def summary(records: Iterable[TensorRecord]) -> str:
     watched and untracked arrays, each with theirs, each buffer once, a part left out when
     there is none of it (``3 live tensors, 12 B; 2 watched arrays, 4.0 MiB``)."""
     n: Counter[str] = Counter()
-    by_buffer: dict[str, dict[int, int]] = {}
+    by_buffer: dict[tuple[str, int], int] = {}
     for r in records:
-        kind = _KINDS.get(r.scope, "tensor")
-        n[kind] += 1
-        by_buffer.setdefault(kind, {})[r._buffer] = r.bytes
-    parts = []
-    for kind in ("tensor", "escaped", "watched", "untracked"):
-        if n[kind] or kind == "tensor":
-            noun = "live tensor" if kind == "tensor" else NOUNS[kind]
-            parts.append(
-                f"{count(n[kind], noun)}, {fmt_bytes(sum(by_buffer.get(kind, {}).values()))}"
-            )
+        n[kind := _KINDS.get(r.scope, "tensor")] += 1
+        by_buffer[kind, r._buffer] = r.bytes
+    nbytes = summed({kind: b} for (kind, _), b in by_buffer.items())
+    parts = [f"{count(n['tensor'], 'live tensor')}, {fmt_bytes(nbytes.get('tensor', 0))}"]
+    parts += [
+        f"{count(n[k], NOUNS[k])}, {fmt_bytes(nbytes[k])}"
+        for k in ("escaped", "watched", "untracked")
+        if n[k]
+    ]
     return "; ".join(parts)
 
 

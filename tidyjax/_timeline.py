@@ -381,9 +381,7 @@ class Timeline:
     def __repr__(self) -> str:
         with _lock:
             self._forget_failed()
-        state = "recording" if self._depth else "stopped"
-        if self._loaded:
-            state = "loaded"
+        state = "loaded" if self._loaded else "recording" if self._depth else "stopped"
         at = ""
         if self.start_time is not None and self.peak_bytes:
             at = f" at {_timeline_html.elapsed(self.peak_time - self.start_time)}"
@@ -830,15 +828,9 @@ class Timeline:
         self._named_upto = self._next
         self._vars_dirty = False
         live, names = self._live, self._names
-        for ref in list(_variable._variables.values()):
-            v = ref()
-            if v is None:
-                continue
-            var, rec = getattr(v, "_var", None), v._rec
-            if var is None or var.name is None or rec is None:
-                continue
-            entry = live.get(id(rec))
-            if entry is not None:
+        for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
+            var, entry = getattr(v, "_var", None), live.get(id(v._rec))  # None: no record's id
+            if var is not None and var.name is not None and entry is not None:
                 names[entry[1].buffer] = var.name
 
     def _free(self, entry: list[Any], now: float, survivors: Any = ()) -> None:
@@ -870,7 +862,8 @@ class Timeline:
         """A new record: its allocation; a plain array seen before (or its view, or ``plain``)
         moves over, becoming the entry's views. Over a recorded buffer: one more record on it."""
         entries = [] if plain is None else [plain]
-        for entry in map(self._entry_of, rec.arrays() if self._plain or self._view_of else ()):
+        for arr in rec.arrays() if self._plain or self._view_of else ():
+            entry = self._plain_of(arr) or self._view_entry(arr)  # the plain array, or its view
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
                 self._share(entry, rec, tensor)
                 return
@@ -889,10 +882,6 @@ class Timeline:
         for obj in moved:
             if all(obj is not a for a in own) and _registry.lookup(obj) is None:
                 self._add_view(entry, obj)
-
-    def _entry_of(self, arr: Any) -> list[Any] | None:
-        """The plain entry of ``arr``, or the entry ``arr`` is a view of, or None."""
-        return self._plain_of(arr) or self._view_entry(arr)
 
     def _plain_of(self, arr: Any) -> list[Any] | None:
         entry = self._plain.get(id(arr))
@@ -938,8 +927,7 @@ class Timeline:
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
         """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
         for a suspect of the registry or a dead record whose buffer lives on."""
-        group = _registry._groups.get(id(rec)) if _registry._groups else None
-        for other in group or ():
+        for other in _registry._groups.get(id(rec), ()):
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry
@@ -1047,16 +1035,11 @@ class Timeline:
 
     def _pop_views(self, entry: list[Any]) -> list[Any]:
         """Forget the views of ``entry`` (freed, or moved); those still alive."""
-        views = self._views.pop(id(entry), None)
-        out = []
-        for key, ref in views[1] if views is not None else ():
-            got = self._view_of.get(key)
-            if got is not None and got[0] is ref:
+        views: list[tuple[int, Any]] = self._views.pop(id(entry), (entry, []))[1]
+        for key, ref in views:
+            if self._view_of.get(key, (None,))[0] is ref:
                 del self._view_of[key]
-            view = ref()
-            if view is not None:
-                out.append(view)
-        return out
+        return [view for _, ref in views if (view := ref()) is not None]
 
     def _check_deleted_buffers(self) -> None:
         """Record the frees of recorded buffers deleted behind tidyjax's back (a raw ``jax.jit``
