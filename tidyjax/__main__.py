@@ -29,7 +29,7 @@ from ._oom import oom_page
 from ._snapshot import Snapshot
 from ._timeline import Timeline
 from ._timeline_format import FORMAT as TIMELINE_FORMAT
-from ._timeline_format import check_version, is_clock, is_count, is_unix_time, short
+from ._timeline_format import check_file, is_clock, is_count, is_unix_time, short
 
 SNAPSHOT_FORMAT, SNAPSHOT_VERSION = "tidyjax.snapshot", 1
 _WRITE_SNAPSHOT = "tidyjax.snapshot().dump(path)"
@@ -97,7 +97,7 @@ def _read(path: str) -> tuple[Timeline, dict[str, Any] | None]:
         raise TidyjaxError(f"{path}: not a JSON file ({e}).") from e
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == SNAPSHOT_FORMAT:
-        check_version(data, path, "snapshot", SNAPSHOT_VERSION, _WRITE_SNAPSHOT)
+        check_file(data, path, "snapshot", SNAPSHOT_VERSION, _WRITE_SNAPSHOT)
         try:
             snap = Snapshot.load(path)
         except TidyjaxError:

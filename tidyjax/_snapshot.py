@@ -27,6 +27,7 @@ from ._census import (
 )
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import count, esc, fmt_bytes
+from ._timeline_format import check_file, read
 
 __all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot"]
 
@@ -157,21 +158,7 @@ class Snapshot:
                 1, or a malformed one (a field missing or of the wrong type); the message says
                 which.
         """
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise TidyjaxValueError(f"{path} is not a JSON file ({e}).") from e
-        if not isinstance(data, dict) or data.get("format") != "tidyjax.snapshot":
-            raise TidyjaxValueError(
-                f'{path} is not a tidyjax snapshot (no "format": "tidyjax.snapshot"); write one '
-                "with tidyjax.snapshot().dump(path)."
-            )
-        if data.get("version") != 1:
-            raise TidyjaxValueError(
-                f"{path} is a tidyjax snapshot of format version {data.get('version')!r}; this "
-                "tidyjax reads version 1. Upgrade tidyjax to read it."
-            )
+        data = check_file(read(path), str(path), "snapshot", 1, "tidyjax.snapshot().dump(path)")
         where = "the file"
         try:
             taken_at = float(data["taken_at"])

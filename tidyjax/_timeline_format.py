@@ -35,7 +35,7 @@ from ._sites import Site
 
 __all__ = [
     "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "Codec", "Mark",
-    "TimelineEvent", "check", "check_version", "chrome_trace", "decode_extras", "encode",
+    "TimelineEvent", "check", "check_file", "chrome_trace", "decode_extras", "encode",
     "is_clock", "is_count", "is_unix_time", "read", "short", "write", "write_chrome_trace",
 ]  # fmt: skip
 
@@ -88,11 +88,17 @@ def is_unix_time(x: Any) -> bool:
     return True
 
 
-def check_version(data: dict[str, Any], where: str, what: str, version: int, write: str) -> None:
-    """Refuse ``data`` unless its ``"version"`` is ``version``, with a `TidyjaxValueError` that
-    says why: one with none, or one no tidyjax writes (not a positive int), is no tidyjax file; a
-    newer one needs a newer tidyjax. ``what``: ``"timeline"`` or ``"snapshot"``; ``write``: the
-    call that writes one (``"Timeline.dump(path)"``)."""
+def check_file(data: Any, where: str, what: str, version: int, write: str) -> dict[str, Any]:
+    """``data`` itself when it is a tidyjax ``what`` file (``"timeline"`` or ``"snapshot"``: its
+    ``"format"`` is ``"tidyjax.<what>"``) of format ``version``, else a `TidyjaxValueError` that
+    says why: one with no version, or one no tidyjax writes (not a positive int), is no tidyjax
+    file; a newer one needs a newer tidyjax. ``write``: the call that writes one
+    (``"Timeline.dump(path)"``)."""
+    if not isinstance(data, dict) or data.get("format") != f"tidyjax.{what}":
+        raise TidyjaxValueError(
+            f'{where} is not a tidyjax {what} (no "format": "tidyjax.{what}"); write one with '
+            f"{write}."
+        )
     if "version" not in data:
         raise TidyjaxValueError(
             f'{where} is not a tidyjax {what} file: it has no "version" (every file {write} '
@@ -109,6 +115,7 @@ def check_version(data: dict[str, Any], where: str, what: str, version: int, wri
             f"{where} is a tidyjax {what} of format version {short(got)}; this tidyjax reads "
             f"version {version}. Upgrade tidyjax to read it."
         )
+    return data
 
 
 class TimelineEvent(NamedTuple):
@@ -466,12 +473,7 @@ def check(data: Any, where: str) -> dict[str, Any]:
         TidyjaxValueError: it is not a tidyjax timeline, has no version or one no tidyjax
             writes, is of a newer format version, or a field of its header is malformed.
     """
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TidyjaxValueError(
-            f'{where} is not a tidyjax timeline (no "format": {FORMAT!r}); write one with '
-            "Timeline.dump(path)."
-        )
-    check_version(data, where, "timeline", VERSION, "Timeline.dump(path)")
+    check_file(data, where, "timeline", VERSION, "Timeline.dump(path)")
     for key, (ok, expected) in _HEADER.items():
         if key in data and not ok(data[key]):
             raise TidyjaxValueError(
