@@ -243,23 +243,22 @@ class Codec:
             ValueError: a table or a row is not as `encode` writes it.
         """
         codec = cls()
-        strings = codec.string_list = _table(data, "strings", lambda x: type(x) is str, "a str")
+        strings = codec.string_list = _table(data, "strings", _is_str, "a str")
         sites = codec.site_list = [
             Site(row[0], row[1], row[2], Site(row[3], row[4], row[5]) if len(row) == 6 else None)
             for row in _table(data, "sites", _is_site, "[file, line, function] (3 or 6 fields)")
         ]
-        in_strings, in_sites = _below(len(strings)), _below(len(sites), -1)
-        metas = _table(data, "metas", lambda r: (
-            type(r) in _SEQ and len(r) == 4 and in_strings(r[0]) and in_sites(r[1])
-            and type(r[2]) in _SEQ and all(map(is_count, r[2])) and in_strings(r[3])
-        ), '[device, site, shape, dtype] (indexes into "strings", "sites")')  # fmt: skip
+        in_strings = _below(len(strings))
+        meta = _row(in_strings, _below(len(sites), -1), _all(is_count), in_strings)
+        metas = _table(
+            data, "metas", meta, '[device, site, shape, dtype] (indexes into "strings", "sites")'
+        )
         codec.meta_list = [
             (strings[d], None if si < 0 else sites[si], tuple(shape), strings[dt])
             for d, si, shape, dt in metas
         ]
-        placements = _table(data, "placements", lambda pd: type(pd) in _SEQ and all(
-            type(x) in _SEQ and len(x) == 2 and in_strings(x[0]) and is_count(x[1]) for x in pd
-        ), '[[device, bytes], ...] (devices index "strings")')  # fmt: skip
+        placements = _table(data, "placements", _all(_row(in_strings, is_count)),
+                            '[[device, bytes], ...] (devices index "strings")')  # fmt: skip
         codec.placement_list = [tuple((strings[d], b) for d, b in pd) for pd in placements]
         return codec
 
@@ -369,21 +368,37 @@ def _site_row(site: Site) -> list[Any]:
     return row if d is None else [*row, d.file, d.line, d.function]
 
 
+def _is_str(x: Any) -> bool:
+    return type(x) is str
+
+
+def _row(*checks: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A check that a value is a JSON array of one value per check, each passing its own."""
+    return lambda r: (
+        type(r) in _SEQ
+        and len(r) == len(checks)
+        and all(ok(x) for ok, x in zip(checks, r, strict=True))
+    )
+
+
+def _all(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A check that a value is a JSON array of values that each pass ``ok``."""
+    return lambda r: type(r) in _SEQ and all(map(ok, r))
+
+
+def _or_none(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda x: x is None or ok(x)
+
+
+_FRAME = (_is_str, is_count, _is_str)
+#: ``[file, line, function]``.
+_is_frame = _row(*_FRAME)
+
+
 def _is_site(row: Any) -> bool:
     """``row`` is ``[file, line, function]``, followed by the library frame's when the site has
     a ``detail``."""
-    return (
-        type(row) in _SEQ and len(row) in (3, 6)
-        and all(_is_frame(row[j : j + 3]) for j in range(0, len(row), 3))
-    )  # fmt: skip
-
-
-def _is_frame(row: Any) -> bool:
-    """``row`` is ``[file, line, function]``."""
-    return (
-        type(row) in _SEQ and len(row) == 3
-        and type(row[0]) is str and is_count(row[1]) and type(row[2]) is str
-    )  # fmt: skip
+    return _is_frame(row) or _row(*_FRAME, *_FRAME)(row)
 
 
 def encode(
@@ -428,21 +443,16 @@ def decode_extras(
     Raises:
         ValueError: a row is not as `encode` writes it.
     """
-    sites = codec.site_list
+    sites, stack = codec.site_list, _all(_is_frame)
     stacks = {
         sites[site]: [tuple(Site(*f) for f in st) for st in sts]
         for site, *sts in _table(data, "stacks", lambda r: (
-            type(r) in _SEQ and len(r) > 0 and _below(len(sites))(r[0])
-            and all(type(st) in _SEQ and all(map(_is_frame, st)) for st in r[1:])
+            type(r) in _SEQ and len(r) > 0 and _below(len(sites))(r[0]) and all(map(stack, r[1:]))
         ), '[site, [[file, line, function], ...], ...] (site indexes "sites")', old=True)
     }  # fmt: skip
-    names = _table(data, "names", lambda r: (
-        type(r) in _SEQ and len(r) == 2 and is_count(r[0]) and type(r[1]) is str
-    ), "[buffer, name]", old=True)  # fmt: skip
-    marks = _table(data, "marks", lambda r: (
-        type(r) in _SEQ and len(r) == 3 and is_clock(r[0]) and type(r[1]) is str
-        and (r[2] is None or is_count(r[2]))
-    ), "[time, label, bytes or null]", old=True)  # fmt: skip
+    names = _table(data, "names", _row(is_count, _is_str), "[buffer, name]", old=True)
+    marks = _table(data, "marks", _row(is_clock, _is_str, _or_none(is_count)),
+                   "[time, label, bytes or null]", old=True)  # fmt: skip
     marks = [Mark(float(t), label, b) for t, label, b in marks]
     return stacks, dict(names), sorted(marks, key=lambda m: m.time)
 
@@ -450,16 +460,16 @@ def decode_extras(
 #: The header's fields, what each must be, and what that is in words. Each is checked when
 #: present; a missing one is named when the timeline is decoded.
 _HEADER: dict[str, tuple[Any, str]] = {
-    "started_at": (lambda x: x is None or is_unix_time(x), "null or a Unix time"),
-    "start_time": (lambda x: x is None or is_clock(x), "null or a perf_counter reading"),
-    "stop_time": (lambda x: x is None or is_clock(x), "null or a perf_counter reading"),
+    "started_at": (_or_none(is_unix_time), "null or a Unix time"),
+    "start_time": (_or_none(is_clock), "null or a perf_counter reading"),
+    "stop_time": (_or_none(is_clock), "null or a perf_counter reading"),
     "max_events": (lambda x: is_count(x) and x >= 1, "an int from 1"),
     "dropped": (is_count, "an int from 0"),
     "peak_bytes": (is_count, "an int from 0"),
     "peak_time": (is_clock, "a perf_counter reading"),
     "events": (lambda x: type(x) is dict, "an object of columns"),
     "base": (lambda x: type(x) is dict, "an object of columns"),
-    "peak_live": (lambda x: x is None or type(x) is dict, "null or an object of columns"),
+    "peak_live": (_or_none(lambda x: type(x) is dict), "null or an object of columns"),
 }
 #: The timeline's own numbers, which `encode` writes first, in this order.
 HEADER = tuple(_HEADER)[:7]
