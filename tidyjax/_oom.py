@@ -24,7 +24,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import jax
@@ -117,15 +116,10 @@ def _call_site(err: BaseException) -> str | None:
     """The user's line that called into tidyjax, JAX or the failed block: the innermost calling
     frame outside tidyjax, JAX and installed code, at the line the error passed through when
     it is in the error's traceback too (the body of ``with oom_report()``)."""
-    from ._sites import site_of_frames
+    from ._sites import site_of_stack
 
     lines = {id(f): line for f, line in traceback.walk_tb(err.__traceback__)}
-    frames = [  # as JAX's traceback frames read
-        SimpleNamespace(file_name=f.f_code.co_filename, function_name=f.f_code.co_name,
-                        line_num=lines.get(id(f), line))
-        for f, line in traceback.walk_stack(sys._getframe(1))
-    ]  # fmt: skip
-    site = site_of_frames(frames)
+    site = site_of_stack(sys._getframe(1), lines)
     return None if site is None else str(site)
 
 

@@ -16,8 +16,6 @@ import inspect
 import sys
 import threading
 import time
-import traceback
-import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -32,7 +30,7 @@ from ._errors import TidyjaxTypeError
 from ._format import count, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
 from ._memory import memory
-from ._sites import Site, site_of_frames
+from ._sites import Site, site_of_stack
 from ._tensor import Tensor
 from ._trees import tensors_in
 
@@ -502,13 +500,8 @@ _observer = _Observer()
 
 
 def _shapes(values: Any) -> list[tuple[int, ...]]:
-    out = []
-    for v in values:
-        arr = v._array if isinstance(v, Tensor) else v
-        shape = getattr(arr, "shape", None)
-        if shape is not None and not isinstance(v, type):
-            out.append(tuple(shape))
-    return out
+    arrays = (v._array if isinstance(v, Tensor) else v for v in values if not isinstance(v, type))
+    return [tuple(a.shape) for a in arrays if getattr(a, "shape", None) is not None]
 
 
 def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
@@ -516,13 +509,7 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     if not profiles:
         return fn(*args, **kwargs)
     obs = _observer
-    # the user's frame calling the op: outside tidyjax, JAX and installed code (_sites)
-    site = site_of_frames(
-        types.SimpleNamespace(
-            file_name=f.f_code.co_filename, line_num=n, function_name=f.f_code.co_name
-        )
-        for f, n in traceback.walk_stack(sys._getframe(1))
-    )
+    site = site_of_stack(sys._getframe(1))  # the user's frame calling the op
     made: list[Any] = []
     outer = getattr(obs.sink, "recs", None)  # an op inside an op: both get its buffers
     obs.sink.recs = made

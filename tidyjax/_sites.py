@@ -20,6 +20,9 @@ import functools
 import os
 import sys
 import sysconfig
+import traceback
+from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -34,6 +37,7 @@ __all__ = [
     "Site",
     "creation_site",
     "site_of_frames",
+    "site_of_stack",
 ]
 
 #: Folders whose frames are never a site: tidyjax itself, jax and jaxlib.
@@ -142,6 +146,17 @@ def site_of_frames(frames: Any) -> Site | None:
             continue
         return Site(file, frame.line_num, frame.function_name, detail)
     return detail
+
+
+def site_of_stack(frame: Any, lines: Mapping[int, int] | None = None) -> Site | None:
+    """The site among the running ``frame`` and its callers; ``lines``: by a frame's id, the
+    line to read for it instead of the one it runs now."""
+    lines = lines or {}
+    return site_of_frames(
+        SimpleNamespace(file_name=f.f_code.co_filename, function_name=f.f_code.co_name,
+                        line_num=lines.get(id(f), line))
+        for f, line in traceback.walk_stack(frame)
+    )  # fmt: skip
 
 
 def _is_user(file: str) -> bool:
