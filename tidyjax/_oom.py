@@ -354,28 +354,24 @@ def _holders_report() -> OOMReport:
                  if id(r.array) not in temporaries]  # fmt: skip
     tensor_rows = statistics(tracked, ("scope", "site"))
     untracked_rows = statistics(untracked, ("scope", "site"))
-    device, limit, in_use = _fullest_device()
     return OOMReport(
         "",
         None,
         tracked_bytes=sum(h.bytes for h in tensor_rows),
         untracked_bytes=sum(h.bytes for h in untracked_rows),
         untracked_arrays=sum(h.count for h in untracked_rows),
-        device=device,
-        limit=limit,
-        in_use=in_use,
         holders=tuple(tensor_rows + untracked_rows),
         failed=_failed(c),
         watched=tuple(c.usage),
+        **_fullest_device(),
     )
 
 
 def _failed(c: Any) -> tuple[str, ...]:
     """The arrays alive whose computation failed (they hold nothing), described."""
-    mine = [
+    return tuple(
         f"{describe(r.array)} ({fmt_bytes(r.rec.size())})" for r in c.rows if r.failed and r.rec
-    ]
-    return tuple(mine) + tuple(
+    ) + tuple(
         f"{describe(a)} ({fmt_bytes(int(a.nbytes))})"
         for platform in {d.platform for d in jax.local_devices()}
         for a in jax.live_arrays(platform)
@@ -383,28 +379,29 @@ def _failed(c: Any) -> tuple[str, ...]:
     )
 
 
-def _fullest_device() -> tuple[str | None, int | None, int | None]:
+def _fullest_device() -> dict[str, Any]:
     """The device with the most memory in use, its limit and its use, where the backend says."""
     stats = [(dev, s) for dev, s in device_stats().items() if s.get("bytes_limit")]
     if not stats:
-        return None, None, None
+        return {}
     dev, s = max(stats, key=lambda ds: ds[1].get("bytes_in_use", 0))
-    return str(dev), int(s["bytes_limit"]), int(s.get("bytes_in_use", 0))
+    return {
+        "device": str(dev),
+        "limit": int(s["bytes_limit"]),
+        "in_use": int(s.get("bytes_in_use", 0)),
+    }
 
 
 # -- what the failed call itself holds ---------------------------------------------------------
-#
-# A call that fails at once leaves what it made on the way (``jnp.zeros``'s fill value, a
-# float32[] scalar) alive in its traceback's frames, made at the user's line. Those tiny arrays
-# that only JAX's and tidyjax's finished frames of the failed call hold (``held_only_by``:
-# exact reference counts) are left out; a large one held memory when the allocation failed.
 
 #: The most bytes of a temporary of the failed call that the report leaves out.
 TINY = 1024
 
 
 def _call_temporaries(err: BaseException | None) -> set[int]:
-    """The ids of the tiny arrays that only ``err``'s failed call itself holds."""
+    """The ids of the tiny arrays that only ``err``'s failed call itself holds (exact reference
+    counts, ``held_only_by``): what it made on the way (``jnp.zeros``'s fill value, a float32[]
+    scalar) left in its traceback's frames; a large one held memory when the allocation failed."""
     from ._history import held_only_by  # the error path only: not loaded at import
 
     frames = _failed_call_frames(err)
@@ -490,20 +487,20 @@ def _save_timeline(
 
 
 def _save_page(timeline: Any, failure: dict[str, Any], path: str) -> None:
-    if not hasattr(timeline, "_window"):  # not a recorded Timeline: its own page
+    if hasattr(timeline, "_window"):
+        pathlib.Path(path).write_text(oom_page(timeline, failure), encoding="utf-8")
+    else:  # not a recorded Timeline: its own page
         timeline.save_html(path)
-        return
-    pathlib.Path(path).write_text(oom_page(timeline, failure), encoding="utf-8")
 
 
 def _save_json(timeline: Any, failure: dict[str, Any], path: str) -> None:
-    if not hasattr(timeline, "to_json"):
-        timeline.dump(path)
-        return
     from . import _timeline_format
 
-    # the failed request among its marks, and as "oom" (`tidyjax view` shows it, load ignores it)
-    _timeline_format.write({**timeline.to_json(), "oom": failure}, path)
+    if hasattr(timeline, "to_json"):
+        # the failed request as "oom" too (`tidyjax view` shows it, load ignores it)
+        _timeline_format.write({**timeline.to_json(), "oom": failure}, path)
+    else:
+        timeline.dump(path)
 
 
 def oom_page(tl: Any, failure: Mapping[str, Any]) -> str:
