@@ -179,8 +179,41 @@ class ProfileInfo:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    @_html.never_raises
     def _repr_html_(self) -> str:
-        return _profile_html(self)
+        """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
+        first, second = _headline(self).split("\n")
+        head = _html.line("<b>profile</b>: ", esc(first)) + _html.line(esc(second))
+        stats = _per_kernel(self)
+        if not stats:
+            return _html.box(head)
+        summary = _html.table(
+            ["kernel", "calls", "first call (compile)", "other calls", "per other call",
+             "allocated", _END, "called at"],
+            [(esc(s.name), s.calls, esc(_ms(s.first_ms)),
+              esc(_ms(s.rest_ms)) if s.calls > 1 else "",
+              esc(_ms(s.rest_ms / (s.calls - 1))) if s.calls > 1 else "",
+              esc(_fmt_bytes(s.allocated)), esc(_fmt_bytes(s.live_end)), esc(s.sites))
+             for s in stats],
+            numeric=range(1, 7),
+        )  # fmt: skip
+        rows: list[tuple[object, ...]] = []
+        for i, k, live in _log(self):
+            if k is None:
+                rows.append(("", _html.dim(f"... {count(i, 'op')} not shown ...")))
+                continue
+            rows.append((i, esc(k.name), esc(_fmt_bytes(k.bytes_allocated)),
+                         esc(_fmt_bytes(live)), esc(_fmt_bytes(k.total_bytes_snapshot)),
+                         k.total_tensors_snapshot, esc(k.input_shapes), esc(k.output_shapes),
+                         f"{k.wall_time_ms:.3f}", esc(_site(k.site))))  # fmt: skip
+        log = _html.table(
+            ["#", "kernel", "allocated", _END, "total bytes after", "total tensors after",
+             "inputs", "outputs", "ms", "called at"],
+            rows,
+            numeric={0, 2, 3, 4, 5, 8},
+        )  # fmt: skip
+        fold = _html.details(esc(f"per op{_log_note(len(self._kernels))}"), log)
+        return _html.box(head, summary, fold)
 
     # -- with-form -------------------------------------------------------------------------
 
@@ -278,43 +311,6 @@ def _headline(p: ProfileInfo) -> str:
         f"{signed_bytes(p.new_bytes)}, {p.new_tensors:+d} "
         f"{'tensor' if abs(p.new_tensors) == 1 else 'tensors'}"
     )
-
-
-@_html.never_raises
-def _profile_html(p: ProfileInfo) -> str:
-    """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
-    first, second = _headline(p).split("\n")
-    head = _html.line("<b>profile</b>: ", esc(first)) + _html.line(esc(second))
-    stats = _per_kernel(p)
-    if not stats:
-        return _html.box(head)
-    summary = _html.table(
-        ["kernel", "calls", "first call (compile)", "other calls", "per other call",
-         "allocated", _END, "called at"],
-        [(esc(s.name), s.calls, esc(_ms(s.first_ms)),
-          esc(_ms(s.rest_ms)) if s.calls > 1 else "",
-          esc(_ms(s.rest_ms / (s.calls - 1))) if s.calls > 1 else "",
-          esc(_fmt_bytes(s.allocated)), esc(_fmt_bytes(s.live_end)), esc(s.sites))
-         for s in stats],
-        numeric=range(1, 7),
-    )  # fmt: skip
-    rows: list[tuple[object, ...]] = []
-    for i, k, live in _log(p):
-        if k is None:
-            rows.append(("", _html.dim(f"... {count(i, 'op')} not shown ...")))
-            continue
-        rows.append((i, esc(k.name), esc(_fmt_bytes(k.bytes_allocated)),
-                     esc(_fmt_bytes(live)), esc(_fmt_bytes(k.total_bytes_snapshot)),
-                     k.total_tensors_snapshot, esc(k.input_shapes), esc(k.output_shapes),
-                     f"{k.wall_time_ms:.3f}", esc(_site(k.site))))  # fmt: skip
-    log = _html.table(
-        ["#", "kernel", "allocated", _END, "total bytes after", "total tensors after",
-         "inputs", "outputs", "ms", "called at"],
-        rows,
-        numeric={0, 2, 3, 4, 5, 8},
-    )  # fmt: skip
-    fold = _html.details(esc(f"per op{_log_note(len(p._kernels))}"), log)
-    return _html.box(head, summary, fold)
 
 
 # The context tokens of open profiles, by id (ProfileInfo keeps only its results).
