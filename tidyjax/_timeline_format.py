@@ -230,7 +230,10 @@ class Codec:
 
     def tables(self) -> dict[str, Any]:
         placements = [[[self._s(d), b] for d, b in pd] for pd in self.placements]
-        sites = [_site_row(x) for x, _ in self.sites]
+        sites = [  # a site's file, line, function, then its library frame's (its detail)
+            [f for x in (site, site.detail) if x is not None for f in (x.file, x.line, x.function)]
+            for site, _ in self.sites
+        ]
         return {"strings": list(self.strings), "sites": sites, "metas": self.meta_list,
                 "placements": placements}  # fmt: skip
 
@@ -360,12 +363,6 @@ def _table(
         if not ok(row):
             raise ValueError(f'a row of "{key}" is {short(row)}, not {expected}')
     return rows
-
-
-def _site_row(site: Site) -> list[Any]:
-    d = site.detail
-    row: list[Any] = [site.file, site.line, site.function]
-    return row if d is None else [*row, d.file, d.line, d.function]
 
 
 def _is_str(x: Any) -> bool:
