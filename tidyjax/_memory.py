@@ -120,16 +120,22 @@ class MemoryInfo:
         parts = [f"<b>tidyjax memory</b>: {esc(_headline(self))}"]
         if not self.bytes_per_device and not self.num_data_buffers:
             parts.append(_html.line("nothing tracked: no live tensors"))
-        if not _devices(self) and not self.untracked_arrays and not self.watched:
-            return _html.box(*parts, *_reasons(self))
-        header, rows = _device_table(self)
-        numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
-        parts.append(_html.table(header, rows, numeric))
-        if self.top_sites:  # what holds the memory, not only how much
-            parts.append(site_table(self.top_sites, f"largest holders (top {DEVICE_TOP})"))
-        if self.untracked_sites:
-            parts.append(site_table(self.untracked_sites, "untracked arrays made at"))
-        return _html.box(*parts, *_reasons(self))
+        if _devices(self) or self.untracked_arrays or self.watched:
+            header, rows = _device_table(self)
+            numeric = {i for i, h in enumerate(header) if i and h}  # bars have no heading
+            parts.append(_html.table(header, rows, numeric))
+            if self.top_sites:  # what holds the memory, not only how much
+                parts.append(site_table(self.top_sites, f"largest holders (top {DEVICE_TOP})"))
+            if self.untracked_sites:
+                parts.append(site_table(self.untracked_sites, "untracked arrays made at"))
+        # why the figures are incomplete: an alarm, except for a small untracked stray
+        parts += [
+            _html.line(_html.dim("note: "), esc(r))
+            if note
+            else _html.line(_html.bad("unreliable"), ": ", esc(r))
+            for note, r in _notes(self)
+        ]
+        return _html.box(*parts)
 
     def __str__(self) -> str:
         lines = [_headline(self)]
@@ -241,16 +247,6 @@ def _limit_cells(s: Mapping[str, int] | None, peaks: bool) -> list[str]:
     shown = "" if peak is None else fmt_bytes(peak)
     use = f"{fmt_bytes(used)} ({_share(used, limit)})"
     return [use, fmt_bytes(limit), _html.bar(used / limit)] + [shown] * peaks
-
-
-def _reasons(m: MemoryInfo) -> list[str]:
-    """Why the figures are incomplete: an alarm, except for a small untracked stray."""
-    return [
-        _html.line(_html.dim("note: "), esc(r))
-        if note
-        else _html.line(_html.bad("unreliable"), ": ", esc(r))
-        for note, r in _notes(m)
-    ]
 
 
 def memory(
