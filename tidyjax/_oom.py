@@ -86,9 +86,24 @@ def raise_for(
 
 
 def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
-    consumed = _consumed(operands, what)  # a transformation's `what`: its function's __qualname__
-    report = build_report(err, _call_text(what, operands), _call_site(err))
-    report = dataclasses.replace(report, donated=consumed) if consumed else report
+    """Raise `OutOfMemoryError` with the report for ``err``; a report that itself fails still
+    gives the request and says why."""
+    donated = _consumed(operands, what)  # a transformation's `what`: its function's __qualname__
+    what, called_at, message = _call_text(what, operands), _call_site(err), str(err)
+    requested = requested_bytes(message)
+    files, problems = _save_timeline(what, requested, called_at)
+    token = _reporting.set(err)
+    try:
+        report = _holders_report()
+    except Exception as e:  # a broken report must not hide the out-of-memory error
+        report = OOMReport(what, requested)
+        problems += (f"(The list of holders failed: {type(e).__name__}: {e}.)",)
+    finally:
+        _reporting.reset(token)
+    report = dataclasses.replace(
+        report, what=what, requested=requested, files=files, jax_message=message,
+        problems=problems, called_at=called_at, donated=donated,
+    )  # fmt: skip
     raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
 
 
@@ -321,25 +336,6 @@ _reporting: contextvars.ContextVar[BaseException | None] = contextvars.ContextVa
 )
 
 
-def build_report(err: BaseException, what: str, called_at: str | None = None) -> OOMReport:
-    """The report for ``err``; a report that itself fails still gives the request and says why."""
-    message = str(err)
-    requested = requested_bytes(message)
-    files, problems = _save_timeline(what, requested, called_at)
-    token = _reporting.set(err)
-    try:
-        report = _holders_report()
-    except Exception as e:  # a broken report must not hide the out-of-memory error
-        report = OOMReport(what, requested)
-        problems += (f"(The list of holders failed: {type(e).__name__}: {e}.)",)
-    finally:
-        _reporting.reset(token)
-    return dataclasses.replace(
-        report, what=what, requested=requested, files=files, jax_message=message,
-        problems=problems, called_at=called_at,
-    )  # fmt: skip
-
-
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
     from ._census import census, statistics, untracked_record
@@ -403,25 +399,17 @@ def _call_temporaries(err: BaseException | None) -> set[int]:
     counts, ``held_only_by``): what it made on the way (``jnp.zeros``'s fill value, a float32[]
     scalar) left in its traceback's frames; a large one held memory when the allocation failed."""
     from ._history import held_only_by  # the error path only: not loaded at import
-
-    frames = _failed_call_frames(err)
-    alone = held_only_by(frames) if frames else {}
-    return {k for k, a in alone.items() if type(a) in CONCRETE and int(a.nbytes) <= TINY}
-
-
-def _failed_call_frames(err: BaseException | None) -> list[Any]:
-    """The finished frames of the failed call: in each traceback of ``err`` (and the errors it
-    was raised from), the frames of JAX and tidyjax below the user's last frame."""
     from ._sites import LIBRARY_FOLDERS as _SKIP  # JAX's, jaxlib's and tidyjax's folders
 
-    frames: list[Any] = []
-    seen: set[int] = set()
+    frames: list[Any] = []  # the call's finished frames: JAX's and tidyjax's below the user's
+    seen: set[int] = set()  # in each traceback of ``err`` and of the errors it was raised from
     while err is not None and id(err) not in seen and len(seen) < 8:
         seen.add(id(err))
         chain = [f for f, _ in traceback.walk_tb(err.__traceback__)]
         frames += itertools.takewhile(lambda f: f.f_code.co_filename.startswith(_SKIP), chain[::-1])
         err = err.__cause__ if err.__cause__ is not None else err.__context__
-    return frames
+    alone = held_only_by(frames) if frames else {}
+    return {k for k, a in alone.items() if type(a) in CONCRETE and int(a.nbytes) <= TINY}
 
 
 # -- what was running --------------------------------------------------------------------------
