@@ -79,8 +79,7 @@ def raise_for(
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
             rec = t._rec
-            arr = t._array
-            if rec is not None and rec.dead is None and getattr(arr, "is_deleted", bool)():
+            if rec is not None and rec.dead is None and getattr(t._array, "is_deleted", bool)():
                 _registry.check(rec)
                 raise disposed_error(t) from err
 

@@ -315,7 +315,10 @@ class Codec:
             ),
             "scope": in_strings,
             "name": in_strings,
-            "time": (_is_time, "a perf_counter reading"),
+            "time": (
+                lambda t: type(t) is float and 0.0 <= t < TIME_LIMIT,
+                "a perf_counter reading",
+            ),
             "bytes": (is_count, "an int from 0"),
             "buffer": (is_count, "an int from 0"),
             "meta": (_below(len(self.meta_list)), 'an index into "metas"'),
@@ -332,11 +335,6 @@ def _first(ok: Callable[..., bool], *columns: list[Any]) -> int:
 def _below(n: int, low: int = 0) -> Callable[[Any], bool]:
     """A check that a value is an int from ``low`` below ``n`` (an index into a table)."""
     return lambda i: type(i) is int and low <= i < n
-
-
-def _is_time(t: Any) -> bool:
-    """``t`` is an event's time: a float from 0 below `TIME_LIMIT` (as ``perf_counter`` reads)."""
-    return type(t) is float and 0.0 <= t < TIME_LIMIT
 
 
 def _is_ids(ids: Any) -> bool:
