@@ -715,6 +715,16 @@ def resolve() -> None:
 def _group_suspects(
     pending: list[Buffer], twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]]
 ) -> None:
+    wanted = _wanted(pending, twins)
+    if wanted:
+        _match(wanted)
+
+
+def _wanted(
+    pending: list[Buffer], twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]]
+) -> dict[tuple[Any, Any], list[tuple[Any, Buffer]]]:
+    """The suspects' buffer addresses by ``(shape, dtype)``; a suspect over one of the caller's
+    own arrays (its ``twins``) becomes the caller's."""
     wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]] = {}
     for rec in pending:
         arr = rec.array()  # a suspect being freed right now is dead already: checked too
@@ -727,8 +737,12 @@ def _group_suspects(
         got = twins.get(id(rec))
         if got is not None and got[0] is rec and _over_raw(key, got[1]):
             rec.owned = False  # a new object over the caller's own array: the caller's buffer
-    if not wanted:
-        return
+    return wanted
+
+
+def _match(wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]]) -> None:
+    """Each record over a suspect's buffer joins the suspect's group, or, when only `orphans`
+    holds it, leaves its place to the suspect (`_inherit`)."""
     held = {id(a) for a in orphans}
     for other in _records(_buffers.values(), wanted):
         if other.dead is not None:
