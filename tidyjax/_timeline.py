@@ -159,23 +159,29 @@ _LET_GO = -1
 #: ``TimelineEvent`` from a tuple of all its fields, without the Python-level ``__new__``.
 _event = tuple.__new__
 
-# (sharding, shape, dtype) of an array on one local device -> what its allocation reports:
-# (bytes, device, per device, shape, dtype name); one lookup per allocation instead of five.
-_layouts: dict[Any, tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]] = {}
+#: What an allocation reports: its bytes, device, bytes per device, shape and dtype name.
+_Layout = tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]
+# (sharding, shape, dtype) of an array on one local device -> its layout: one lookup per
+# allocation instead of five.
+_layouts: dict[Any, _Layout] = {}
 
 
-def _layout(
-    rec: Any, arr: Any, key: Any
-) -> tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]:
-    """What an allocation of ``arr`` reports, cached under ``key`` when ``arr`` lies on one
-    local device (its bytes then follow from its shape and dtype alone)."""
-    nbytes = rec.size()
-    device, per_device = _placement(arr, nbytes)
-    layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
-    if key is not None and _sole_device(key[0]):
-        if len(_layouts) > 65536:
-            _layouts.clear()
-        _layouts[key] = layout
+def _layout(rec: Any, arr: Any) -> _Layout:
+    """What an allocation of ``arr`` reports, cached when ``arr`` lies on one local device (its
+    bytes then follow from its shape and dtype alone)."""
+    try:
+        key = (arr.sharding, arr.shape, arr.dtype)
+        layout = _layouts.get(key)
+    except Exception:  # an array kind without these: described the long way
+        key, layout = None, None
+    if layout is None:
+        nbytes = rec.size()
+        device, per_device = _placement(arr, nbytes)
+        layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
+        if key and _sole_device(key[0]):
+            if len(_layouts) > 65536:
+                _layouts.clear()
+            _layouts[key] = layout
     return layout
 
 
@@ -330,21 +336,19 @@ class Timeline:
     def _repeak(self) -> None:
         """The peak again, after allocations were rewritten smaller: over the moments that can be
         replayed, and a peak among the dropped events (``_peak_live``)."""
-        events = self._events
-        first = self._seq - len(events)  # the sequence number of events[0]
         base = list(self._base.values())
-        running = sum(e.bytes for e in base)
-        # the moment the dropped events left (the start when none were)
+        best = running = sum(e.bytes for e in base)
+        # the moment the dropped events left (the start when none were), before the first kept
         at = self._dropped_at if self.dropped else (self.start_time or 0.0)
-        best, seq, live = running, first - 1, (base if self.dropped else None)
-        if self._peak_live is not None and sum(e.bytes for e in self._peak_live) >= best:
-            best, at, seq = sum(e.bytes for e in self._peak_live), self.peak_time, self._peak_seq
-            live = self._peak_live
-        for i, ev in enumerate(events):
+        first, live = self._seq - len(self._events), (base if self.dropped else None)
+        seq, dropped_peak = first - 1, sum(e.bytes for e in self._peak_live or ())
+        if self._peak_live is not None and dropped_peak >= best:
+            best, at, seq, live = dropped_peak, self.peak_time, self._peak_seq, self._peak_live
+        for i, ev in enumerate(self._events, first):  # i: the event's sequence number
             if ev.kind == ALLOC:
                 running += ev.bytes
                 if running > best:
-                    best, at, seq, live = running, ev.time, first + i, None
+                    best, at, seq, live = running, ev.time, i, None
             elif ev.kind == FREE:
                 running -= ev.bytes
         self.peak_bytes, self.peak_time, self._peak_seq, self._peak_live = best, at, seq, live
@@ -401,26 +405,21 @@ class Timeline:
         Raises:
             TidyjaxValueError: no annotation has the label ``at``.
         """
-        return _timeline_html.page(self, top=top, at=self._annotation(at))
+        with _lock:
+            found = [m for m in self._marks if m.label == at]  # none for at=None
+        if at is not None and not found:
+            known = ", ".join(repr(m.label) for m in self._marks[:5]) or "none"
+            raise TidyjaxValueError(
+                f"this Timeline has no annotation {at!r} (its annotations: {known}); "
+                "mark one with tl.annotate(label) while it records."
+            )
+        return _timeline_html.page(self, top=top, at=found[-1] if found else None)
 
     def save_html(
         self, path: str | os.PathLike[str], *, top: int = 10, at: str | None = None
     ) -> None:
         """Write [`to_html`][tidyjax.Timeline.to_html] to ``path`` (UTF-8)."""
         pathlib.Path(path).write_text(self.to_html(top=top, at=at), encoding="utf-8")
-
-    def _annotation(self, label: str | None) -> Mark | None:
-        if label is None:
-            return None
-        with _lock:
-            found = [m for m in self._marks if m.label == label]
-        if not found:
-            known = ", ".join(repr(m.label) for m in self._marks[:5]) or "none"
-            raise TidyjaxValueError(
-                f"this Timeline has no annotation {label!r} (its annotations: {known}); "
-                "mark one with tl.annotate(label) while it records."
-            )
-        return found[-1]
 
     @_html.never_raises
     def _repr_html_(self) -> str:
@@ -467,27 +466,23 @@ class Timeline:
         data = _timeline_format.check(data, where)
         try:
             with collector_paused():
-                return cls._decode(data, where)
+                codec = Codec.read(data)
+                tl = cls(int(data["max_events"]))
+                tl._events.extend(codec.decode(data["events"], where, "event"))
+                tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
+                if data.get("peak_live") is not None:
+                    tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
+                for key in _timeline_format.HEADER:
+                    setattr(tl, key, data[key])
+                tl.peak_time = float(tl.peak_time)
+                tl._seq = len(tl._events) + tl.dropped
+                tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
         except TidyjaxValueError:
             raise
         except KeyError as e:
             raise TidyjaxValueError(f"{where} is a tidyjax timeline without {e}.") from e
         except (TypeError, ValueError, IndexError, AttributeError) as e:
             raise TidyjaxValueError(f"{where} is a malformed tidyjax timeline ({e}).") from e
-
-    @classmethod
-    def _decode(cls, data: dict[str, Any], where: str) -> Timeline:
-        codec = Codec.read(data)
-        tl = cls(int(data["max_events"]))
-        tl._events.extend(codec.decode(data["events"], where, "event"))
-        tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
-        if data.get("peak_live") is not None:
-            tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
-        for key in _timeline_format.HEADER:
-            setattr(tl, key, data[key])
-        tl.peak_time = float(tl.peak_time)
-        tl._seq = len(tl._events) + tl.dropped
-        tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
         tl._loaded = True
         return tl
 
@@ -664,18 +659,16 @@ class Timeline:
         alive = {id(rec) for rec, _ in found}
         for key in before:
             entry = self._live.get(key)
-            if entry is None:
+            if entry is None or (key in alive and holds(entry[0])):
                 continue
-            gone = key not in alive or not holds(entry[0])
-            if gone and not (entry[3] and self._leave(entry, entry[0])):
+            if not self._leave(entry, entry[0]):
                 self._free(entry, now)
         for rec, ts in found:
             if id(rec) not in self._live and rec.dead is None:
                 ids = tuple(sorted(t._id for t in ts))
                 twin = self._twin(rec) if _registry._groups else None
                 if twin is not None:  # records over one buffer (see _settle)
-                    self._share(twin, rec, 0)
-                    self._hold(twin, rec, ids, False)
+                    self._share(twin, rec, ids)
                 else:
                     self._alloc(rec, now, ids)
 
@@ -732,7 +725,7 @@ class Timeline:
     def _freed(self, rec: Any) -> None:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
         entry = self._live.get(id(rec))
-        if entry is None or (entry[3] and self._leave(entry, rec)):
+        if entry is None or self._leave(entry, rec):
             return
         a = entry[1]
         if a.scope == "<variable>" or a.buffer in self._names:
@@ -743,11 +736,10 @@ class Timeline:
     def _tensor_added(self, rec: Any, tensor: int) -> None:
         """A Tensor was made on ``rec``: one more holder, or a caller's array tidyjax's again."""
         entry = self._live.get(id(rec))
-        if entry is None:
-            if holds(rec):
-                self._added(rec, time.perf_counter(), tensor)
-            return
-        self._hold(entry, rec, (tensor,), rec.more)
+        if entry is not None:
+            self._hold(entry, rec, (tensor,), rec.more)
+        elif holds(rec):
+            self._added(rec, time.perf_counter(), tensor)
 
     def _scope(self, kind: str, scope: Any) -> None:
         """``scope`` entered or exited: its event, after the plain arrays made before it."""
@@ -768,18 +760,12 @@ class Timeline:
         ev = (kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name, ())
         self._append(_event(TimelineEvent, ev), 0)
 
-    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
-        arr = rec()
-        if arr is None:
-            arr = rec.array()  # its first object is gone: an alias, if any
+    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> list[Any] | None:
+        """Record ``rec``'s allocation; its new entry (None: recorded already, or no array)."""
+        arr = rec.array()  # its first object, or an alias when that is gone
         if arr is None or id(rec) in self._live:
-            return
-        try:
-            key = (arr.sharding, arr.shape, arr.dtype)
-            layout = _layouts.get(key)
-        except Exception:  # an array kind without these: described the long way
-            key, layout = None, None
-        nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr, key)
+            return None
+        nbytes, device, per_device, shape, dtype = _layout(rec, arr)
         if rec.nbytes < 0:
             rec.nbytes = nbytes
         self._next += 1
@@ -795,6 +781,7 @@ class Timeline:
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         self._append(ev, nbytes)
+        return entry
 
     def _site(self, arr: Any) -> Site | None:
         """The creation site of ``arr``; its short stack (a cached tuple: its id is seen once)
@@ -859,27 +846,25 @@ class Timeline:
     # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
 
     def _added(self, rec: Any, now: float, tensor: int, plain: list[Any] | None = None) -> None:
-        """A new record: its allocation; a plain array seen before (or its view, or ``plain``)
-        moves over, becoming the entry's views. Over a recorded buffer: one more record on it."""
-        entries = [] if plain is None else [plain]
+        """A new record: its allocation; a plain array seen before (or its view, or ``plain``:
+        an entry over its buffer, ignored unless a plain array's) moves over, becoming the
+        entry's views. Over a recorded buffer: one more record on it."""
+        entries = [plain]
         for arr in rec.arrays() if self._plain or self._view_of else ():
             entry = self._plain_of(arr) or self._view_entry(arr)  # the plain array, or its view
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
-                self._share(entry, rec, tensor)
+                self._share(entry, rec, (tensor,))
                 return
-            entries += [] if entry is None else [entry]
+            entries.append(entry)
         moved: list[Any] = []
         for entry in entries:
-            first = entry[0]()
+            first = entry[0]() if entry else None
             if first is not None and self._plain.get(id(first)) is entry:
                 moved += [first, *self._pop_views(entry)]
                 self._free_plain(id(first), entry, now)
-        self._alloc(rec, now, (tensor,) if tensor else ())
-        entry = self._live.get(id(rec))
-        if entry is None or not moved:
-            return
-        own = rec.arrays()
-        for obj in moved:
+        entry = self._alloc(rec, now, (tensor,) if tensor else ())
+        own = rec.arrays() if moved else []
+        for obj in moved if entry is not None else ():
             if all(obj is not a for a in own) and _registry.lookup(obj) is None:
                 self._add_view(entry, obj)
 
@@ -904,13 +889,12 @@ class Timeline:
             elif id(rec) not in self._live:  # else adopted meanwhile (_adopt_pending)
                 entry = self._twin(rec, window)
                 if entry is not None:
-                    self._share(entry, rec, tensor)
+                    self._share(entry, rec, (tensor,))
                     continue
                 plain = None
                 if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
                     plain = self._find(rec.array())
-                untracked = plain is not None and len(plain) == 2
-                self._added(rec, now, tensor, plain if untracked else None)
+                self._added(rec, now, tensor, plain)
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
@@ -918,7 +902,7 @@ class Timeline:
         entry = self._live.get(id(rec))
         if entry is None or not released(rec) or rec.array() is None:
             return  # held again, freed, or collected (that event frees it)
-        if entry[3] and self._leave(entry, rec):  # its arrays: views of the buffer now
+        if self._leave(entry, rec):  # its arrays: views of the buffer now
             for arr in rec.arrays():
                 self._add_view(entry, arr)
             return
@@ -954,10 +938,7 @@ class Timeline:
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
         for entry in todo:
-            if not self._entry_alive(entry):
-                continue
-            first = _first(entry)
-            if first is None:
+            if not self._entry_alive(entry) or (first := _first(entry)) is None:
                 continue
             k = _buffer_key(first)
             if k is None and not first.is_deleted() and not base_array(first).is_ready():
@@ -974,8 +955,8 @@ class Timeline:
             return None
         return found
 
-    def _share(self, entry: list[Any], rec: Any, tensor: int) -> None:
-        """``rec`` is one more record over ``entry``'s buffer: no allocation."""
+    def _share(self, entry: list[Any], rec: Any, tensors: tuple[int, ...]) -> None:
+        """``rec`` (Tensor ids ``tensors``) is one more record over ``entry``'s buffer: no alloc."""
         members = entry[3]
         if members is None:
             members = entry[3] = [entry[0]]
@@ -986,7 +967,7 @@ class Timeline:
             plain = self._plain_of(arr)
             if plain is not None:
                 self._free_plain(id(arr), plain, time.perf_counter())
-        self._hold(entry, rec, (tensor,), rec.__callback__ is None or rec.more)
+        self._hold(entry, rec, tensors, rec.__callback__ is None or rec.more)
 
     def _hold(self, entry: list[Any], rec: Any, tensors: Any, watch: Any) -> None:
         """``tensors`` (ids, 0 for none) hold ``entry``'s buffer too; ``watch``: follow the
@@ -996,8 +977,10 @@ class Timeline:
             self._watch_arrays(rec)
 
     def _leave(self, entry: list[Any], rec: Any) -> bool:
-        """``rec`` leaves its shared entry (freed, dropped or collected); whether another
-        record over the buffer still holds it (then nothing is freed)."""
+        """``rec`` leaves its entry (freed, dropped or collected); whether another record over the
+        buffer still holds it (then nothing is freed)."""
+        if not entry[3]:  # no other record over it
+            return False
         members = [m for m in entry[3] if m is not rec]
         alive = [m for m in members if holds(m)]
         if not alive:
@@ -1023,7 +1006,7 @@ class Timeline:
         added = {id(r): t for r, _, t in self._pending if t != _LET_GO}
         for other in same_buffer(rec.array(), [r for r, _, _ in self._pending]):
             if id(other) in added:
-                self._share(entry, other, added[id(other)])
+                self._share(entry, other, (added[id(other)],))
 
     def _add_view(self, entry: list[Any], arr: Any) -> None:
         """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
@@ -1075,19 +1058,11 @@ class Timeline:
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
         for arr in reversed(arrays):  # oldest first: buffer numbers in creation order
-            if not self._join_view(arr):
+            entry = None if _registry.lookup(arr) is not None else self._find(arr)
+            if entry is None or (len(entry) == 2 and entry[0]() is arr):  # or the array itself
                 self._add_plain(arr, now, WATCHED if id(arr) in held else UNTRACKED)
-
-    def _join_view(self, arr: Any) -> bool:
-        """Whether ``arr`` is a raw object over a live or plain entry's buffer (a raw
-        ``device_put``, a cached shard view), then that entry's view: no allocation."""
-        if _registry.lookup(arr) is not None:
-            return False
-        entry = self._find(arr)
-        if entry is None or (len(entry) == 2 and entry[0]() is arr):
-            return False  # none, or the plain array itself
-        self._add_view(entry, arr)
-        return True
+            else:  # a raw object over a recorded buffer (a raw device_put, a cached shard view)
+                self._add_view(entry, arr)
 
     def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
         """Record ``arr``'s allocation unless it is known, deleted or a Tensor's; its entry, or
@@ -1159,11 +1134,9 @@ class Timeline:
         self._append(a._replace(kind=FREE, time=now), -a.bytes)
 
     def _append(self, ev: TimelineEvent, delta: int) -> None:
-        t = ev.time
-        if t < self._last:  # a handler ran inside another one (a collection)
+        if ev.time < self._last:  # a handler ran inside another one (a collection)
             ev = ev._replace(time=self._last)
-            t = self._last
-        self._last = t
+        t = self._last = ev.time
         events = self._events
         if len(events) >= self.max_events:
             self._drop()
