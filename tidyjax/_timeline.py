@@ -1,20 +1,17 @@
 """``timeline()``: every allocation, free and scope of device memory, in order.
 
-A recording `Timeline` is one of ``_registry.observers`` (as ``profile()`` is; ``_scope``
-reports scopes only while one listens): each buffer added, freed or collected and each scope
-entered or exited becomes one `TimelineEvent`. Replaying them (``live_at``) gives at every moment
-the tidyjax bytes ``memory()`` reports then, each shared buffer once.
-
+A recording `Timeline` is one of ``_registry.observers`` (``_scope`` reports scopes only while
+one listens): each buffer added, freed or collected and each scope entered or exited is one
+`TimelineEvent`; replaying them (``live_at``) gives the tidyjax bytes ``memory()`` reports then.
 Plain ``jax.Array`` objects are seen through an ``_newarrays.ArrayMark`` at each scope event,
-``mark()`` and stop (O(new arrays) per look, nothing per op): those alive become allocations of
-scope ``"<untracked>"``, freed by a weak reference's callback (or found deleted at a look).
+``mark()`` and stop (nothing per op), as allocations of scope ``"<untracked>"`` freed by a weak
+reference's callback (or found deleted at a look).
 
-One device buffer is one allocation, whatever objects view it: the records over one buffer (a
-raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the next
-event (`Timeline._settle`; addresses read only for the registry's suspects, see ``_find``); raw
-objects no record knows are views of an entry. Sites keep a short user stack (`STACK_FRAMES`),
-Variables' buffers their names; both are saved, as are ``annotate``'s marks. A buffer deleted
-behind tidyjax's back (a raw ``jax.jit`` donation) is freed at the next ``mark()``, stop or read.
+One device buffer is one allocation: the records over one buffer (a raw ``jax.device_put`` of a
+Tensor to where it is) share one entry, decided before the next event (`Timeline._settle`;
+addresses read only for the registry's suspects, ``_find``); raw objects no record knows are
+views of an entry. A buffer deleted behind tidyjax's back (a raw ``jax.jit`` donation) is freed
+at the next ``mark()``, stop or read.
 """
 
 from __future__ import annotations
@@ -811,8 +808,7 @@ class Timeline:
         """Note the name of each named Variable whose buffer is live: the page's label for it."""
         if not _variable._variables:
             return
-        self._vars_seen = len(_variable._variables)
-        self._named_upto = self._next
+        self._vars_seen, self._named_upto = len(_variable._variables), self._next
         self._vars_dirty = False
         live, names = self._live, self._names
         for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
@@ -1003,10 +999,9 @@ class Timeline:
         entry = self._live.get(id(rec))
         if entry is None:
             return
-        added = {id(r): t for r, _, t in self._pending if t != _LET_GO}
-        for other in same_buffer(rec.array(), [r for r, _, _ in self._pending]):
-            if id(other) in added:
-                self._share(entry, other, (added[id(other)],))
+        added = {id(r): (r, t) for r, _, t in self._pending if t != _LET_GO}
+        for other in same_buffer(rec.array(), [r for r, _ in added.values()]):
+            self._share(entry, other, (added[id(other)][1],))
 
     def _add_view(self, entry: list[Any], arr: Any) -> None:
         """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
@@ -1136,32 +1131,25 @@ class Timeline:
     def _append(self, ev: TimelineEvent, delta: int) -> None:
         if ev.time < self._last:  # a handler ran inside another one (a collection)
             ev = ev._replace(time=self._last)
-        t = self._last = ev.time
+        self._last = ev.time
         events = self._events
-        if len(events) >= self.max_events:
-            self._drop()
+        if len(events) >= self.max_events:  # the oldest dropped: what it leaves goes to _base
+            old = events.popleft()
+            self.dropped += 1
+            self._dropped_at = old.time
+            if old.kind == ALLOC:
+                self._base[old.buffer] = old
+            elif old.kind == FREE:
+                self._base.pop(old.buffer, None)
+            if self._seq - len(events) - 1 == self._peak_seq:  # the peak can't be replayed now
+                self._peak_live = list(self._base.values())
         events.append(ev)
         self._seq += 1
         if delta:
             total = self._bytes = self._bytes + delta
             if total > self.peak_bytes:
-                self.peak_bytes = total
-                self.peak_time = t
-                self._peak_seq = self._seq - 1
+                self.peak_bytes, self.peak_time, self._peak_seq = total, ev.time, self._seq - 1
                 self._peak_live = None
-
-    def _drop(self) -> None:
-        events = self._events
-        old = events.popleft()
-        seq = self._seq - len(events) - 1
-        self.dropped += 1
-        self._dropped_at = old.time
-        if old.kind == ALLOC:
-            self._base[old.buffer] = old
-        elif old.kind == FREE:
-            self._base.pop(old.buffer, None)
-        if seq == self._peak_seq:  # what was alive at the peak can no longer be replayed
-            self._peak_live = list(self._base.values())
 
 
 Timeline.__module__ = "tidyjax"
