@@ -882,15 +882,13 @@ class Timeline:
         for rec, now, tensor in pending:
             if tensor == _LET_GO:
                 self._let_go(rec, now)
-            elif id(rec) not in self._live:  # else adopted meanwhile (_adopt_pending)
-                entry = self._twin(rec, window)
-                if entry is not None:
-                    self._share(entry, rec, (tensor,))
-                    continue
-                plain = None
-                if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
-                    plain = self._find(rec.array())
-                self._added(rec, now, tensor, plain)
+            elif id(rec) in self._live:  # adopted meanwhile (_adopt_pending)
+                continue
+            elif (entry := self._twin(rec, window)) is not None:
+                self._share(entry, rec, (tensor,))
+            else:
+                suspect = self._plain and any(s is rec for s in _registry.suspects[-window:])
+                self._added(rec, now, tensor, self._find(rec.array()) if suspect else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
@@ -901,8 +899,8 @@ class Timeline:
         if self._leave(entry, rec):  # its arrays: views of the buffer now
             for arr in rec.arrays():
                 self._add_view(entry, arr)
-            return
-        self._free(entry, now, rec.arrays())
+        else:
+            self._free(entry, now, rec.arrays())
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
         """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
@@ -912,8 +910,7 @@ class Timeline:
             if other is not rec and entry is not None:
                 return entry
         # a record just added is among the registry's last ``window`` suspects
-        suspects = _registry.suspects
-        if rec.dead is not None or any(s is rec for s in reversed(suspects[-window:])):
+        if rec.dead is not None or any(s is rec for s in reversed(_registry.suspects[-window:])):
             entry = self._find(rec.array())
             if entry is not None and len(entry) != 2 and entry[0] is not rec:
                 return entry
@@ -953,9 +950,7 @@ class Timeline:
 
     def _share(self, entry: list[Any], rec: Any, tensors: tuple[int, ...]) -> None:
         """``rec`` (Tensor ids ``tensors``) is one more record over ``entry``'s buffer: no alloc."""
-        members = entry[3]
-        if members is None:
-            members = entry[3] = [entry[0]]
+        members = entry[3] = entry[3] or [entry[0]]  # None: rec is its second record
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
@@ -975,11 +970,9 @@ class Timeline:
     def _leave(self, entry: list[Any], rec: Any) -> bool:
         """``rec`` leaves its entry (freed, dropped or collected); whether another record over the
         buffer still holds it (then nothing is freed)."""
-        if not entry[3]:  # no other record over it
-            return False
-        members = [m for m in entry[3] if m is not rec]
+        members = [m for m in entry[3] or () if m is not rec]
         alive = [m for m in members if holds(m)]
-        if not alive:
+        if not alive:  # none, or no other record over it
             return False
         entry[3] = members
         self._unlive(rec, entry)
