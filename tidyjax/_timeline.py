@@ -510,17 +510,67 @@ class Timeline:
     # -- recording --------------------------------------------------------------------------
 
     def __enter__(self) -> Timeline:
-        self._start()
+        if self._loaded:
+            raise TidyjaxTypeError(
+                "this Timeline was loaded from a file or a snapshot and cannot record; "
+                "record a new one with tidyjax.timeline()."
+            )
+        with _lock:
+            self._depth += 1
+            if self._depth > 1:
+                return self
+            if self.start_time is None:
+                self.started_at = time.time()
+                self.start_time = self.peak_time = self._last = time.perf_counter()
+            self.stop_time = None
+            before = list(self._live)
+            if self.arrays:
+                self._array_mark = ArrayMark()
+                self._check_deleted()  # the plain arrays dropped or deleted while stopped
+            _recording.append(self)
+            _registry.observers.append(self)
+            opened = []  # the scopes open here now: drawn from the start
+            scope = CURRENT.get()
+            while scope is not None:
+                opened.append(scope)
+                scope = scope.parent
+            for scope in reversed(opened):
+                if id(scope) not in self._scopes:
+                    self.event(SCOPE_ENTER, scope)
+        # What is alive now, read outside our lock: the registry's lock is taken there, and a
+        # collection inside that lock may report to us.
+        found = holders(books()[0])
+        with _lock:
+            self._reconcile(before, found)
+            self._forget_failed()  # a buffer that failed before: not counted from the start
+            self._name_variables()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop()
+        with _lock:
+            if self._depth == 0:
+                raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
+            if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+                self._look()
+                self._array_mark = None
+                self._name_variables()
+                for scope, number in list(self._scopes.values()):
+                    self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
+                self._scopes.clear()
+            self._depth -= 1
+            if self._depth:
+                return
+            _recording.remove(self)
+            if self in _registry.observers:
+                _registry.observers.remove(self)
+            self.stop_time = time.perf_counter()
+            self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
 
     async def __aenter__(self) -> Timeline:
         return self.__enter__()
 
     async def __aexit__(self, *exc: object) -> None:
-        self._stop()
+        self.__exit__()
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn``: each call records into this timeline (``fn.timeline``)."""
@@ -613,42 +663,6 @@ class Timeline:
             self._see_arrays()
             self._check_deleted()
 
-    def _start(self) -> None:
-        if self._loaded:
-            raise TidyjaxTypeError(
-                "this Timeline was loaded from a file or a snapshot and cannot record; "
-                "record a new one with tidyjax.timeline()."
-            )
-        with _lock:
-            self._depth += 1
-            if self._depth > 1:
-                return
-            if self.start_time is None:
-                self.started_at = time.time()
-                self.start_time = self.peak_time = self._last = time.perf_counter()
-            self.stop_time = None
-            before = list(self._live)
-            if self.arrays:
-                self._array_mark = ArrayMark()
-                self._check_deleted()  # the plain arrays dropped or deleted while stopped
-            _recording.append(self)
-            _registry.observers.append(self)
-            opened = []  # the scopes open here now: drawn from the start
-            scope = CURRENT.get()
-            while scope is not None:
-                opened.append(scope)
-                scope = scope.parent
-            for scope in reversed(opened):
-                if id(scope) not in self._scopes:
-                    self.event(SCOPE_ENTER, scope)
-        # What is alive now, read outside our lock: the registry's lock is taken there, and a
-        # collection inside that lock may report to us.
-        found = holders(books()[0])
-        with _lock:
-            self._reconcile(before, found)
-            self._forget_failed()  # a buffer that failed before: not counted from the start
-            self._name_variables()
-
     def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
         """What changed while not recording: the buffers of ``before`` (ids of records) freed or
         collected since, and those alive now (``found``: record, its Tensors) not recorded."""
@@ -668,26 +682,6 @@ class Timeline:
                     self._share(twin, rec, ids)
                 else:
                     self._alloc(rec, now, ids)
-
-    def _stop(self) -> None:
-        with _lock:
-            if self._depth == 0:
-                raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
-            if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
-                self._look()
-                self._array_mark = None
-                self._name_variables()
-                for scope, number in list(self._scopes.values()):
-                    self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
-                self._scopes.clear()
-            self._depth -= 1
-            if self._depth:
-                return
-            _recording.remove(self)
-            if self in _registry.observers:
-                _registry.observers.remove(self)
-            self.stop_time = time.perf_counter()
-            self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
 
     # -- the observer (see _registry) ------------------------------------------------------
 
