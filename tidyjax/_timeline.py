@@ -253,7 +253,6 @@ class Timeline:
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
         self._scopes: dict[int, tuple[Any, int]] = {}  # id(scope) -> (open scope, its number)
         self._next = 0  # the last buffer or scope number given
-        self._seq = 0  # events appended, dropped ones included
         self._bytes = 0
         self._last = 0.0  # the latest event time: times never go back
         self._depth = 0
@@ -268,7 +267,7 @@ class Timeline:
         self._marks: list[Mark] = []  # annotate()'s moments, in time order
         self.peak_bytes = 0
         self.peak_time = 0.0
-        self._peak_seq = -1  # the event that reached the peak (-1: none yet)
+        self._peak_seq = -1  # the event that reached the peak, counting dropped ones (-1: none)
         self._peak_live: list[TimelineEvent] | None = None  # set when that event is dropped
         self._dropped_at = 0.0  # the time of the last event dropped
         self.started_at: float | None = None
@@ -337,11 +336,11 @@ class Timeline:
         best = running = sum(e.bytes for e in base)
         # the moment the dropped events left (the start when none were), before the first kept
         at = self._dropped_at if self.dropped else (self.start_time or 0.0)
-        first, live = self._seq - len(self._events), (base if self.dropped else None)
-        seq, dropped_peak = first - 1, sum(e.bytes for e in self._peak_live or ())
+        seq, live = self.dropped - 1, (base if self.dropped else None)
+        dropped_peak = sum(e.bytes for e in self._peak_live or ())
         if self._peak_live is not None and dropped_peak >= best:
             best, at, seq, live = dropped_peak, self.peak_time, self._peak_seq, self._peak_live
-        for i, ev in enumerate(self._events, first):  # i: the event's sequence number
+        for i, ev in enumerate(self._events, self.dropped):  # i: the event's sequence number
             if ev.kind == ALLOC:
                 running += ev.bytes
                 if running > best:
@@ -472,7 +471,6 @@ class Timeline:
                 for key in _timeline_format.HEADER:
                     setattr(tl, key, data[key])
                 tl.peak_time = float(tl.peak_time)
-                tl._seq = len(tl._events) + tl.dropped
                 tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
         except TidyjaxValueError:
             raise
@@ -1128,15 +1126,14 @@ class Timeline:
                 self._base[old.buffer] = old
             elif old.kind == FREE:
                 self._base.pop(old.buffer, None)
-            if self._seq - len(events) - 1 == self._peak_seq:  # the peak can't be replayed now
+            if self.dropped - 1 == self._peak_seq:  # the peak can no longer be replayed
                 self._peak_live = list(self._base.values())
         events.append(ev)
-        self._seq += 1
         if delta:
             total = self._bytes = self._bytes + delta
             if total > self.peak_bytes:
-                self.peak_bytes, self.peak_time, self._peak_seq = total, ev.time, self._seq - 1
-                self._peak_live = None
+                self.peak_bytes, self.peak_time, self._peak_live = total, ev.time, None
+                self._peak_seq = self.dropped + len(events) - 1
 
 
 Timeline.__module__ = "tidyjax"
