@@ -706,8 +706,12 @@ class Timeline:
                 self._pending.append((obj, time.perf_counter(), _LET_GO))
             elif kind in ("buffer_freed", "buffer_collected"):
                 self._freed(obj)
-            elif kind == "tensor_added":
-                self._tensor_added(obj, tensor)
+            elif kind == "tensor_added":  # one more holder, or a caller's array tidyjax's again
+                entry = self._live.get(id(obj))
+                if entry is not None:
+                    self._hold(entry, obj, (tensor,), obj.more)
+                elif holds(obj):
+                    self._added(obj, time.perf_counter(), tensor)
             elif kind in (SCOPE_ENTER, SCOPE_EXIT):
                 self._scope(kind, obj)
 
@@ -721,14 +725,6 @@ class Timeline:
             self._vars_dirty = True  # a Variable's buffer (an assign's old value)
         # a caller's array lives on, plain again (with the views of its buffer)
         self._free(entry, time.perf_counter(), rec.arrays() if not rec.owned else ())
-
-    def _tensor_added(self, rec: Any, tensor: int) -> None:
-        """A Tensor was made on ``rec``: one more holder, or a caller's array tidyjax's again."""
-        entry = self._live.get(id(rec))
-        if entry is not None:
-            self._hold(entry, rec, (tensor,), rec.more)
-        elif holds(rec):
-            self._added(rec, time.perf_counter(), tensor)
 
     def _scope(self, kind: str, scope: Any) -> None:
         """``scope`` entered or exited: its event, after the plain arrays made before it."""
