@@ -232,15 +232,14 @@ class Timeline:
         self._events: collections.deque[TimelineEvent] = collections.deque()
         self.dropped = 0
         self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
-        # id(rec) -> [rec, alloc event, Tensor ids, members]: one entry per device buffer; the
-        # records over one buffer (a raw device_put's, see _settle) share it, ``members`` then
-        # listing them (else None)
+        # id(rec) -> [rec, alloc event, Tensor ids, members]: one entry per device buffer, shared
+        # by the records over it (a raw device_put's, see _settle) that ``members`` then lists
         self._live: dict[int, list[Any]] = {}
         # id(array) -> [weak reference to it, its alloc event]: the plain arrays seen alive
         self._plain: dict[int, list[Any]] = {}
-        # (record, time, Tensor id) of the committed buffers just added, each an allocation or
-        # a second record over a recorded buffer (decided before the next event, _settle), and
-        # of the records whose last Tensor went (Tensor id _LET_GO)
+        # (record, time, Tensor id) of the committed buffers just added (an allocation, or one
+        # more record over a recorded buffer: see _settle) and of those whose last Tensor went
+        # (Tensor id _LET_GO)
         self._pending: list[tuple[Any, float, int]] = []
         # id(entry) -> [entry, [(id(view), weak reference)]]: array objects no record knows over
         # the buffer of a live or plain entry; id(view) -> (weak reference, entry): the same
@@ -549,7 +548,7 @@ class Timeline:
             if self._depth == 0:
                 raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
             if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
-                self._look()
+                self.mark()  # a last look
                 self._array_mark = None
                 self._name_variables()
                 for scope, number in list(self._scopes.values()):
@@ -650,16 +649,12 @@ class Timeline:
         a loop without scopes; it costs O(arrays made since the last look), plus one check of
         each plain array alive. Does nothing while not recording or with ``arrays=False``."""
         with _lock:
-            if self._depth:
-                self._look()
-
-    def _look(self) -> None:
-        """Catch up: the buffers just added or deleted behind tidyjax's back, the plain arrays."""
-        self._settle()
-        self._check_deleted_buffers()
-        if self._array_mark is not None:
-            self._see_arrays()
-            self._check_deleted()
+            if self._depth:  # also the buffers just added or deleted behind tidyjax's back
+                self._settle()
+                self._check_deleted_buffers()
+                if self._array_mark is not None:
+                    self._see_arrays()
+                    self._check_deleted()
 
     def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
         """What changed while not recording: the buffers of ``before`` (ids of records) freed or
@@ -841,14 +836,16 @@ class Timeline:
                 return
             entries.append(entry)
         moved: list[Any] = []
-        for entry in entries:
-            first = entry[0]() if entry else None
+        for entry in filter(None, entries):
+            first = entry[0]()
             if first is not None and self._plain.get(id(first)) is entry:
                 moved += [first, *self._pop_views(entry)]
                 self._free_plain(id(first), entry, now)
         entry = self._alloc(rec, now, (tensor,) if tensor else ())
-        own = rec.arrays() if moved else []
-        for obj in moved if entry is not None else ():
+        if entry is None or not moved:
+            return
+        own = rec.arrays()
+        for obj in moved:
             if all(obj is not a for a in own) and _registry.lookup(obj) is None:
                 self._add_view(entry, obj)
 
