@@ -85,15 +85,6 @@ _name = functools.lru_cache(maxsize=4096)(str)
 _same = functools.lru_cache(maxsize=65536)(lambda value: value)
 
 
-def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
-    """The creation site of ``arr`` and its short stack, read once per code location."""
-    tb = getattr(arr, "traceback", None)
-    try:
-        return _site_and_stack(tb)
-    except TypeError:  # a jaxlib whose tracebacks do not hash
-        return creation_site(arr), _stack(tb)
-
-
 @functools.lru_cache(maxsize=65536)
 def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
     """The first user frame of a JAX creation traceback and its short user stack."""
@@ -764,9 +755,13 @@ class Timeline:
         return entry
 
     def _site(self, arr: Any) -> Site | None:
-        """The creation site of ``arr``; its short stack (a cached tuple: its id is seen once)
-        kept among the site's, at most 3."""
-        site, stack = _site_of(arr)
+        """The creation site of ``arr`` (read once per code location); its short stack (a cached
+        tuple: its id is seen once) kept among the site's, at most 3."""
+        tb = getattr(arr, "traceback", None)
+        try:
+            site, stack = _site_and_stack(tb)
+        except TypeError:  # a jaxlib whose tracebacks do not hash
+            site, stack = creation_site(arr), _stack(tb)
         if stack and id(stack) not in self._stack_ids:
             self._stack_ids.add(id(stack))
             stacks = [] if site is None else self._stacks.setdefault(site, [])
@@ -910,7 +905,7 @@ class Timeline:
     def _find(self, arr: Any) -> list[Any] | None:
         """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
         an alias shares its readiness). Each entry's addresses are read once, when ready."""
-        key = None if arr is None else _buffer_key(arr)
+        key = _buffer_key(arr)  # None for None
         if not key:
             return None
         todo, self._addr_todo = self._addr_todo, []
@@ -923,7 +918,7 @@ class Timeline:
                 self._addr_todo.append(entry)  # not ready yet: read at a later look
             elif k:
                 index[k] = entry
-                for p in k if len(k) > 1 else ():
+                for p in k:
                     index.setdefault((p,), entry)  # its per-shard views
         if len(index) > 4096 and len(index) > 4 * (len(self._live) + len(self._plain)):
             self._addr = index = {k: e for k, e in index.items() if self._entry_alive(e)}
