@@ -930,7 +930,7 @@ class Timeline:
 
     def _share(self, entry: list[Any], rec: Any, tensors: tuple[int, ...]) -> None:
         """``rec`` (Tensor ids ``tensors``) is one more record over ``entry``'s buffer: no alloc."""
-        members = entry[3] = entry[3] or [entry[0]]  # None: rec is its second record
+        members = entry[3] = entry[3] or [entry[0]]  # None while the buffer had one record
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
