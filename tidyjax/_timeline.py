@@ -1,20 +1,17 @@
 """``timeline()``: every allocation, free and scope of device memory, in order.
 
-A recording `Timeline` is one of ``_registry.observers`` (as ``profile()`` is; ``_scope``
-reports scopes only while one listens): each buffer added, freed or collected and each scope
-entered or exited becomes one `TimelineEvent`. Replaying them (``live_at``) gives at every moment
-the tidyjax bytes ``memory()`` reports then, each shared buffer once.
-
+A recording `Timeline` is one of ``_registry.observers`` (``_scope`` reports scopes only while
+one listens): each buffer added, freed or collected and each scope entered or exited is one
+`TimelineEvent`; replaying them (``live_at``) gives the tidyjax bytes ``memory()`` reports then.
 Plain ``jax.Array`` objects are seen through an ``_newarrays.ArrayMark`` at each scope event,
-``mark()`` and stop (O(new arrays) per look, nothing per op): those alive become allocations of
-scope ``"<untracked>"``, freed by a weak reference's callback (or found deleted at a look).
+``mark()`` and stop (nothing per op), as allocations of scope ``"<untracked>"`` freed by a weak
+reference's callback (or found deleted at a look).
 
-One device buffer is one allocation, whatever objects view it: the records over one buffer (a
-raw ``jax.device_put`` of a Tensor to where it is) share one entry, decided before the next
-event (`Timeline._settle`; addresses read only for the registry's suspects, see ``_find``); raw
-objects no record knows are views of an entry. Sites keep a short user stack (`STACK_FRAMES`),
-Variables' buffers their names; both are saved, as are ``annotate``'s marks. A buffer deleted
-behind tidyjax's back (a raw ``jax.jit`` donation) is freed at the next ``mark()``, stop or read.
+One device buffer is one allocation: the records over one buffer (a raw ``jax.device_put`` of a
+Tensor to where it is) share one entry, decided before the next event (`Timeline._settle`;
+addresses read only for the registry's suspects, ``_find``); raw objects no record knows are
+views of an entry. A buffer deleted behind tidyjax's back (a raw ``jax.jit`` donation) is freed
+at the next ``mark()``, stop or read.
 """
 
 from __future__ import annotations
@@ -88,15 +85,6 @@ _name = functools.lru_cache(maxsize=4096)(str)
 _same = functools.lru_cache(maxsize=65536)(lambda value: value)
 
 
-def _site_of(arr: Any) -> tuple[Site | None, tuple[Site, ...]]:
-    """The creation site of ``arr`` and its short stack, read once per code location."""
-    tb = getattr(arr, "traceback", None)
-    try:
-        return _site_and_stack(tb)
-    except TypeError:  # a jaxlib whose tracebacks do not hash
-        return creation_site(arr), _stack(tb)
-
-
 @functools.lru_cache(maxsize=65536)
 def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
     """The first user frame of a JAX creation traceback and its short user stack."""
@@ -159,23 +147,29 @@ _LET_GO = -1
 #: ``TimelineEvent`` from a tuple of all its fields, without the Python-level ``__new__``.
 _event = tuple.__new__
 
-# (sharding, shape, dtype) of an array on one local device -> what its allocation reports:
-# (bytes, device, per device, shape, dtype name); one lookup per allocation instead of five.
-_layouts: dict[Any, tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]] = {}
+#: What an allocation reports: its bytes, device, bytes per device, shape and dtype name.
+_Layout = tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]
+# (sharding, shape, dtype) of an array on one local device -> its layout: one lookup per
+# allocation instead of five.
+_layouts: dict[Any, _Layout] = {}
 
 
-def _layout(
-    rec: Any, arr: Any, key: Any
-) -> tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]:
-    """What an allocation of ``arr`` reports, cached under ``key`` when ``arr`` lies on one
-    local device (its bytes then follow from its shape and dtype alone)."""
-    nbytes = rec.size()
-    device, per_device = _placement(arr, nbytes)
-    layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
-    if key is not None and _sole_device(key[0]):
-        if len(_layouts) > 65536:
-            _layouts.clear()
-        _layouts[key] = layout
+def _layout(rec: Any, arr: Any) -> _Layout:
+    """What an allocation of ``arr`` reports, cached when ``arr`` lies on one local device (its
+    bytes then follow from its shape and dtype alone)."""
+    try:
+        key = (arr.sharding, arr.shape, arr.dtype)
+        layout = _layouts.get(key)
+    except Exception:  # an array kind without these: described the long way
+        key, layout = None, None
+    if layout is None:
+        nbytes = rec.size()
+        device, per_device = _placement(arr, nbytes)
+        layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
+        if key and _sole_device(key[0]):
+            if len(_layouts) > 65536:
+                _layouts.clear()
+            _layouts[key] = layout
     return layout
 
 
@@ -229,15 +223,14 @@ class Timeline:
         self._events: collections.deque[TimelineEvent] = collections.deque()
         self.dropped = 0
         self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
-        # id(rec) -> [rec, alloc event, Tensor ids, members]: one entry per device buffer; the
-        # records over one buffer (a raw device_put's, see _settle) share it, ``members`` then
-        # listing them (else None)
+        # id(rec) -> [rec, alloc event, Tensor ids, members]: one entry per device buffer, shared
+        # by the records over it (a raw device_put's, see _settle) that ``members`` then lists
         self._live: dict[int, list[Any]] = {}
         # id(array) -> [weak reference to it, its alloc event]: the plain arrays seen alive
         self._plain: dict[int, list[Any]] = {}
-        # (record, time, Tensor id) of the committed buffers just added, each an allocation or
-        # a second record over a recorded buffer (decided before the next event, _settle), and
-        # of the records whose last Tensor went (Tensor id _LET_GO)
+        # (record, time, Tensor id) of the committed buffers just added (an allocation, or one
+        # more record over a recorded buffer: see _settle) and of those whose last Tensor went
+        # (Tensor id _LET_GO)
         self._pending: list[tuple[Any, float, int]] = []
         # id(entry) -> [entry, [(id(view), weak reference)]]: array objects no record knows over
         # the buffer of a live or plain entry; id(view) -> (weak reference, entry): the same
@@ -250,7 +243,6 @@ class Timeline:
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
         self._scopes: dict[int, tuple[Any, int]] = {}  # id(scope) -> (open scope, its number)
         self._next = 0  # the last buffer or scope number given
-        self._seq = 0  # events appended, dropped ones included
         self._bytes = 0
         self._last = 0.0  # the latest event time: times never go back
         self._depth = 0
@@ -265,7 +257,7 @@ class Timeline:
         self._marks: list[Mark] = []  # annotate()'s moments, in time order
         self.peak_bytes = 0
         self.peak_time = 0.0
-        self._peak_seq = -1  # the event that reached the peak (-1: none yet)
+        self._peak_seq = -1  # the event that reached the peak, counting dropped ones (-1: none)
         self._peak_live: list[TimelineEvent] | None = None  # set when that event is dropped
         self._dropped_at = 0.0  # the time of the last event dropped
         self.started_at: float | None = None
@@ -330,21 +322,19 @@ class Timeline:
     def _repeak(self) -> None:
         """The peak again, after allocations were rewritten smaller: over the moments that can be
         replayed, and a peak among the dropped events (``_peak_live``)."""
-        events = self._events
-        first = self._seq - len(events)  # the sequence number of events[0]
         base = list(self._base.values())
-        running = sum(e.bytes for e in base)
-        # the moment the dropped events left (the start when none were)
+        best = running = sum(e.bytes for e in base)
+        # the moment the dropped events left (the start when none were), before the first kept
         at = self._dropped_at if self.dropped else (self.start_time or 0.0)
-        best, seq, live = running, first - 1, (base if self.dropped else None)
-        if self._peak_live is not None and sum(e.bytes for e in self._peak_live) >= best:
-            best, at, seq = sum(e.bytes for e in self._peak_live), self.peak_time, self._peak_seq
-            live = self._peak_live
-        for i, ev in enumerate(events):
+        seq, live = self.dropped - 1, (base if self.dropped else None)
+        dropped_peak = sum(e.bytes for e in self._peak_live or ())
+        if self._peak_live is not None and dropped_peak >= best:
+            best, at, seq, live = dropped_peak, self.peak_time, self._peak_seq, self._peak_live
+        for i, ev in enumerate(self._events, self.dropped):  # i: the event's sequence number
             if ev.kind == ALLOC:
                 running += ev.bytes
                 if running > best:
-                    best, at, seq, live = running, ev.time, first + i, None
+                    best, at, seq, live = running, ev.time, i, None
             elif ev.kind == FREE:
                 running -= ev.bytes
         self.peak_bytes, self.peak_time, self._peak_seq, self._peak_live = best, at, seq, live
@@ -401,26 +391,21 @@ class Timeline:
         Raises:
             TidyjaxValueError: no annotation has the label ``at``.
         """
-        return _timeline_html.page(self, top=top, at=self._annotation(at))
+        with _lock:
+            found = [m for m in self._marks if m.label == at]  # none for at=None
+        if at is not None and not found:
+            known = ", ".join(repr(m.label) for m in self._marks[:5]) or "none"
+            raise TidyjaxValueError(
+                f"this Timeline has no annotation {at!r} (its annotations: {known}); "
+                "mark one with tl.annotate(label) while it records."
+            )
+        return _timeline_html.page(self, top=top, at=found[-1] if found else None)
 
     def save_html(
         self, path: str | os.PathLike[str], *, top: int = 10, at: str | None = None
     ) -> None:
         """Write [`to_html`][tidyjax.Timeline.to_html] to ``path`` (UTF-8)."""
         pathlib.Path(path).write_text(self.to_html(top=top, at=at), encoding="utf-8")
-
-    def _annotation(self, label: str | None) -> Mark | None:
-        if label is None:
-            return None
-        with _lock:
-            found = [m for m in self._marks if m.label == label]
-        if not found:
-            known = ", ".join(repr(m.label) for m in self._marks[:5]) or "none"
-            raise TidyjaxValueError(
-                f"this Timeline has no annotation {label!r} (its annotations: {known}); "
-                "mark one with tl.annotate(label) while it records."
-            )
-        return found[-1]
 
     @_html.never_raises
     def _repr_html_(self) -> str:
@@ -467,27 +452,22 @@ class Timeline:
         data = _timeline_format.check(data, where)
         try:
             with collector_paused():
-                return cls._decode(data, where)
+                codec = Codec.read(data)
+                tl = cls(int(data["max_events"]))
+                tl._events.extend(codec.decode(data["events"], where, "event"))
+                tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
+                if data.get("peak_live") is not None:
+                    tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
+                for key in _timeline_format.HEADER:
+                    setattr(tl, key, data[key])
+                tl.peak_time = float(tl.peak_time)
+                tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
         except TidyjaxValueError:
             raise
         except KeyError as e:
             raise TidyjaxValueError(f"{where} is a tidyjax timeline without {e}.") from e
         except (TypeError, ValueError, IndexError, AttributeError) as e:
             raise TidyjaxValueError(f"{where} is a malformed tidyjax timeline ({e}).") from e
-
-    @classmethod
-    def _decode(cls, data: dict[str, Any], where: str) -> Timeline:
-        codec = Codec.read(data)
-        tl = cls(int(data["max_events"]))
-        tl._events.extend(codec.decode(data["events"], where, "event"))
-        tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
-        if data.get("peak_live") is not None:
-            tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
-        for key in _timeline_format.HEADER:
-            setattr(tl, key, data[key])
-        tl.peak_time = float(tl.peak_time)
-        tl._seq = len(tl._events) + tl.dropped
-        tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
         tl._loaded = True
         return tl
 
@@ -518,17 +498,67 @@ class Timeline:
     # -- recording --------------------------------------------------------------------------
 
     def __enter__(self) -> Timeline:
-        self._start()
+        if self._loaded:
+            raise TidyjaxTypeError(
+                "this Timeline was loaded from a file or a snapshot and cannot record; "
+                "record a new one with tidyjax.timeline()."
+            )
+        with _lock:
+            self._depth += 1
+            if self._depth > 1:
+                return self
+            if self.start_time is None:
+                self.started_at = time.time()
+                self.start_time = self.peak_time = self._last = time.perf_counter()
+            self.stop_time = None
+            before = list(self._live)
+            if self.arrays:
+                self._array_mark = ArrayMark()
+                self._check_deleted()  # the plain arrays dropped or deleted while stopped
+            _recording.append(self)
+            _registry.observers.append(self)
+            opened = []  # the scopes open here now: drawn from the start
+            scope = CURRENT.get()
+            while scope is not None:
+                opened.append(scope)
+                scope = scope.parent
+            for scope in reversed(opened):
+                if id(scope) not in self._scopes:
+                    self.event(SCOPE_ENTER, scope)
+        # What is alive now, read outside our lock: the registry's lock is taken there, and a
+        # collection inside that lock may report to us.
+        found = holders(books()[0])
+        with _lock:
+            self._reconcile(before, found)
+            self._forget_failed()  # a buffer that failed before: not counted from the start
+            self._name_variables()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop()
+        with _lock:
+            if self._depth == 0:
+                raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
+            if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+                self.mark()  # a last look
+                self._array_mark = None
+                self._name_variables()
+                for scope, number in list(self._scopes.values()):
+                    self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
+                self._scopes.clear()
+            self._depth -= 1
+            if self._depth:
+                return
+            _recording.remove(self)
+            if self in _registry.observers:
+                _registry.observers.remove(self)
+            self.stop_time = time.perf_counter()
+            self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
 
     async def __aenter__(self) -> Timeline:
         return self.__enter__()
 
     async def __aexit__(self, *exc: object) -> None:
-        self._stop()
+        self.__exit__()
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn``: each call records into this timeline (``fn.timeline``)."""
@@ -610,52 +640,12 @@ class Timeline:
         a loop without scopes; it costs O(arrays made since the last look), plus one check of
         each plain array alive. Does nothing while not recording or with ``arrays=False``."""
         with _lock:
-            if self._depth:
-                self._look()
-
-    def _look(self) -> None:
-        """Catch up: the buffers just added or deleted behind tidyjax's back, the plain arrays."""
-        self._settle()
-        self._check_deleted_buffers()
-        if self._array_mark is not None:
-            self._see_arrays()
-            self._check_deleted()
-
-    def _start(self) -> None:
-        if self._loaded:
-            raise TidyjaxTypeError(
-                "this Timeline was loaded from a file or a snapshot and cannot record; "
-                "record a new one with tidyjax.timeline()."
-            )
-        with _lock:
-            self._depth += 1
-            if self._depth > 1:
-                return
-            if self.start_time is None:
-                self.started_at = time.time()
-                self.start_time = self.peak_time = self._last = time.perf_counter()
-            self.stop_time = None
-            before = list(self._live)
-            if self.arrays:
-                self._array_mark = ArrayMark()
-                self._check_deleted()  # the plain arrays dropped or deleted while stopped
-            _recording.append(self)
-            _registry.observers.append(self)
-            opened = []  # the scopes open here now: drawn from the start
-            scope = CURRENT.get()
-            while scope is not None:
-                opened.append(scope)
-                scope = scope.parent
-            for scope in reversed(opened):
-                if id(scope) not in self._scopes:
-                    self.event(SCOPE_ENTER, scope)
-        # What is alive now, read outside our lock: the registry's lock is taken there, and a
-        # collection inside that lock may report to us.
-        found = holders(books()[0])
-        with _lock:
-            self._reconcile(before, found)
-            self._forget_failed()  # a buffer that failed before: not counted from the start
-            self._name_variables()
+            if self._depth:  # also the buffers just added or deleted behind tidyjax's back
+                self._settle()
+                self._check_deleted_buffers()
+                if self._array_mark is not None:
+                    self._see_arrays()
+                    self._check_deleted()
 
     def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
         """What changed while not recording: the buffers of ``before`` (ids of records) freed or
@@ -664,40 +654,18 @@ class Timeline:
         alive = {id(rec) for rec, _ in found}
         for key in before:
             entry = self._live.get(key)
-            if entry is None:
+            if entry is None or (key in alive and holds(entry[0])):
                 continue
-            gone = key not in alive or not holds(entry[0])
-            if gone and not (entry[3] and self._leave(entry, entry[0])):
+            if not self._leave(entry, entry[0]):
                 self._free(entry, now)
         for rec, ts in found:
             if id(rec) not in self._live and rec.dead is None:
                 ids = tuple(sorted(t._id for t in ts))
                 twin = self._twin(rec) if _registry._groups else None
                 if twin is not None:  # records over one buffer (see _settle)
-                    self._share(twin, rec, 0)
-                    self._hold(twin, rec, ids, False)
+                    self._share(twin, rec, ids)
                 else:
                     self._alloc(rec, now, ids)
-
-    def _stop(self) -> None:
-        with _lock:
-            if self._depth == 0:
-                raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
-            if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
-                self._look()
-                self._array_mark = None
-                self._name_variables()
-                for scope, number in list(self._scopes.values()):
-                    self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
-                self._scopes.clear()
-            self._depth -= 1
-            if self._depth:
-                return
-            _recording.remove(self)
-            if self in _registry.observers:
-                _registry.observers.remove(self)
-            self.stop_time = time.perf_counter()
-            self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
 
     # -- the observer (see _registry) ------------------------------------------------------
 
@@ -724,30 +692,25 @@ class Timeline:
                 self._pending.append((obj, time.perf_counter(), _LET_GO))
             elif kind in ("buffer_freed", "buffer_collected"):
                 self._freed(obj)
-            elif kind == "tensor_added":
-                self._tensor_added(obj, tensor)
+            elif kind == "tensor_added":  # one more holder, or a caller's array tidyjax's again
+                entry = self._live.get(id(obj))
+                if entry is not None:
+                    self._hold(entry, obj, (tensor,), obj.more)
+                elif holds(obj):
+                    self._added(obj, time.perf_counter(), tensor)
             elif kind in (SCOPE_ENTER, SCOPE_EXIT):
                 self._scope(kind, obj)
 
     def _freed(self, rec: Any) -> None:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
         entry = self._live.get(id(rec))
-        if entry is None or (entry[3] and self._leave(entry, rec)):
+        if entry is None or self._leave(entry, rec):
             return
         a = entry[1]
         if a.scope == "<variable>" or a.buffer in self._names:
             self._vars_dirty = True  # a Variable's buffer (an assign's old value)
         # a caller's array lives on, plain again (with the views of its buffer)
         self._free(entry, time.perf_counter(), rec.arrays() if not rec.owned else ())
-
-    def _tensor_added(self, rec: Any, tensor: int) -> None:
-        """A Tensor was made on ``rec``: one more holder, or a caller's array tidyjax's again."""
-        entry = self._live.get(id(rec))
-        if entry is None:
-            if holds(rec):
-                self._added(rec, time.perf_counter(), tensor)
-            return
-        self._hold(entry, rec, (tensor,), rec.more)
 
     def _scope(self, kind: str, scope: Any) -> None:
         """``scope`` entered or exited: its event, after the plain arrays made before it."""
@@ -768,18 +731,12 @@ class Timeline:
         ev = (kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name, ())
         self._append(_event(TimelineEvent, ev), 0)
 
-    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> None:
-        arr = rec()
-        if arr is None:
-            arr = rec.array()  # its first object is gone: an alias, if any
+    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> list[Any] | None:
+        """Record ``rec``'s allocation; its new entry (None: recorded already, or no array)."""
+        arr = rec.array()  # its first object, or an alias when that is gone
         if arr is None or id(rec) in self._live:
-            return
-        try:
-            key = (arr.sharding, arr.shape, arr.dtype)
-            layout = _layouts.get(key)
-        except Exception:  # an array kind without these: described the long way
-            key, layout = None, None
-        nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr, key)
+            return None
+        nbytes, device, per_device, shape, dtype = _layout(rec, arr)
         if rec.nbytes < 0:
             rec.nbytes = nbytes
         self._next += 1
@@ -795,11 +752,16 @@ class Timeline:
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         self._append(ev, nbytes)
+        return entry
 
     def _site(self, arr: Any) -> Site | None:
-        """The creation site of ``arr``; its short stack (a cached tuple: its id is seen once)
-        kept among the site's, at most 3."""
-        site, stack = _site_of(arr)
+        """The creation site of ``arr`` (read once per code location); its short stack (a cached
+        tuple: its id is seen once) kept among the site's, at most 3."""
+        tb = getattr(arr, "traceback", None)
+        try:
+            site, stack = _site_and_stack(tb)
+        except TypeError:  # a jaxlib whose tracebacks do not hash
+            site, stack = creation_site(arr), _stack(tb)
         if stack and id(stack) not in self._stack_ids:
             self._stack_ids.add(id(stack))
             stacks = [] if site is None else self._stacks.setdefault(site, [])
@@ -824,8 +786,7 @@ class Timeline:
         """Note the name of each named Variable whose buffer is live: the page's label for it."""
         if not _variable._variables:
             return
-        self._vars_seen = len(_variable._variables)
-        self._named_upto = self._next
+        self._vars_seen, self._named_upto = len(_variable._variables), self._next
         self._vars_dirty = False
         live, names = self._live, self._names
         for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
@@ -859,23 +820,23 @@ class Timeline:
     # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
 
     def _added(self, rec: Any, now: float, tensor: int, plain: list[Any] | None = None) -> None:
-        """A new record: its allocation; a plain array seen before (or its view, or ``plain``)
-        moves over, becoming the entry's views. Over a recorded buffer: one more record on it."""
-        entries = [] if plain is None else [plain]
+        """A new record: its allocation; a plain array seen before (or its view, or ``plain``:
+        an entry over its buffer, ignored unless a plain array's) moves over, becoming the
+        entry's views. Over a recorded buffer: one more record on it."""
+        entries = [plain]
         for arr in rec.arrays() if self._plain or self._view_of else ():
             entry = self._plain_of(arr) or self._view_entry(arr)  # the plain array, or its view
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
-                self._share(entry, rec, tensor)
+                self._share(entry, rec, (tensor,))
                 return
-            entries += [] if entry is None else [entry]
+            entries.append(entry)
         moved: list[Any] = []
-        for entry in entries:
+        for entry in filter(None, entries):
             first = entry[0]()
             if first is not None and self._plain.get(id(first)) is entry:
                 moved += [first, *self._pop_views(entry)]
                 self._free_plain(id(first), entry, now)
-        self._alloc(rec, now, (tensor,) if tensor else ())
-        entry = self._live.get(id(rec))
+        entry = self._alloc(rec, now, (tensor,) if tensor else ())
         if entry is None or not moved:
             return
         own = rec.arrays()
@@ -901,16 +862,13 @@ class Timeline:
         for rec, now, tensor in pending:
             if tensor == _LET_GO:
                 self._let_go(rec, now)
-            elif id(rec) not in self._live:  # else adopted meanwhile (_adopt_pending)
-                entry = self._twin(rec, window)
-                if entry is not None:
-                    self._share(entry, rec, tensor)
-                    continue
-                plain = None
-                if self._plain and any(s is rec for s in reversed(_registry.suspects[-window:])):
-                    plain = self._find(rec.array())
-                untracked = plain is not None and len(plain) == 2
-                self._added(rec, now, tensor, plain if untracked else None)
+            elif id(rec) in self._live:  # adopted meanwhile (_adopt_pending)
+                continue
+            elif (entry := self._twin(rec, window)) is not None:
+                self._share(entry, rec, (tensor,))
+            else:
+                suspect = self._plain and any(s is rec for s in _registry.suspects[-window:])
+                self._added(rec, now, tensor, self._find(rec.array()) if suspect else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
@@ -918,11 +876,11 @@ class Timeline:
         entry = self._live.get(id(rec))
         if entry is None or not released(rec) or rec.array() is None:
             return  # held again, freed, or collected (that event frees it)
-        if entry[3] and self._leave(entry, rec):  # its arrays: views of the buffer now
+        if self._leave(entry, rec):  # its arrays: views of the buffer now
             for arr in rec.arrays():
                 self._add_view(entry, arr)
-            return
-        self._free(entry, now, rec.arrays())
+        else:
+            self._free(entry, now, rec.arrays())
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
         """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
@@ -932,8 +890,7 @@ class Timeline:
             if other is not rec and entry is not None:
                 return entry
         # a record just added is among the registry's last ``window`` suspects
-        suspects = _registry.suspects
-        if rec.dead is not None or any(s is rec for s in reversed(suspects[-window:])):
+        if rec.dead is not None or any(s is rec for s in reversed(_registry.suspects[-window:])):
             entry = self._find(rec.array())
             if entry is not None and len(entry) != 2 and entry[0] is not rec:
                 return entry
@@ -948,23 +905,20 @@ class Timeline:
     def _find(self, arr: Any) -> list[Any] | None:
         """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
         an alias shares its readiness). Each entry's addresses are read once, when ready."""
-        key = None if arr is None else _buffer_key(arr)
+        key = _buffer_key(arr)  # None for None
         if not key:
             return None
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
         for entry in todo:
-            if not self._entry_alive(entry):
-                continue
-            first = _first(entry)
-            if first is None:
+            if not self._entry_alive(entry) or (first := _first(entry)) is None:
                 continue
             k = _buffer_key(first)
             if k is None and not first.is_deleted() and not base_array(first).is_ready():
                 self._addr_todo.append(entry)  # not ready yet: read at a later look
             elif k:
                 index[k] = entry
-                for p in k if len(k) > 1 else ():
+                for p in k:
                     index.setdefault((p,), entry)  # its per-shard views
         if len(index) > 4096 and len(index) > 4 * (len(self._live) + len(self._plain)):
             self._addr = index = {k: e for k, e in index.items() if self._entry_alive(e)}
@@ -974,11 +928,9 @@ class Timeline:
             return None
         return found
 
-    def _share(self, entry: list[Any], rec: Any, tensor: int) -> None:
-        """``rec`` is one more record over ``entry``'s buffer: no allocation."""
-        members = entry[3]
-        if members is None:
-            members = entry[3] = [entry[0]]
+    def _share(self, entry: list[Any], rec: Any, tensors: tuple[int, ...]) -> None:
+        """``rec`` (Tensor ids ``tensors``) is one more record over ``entry``'s buffer: no alloc."""
+        members = entry[3] = entry[3] or [entry[0]]  # None while the buffer had one record
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
@@ -986,7 +938,7 @@ class Timeline:
             plain = self._plain_of(arr)
             if plain is not None:
                 self._free_plain(id(arr), plain, time.perf_counter())
-        self._hold(entry, rec, (tensor,), rec.__callback__ is None or rec.more)
+        self._hold(entry, rec, tensors, rec.__callback__ is None or rec.more)
 
     def _hold(self, entry: list[Any], rec: Any, tensors: Any, watch: Any) -> None:
         """``tensors`` (ids, 0 for none) hold ``entry``'s buffer too; ``watch``: follow the
@@ -996,11 +948,11 @@ class Timeline:
             self._watch_arrays(rec)
 
     def _leave(self, entry: list[Any], rec: Any) -> bool:
-        """``rec`` leaves its shared entry (freed, dropped or collected); whether another
-        record over the buffer still holds it (then nothing is freed)."""
-        members = [m for m in entry[3] if m is not rec]
+        """``rec`` leaves its entry (freed, dropped or collected); whether another record over the
+        buffer still holds it (then nothing is freed)."""
+        members = [m for m in entry[3] or () if m is not rec]
         alive = [m for m in members if holds(m)]
-        if not alive:
+        if not alive:  # none, or no other record over it
             return False
         entry[3] = members
         self._unlive(rec, entry)
@@ -1020,10 +972,9 @@ class Timeline:
         entry = self._live.get(id(rec))
         if entry is None:
             return
-        added = {id(r): t for r, _, t in self._pending if t != _LET_GO}
-        for other in same_buffer(rec.array(), [r for r, _, _ in self._pending]):
-            if id(other) in added:
-                self._share(entry, other, added[id(other)])
+        added = {id(r): (r, t) for r, _, t in self._pending if t != _LET_GO}
+        for other in same_buffer(rec.array(), [r for r, _ in added.values()]):
+            self._share(entry, other, (added[id(other)][1],))
 
     def _add_view(self, entry: list[Any], arr: Any) -> None:
         """``arr`` is one more array object over ``entry``'s buffer (no allocation)."""
@@ -1075,19 +1026,11 @@ class Timeline:
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
         for arr in reversed(arrays):  # oldest first: buffer numbers in creation order
-            if not self._join_view(arr):
+            entry = None if _registry.lookup(arr) is not None else self._find(arr)
+            if entry is None or (len(entry) == 2 and entry[0]() is arr):  # or the array itself
                 self._add_plain(arr, now, WATCHED if id(arr) in held else UNTRACKED)
-
-    def _join_view(self, arr: Any) -> bool:
-        """Whether ``arr`` is a raw object over a live or plain entry's buffer (a raw
-        ``device_put``, a cached shard view), then that entry's view: no allocation."""
-        if _registry.lookup(arr) is not None:
-            return False
-        entry = self._find(arr)
-        if entry is None or (len(entry) == 2 and entry[0]() is arr):
-            return False  # none, or the plain array itself
-        self._add_view(entry, arr)
-        return True
+            else:  # a raw object over a recorded buffer (a raw device_put, a cached shard view)
+                self._add_view(entry, arr)
 
     def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
         """Record ``arr``'s allocation unless it is known, deleted or a Tensor's; its entry, or
@@ -1159,36 +1102,26 @@ class Timeline:
         self._append(a._replace(kind=FREE, time=now), -a.bytes)
 
     def _append(self, ev: TimelineEvent, delta: int) -> None:
-        t = ev.time
-        if t < self._last:  # a handler ran inside another one (a collection)
+        if ev.time < self._last:  # a handler ran inside another one (a collection)
             ev = ev._replace(time=self._last)
-            t = self._last
-        self._last = t
+        self._last = ev.time
         events = self._events
-        if len(events) >= self.max_events:
-            self._drop()
+        if len(events) >= self.max_events:  # the oldest dropped: what it leaves goes to _base
+            old = events.popleft()
+            self.dropped += 1
+            self._dropped_at = old.time
+            if old.kind == ALLOC:
+                self._base[old.buffer] = old
+            elif old.kind == FREE:
+                self._base.pop(old.buffer, None)
+            if self.dropped - 1 == self._peak_seq:  # the peak can no longer be replayed
+                self._peak_live = list(self._base.values())
         events.append(ev)
-        self._seq += 1
         if delta:
             total = self._bytes = self._bytes + delta
             if total > self.peak_bytes:
-                self.peak_bytes = total
-                self.peak_time = t
-                self._peak_seq = self._seq - 1
-                self._peak_live = None
-
-    def _drop(self) -> None:
-        events = self._events
-        old = events.popleft()
-        seq = self._seq - len(events) - 1
-        self.dropped += 1
-        self._dropped_at = old.time
-        if old.kind == ALLOC:
-            self._base[old.buffer] = old
-        elif old.kind == FREE:
-            self._base.pop(old.buffer, None)
-        if seq == self._peak_seq:  # what was alive at the peak can no longer be replayed
-            self._peak_live = list(self._base.values())
+                self.peak_bytes, self.peak_time, self._peak_live = total, ev.time, None
+                self._peak_seq = self.dropped + len(events) - 1
 
 
 Timeline.__module__ = "tidyjax"
