@@ -704,7 +704,7 @@ class Timeline:
     def _freed(self, rec: Any) -> None:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
         entry = self._live.get(id(rec))
-        if entry is None or self._leave(entry, rec):
+        if entry is None or (entry[3] and self._leave(entry, rec)):  # the test inlined: per free
             return
         a = entry[1]
         if a.scope == "<variable>" or a.buffer in self._names:
@@ -733,10 +733,16 @@ class Timeline:
 
     def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> list[Any] | None:
         """Record ``rec``'s allocation; its new entry (None: recorded already, or no array)."""
-        arr = rec.array()  # its first object, or an alias when that is gone
+        arr = rec()
+        if arr is None:
+            arr = rec.array()  # its first object is gone: an alias, if any
         if arr is None or id(rec) in self._live:
             return None
-        nbytes, device, per_device, shape, dtype = _layout(rec, arr)
+        try:  # the cache read here: a call per allocation is a measurable part of its cost
+            layout = _layouts.get((arr.sharding, arr.shape, arr.dtype))
+        except Exception:  # an array kind without these: `_layout` describes it the long way
+            layout = None
+        nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr)
         if rec.nbytes < 0:
             rec.nbytes = nbytes
         self._next += 1
