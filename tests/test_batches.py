@@ -192,6 +192,35 @@ def test_a_variable_made_from_a_leaf_survives_and_the_leaf_object_goes(x):
     v.dispose()
 
 
+def test_a_leaf_object_disposed_at_exit_lets_go_of_a_buffer_a_variable_held(x):
+    # The Variable splits the leaf out without its Tensor at hand (stale). The Variable goes
+    # (collected, not disposed) and the exit disposes the leaf's Tensor (TensorFlow.js): the
+    # Tensor object must drop its array, as a Tensor on a record of its own does; it kept the
+    # buffer alive before, counted with no Tensor on it (TestBatchModel's failure).
+    with tidy():
+        outs = THREE(x)
+        v = tj.Variable(outs[0])
+        del v
+        gc.collect()
+    assert outs[0].is_disposed
+    gc.collect()
+    assert counts() == (1, 1, 8)
+
+
+def test_a_leaf_object_disposed_at_exit_lets_go_of_its_kept_raw_array(x):
+    # A report splits every leaf out (stale); the leaf's raw array is kept, its Tensor not:
+    # the exit disposes the Tensor object, which lets go of the array once the caller does.
+    with tidy() as scope:
+        outs = THREE(x)
+        assert counts() == (4, 4, 32)
+        raw = scope.keep(outs[0].array)
+    assert outs[0].is_disposed and not raw.is_deleted()
+    assert counts() == (1, 2, 16)  # the raw array is still tidyjax's
+    del raw
+    gc.collect()
+    assert counts() == (1, 1, 8)
+
+
 def test_donated_leaves_are_disposed_with_the_call_named(x):
     double = tj.jit(lambda a, b: (a * 2, b * 2), donate_argnums=(0, 1))
     with tidy() as scope:

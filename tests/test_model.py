@@ -395,3 +395,22 @@ class TidyjaxMachine(RuleBasedStateMachine):
 
 
 TestTidyjaxModel = TidyjaxMachine.TestCase
+
+
+class BatchMachine(TidyjaxMachine):
+    """The same programs with memory() read only now and then, not after every step.
+
+    A report splits every batch of a jitted call's outputs into records of their own; read after
+    every step, it would hide the batch paths (keep, hand-out, exit and dispose of whole batches).
+    """
+
+    @invariant()
+    def memory_matches_the_model(self):
+        pass
+
+    @rule()
+    def report(self):
+        TidyjaxMachine.memory_matches_the_model(self)
+
+
+TestBatchModel = BatchMachine.TestCase

@@ -297,11 +297,11 @@ class Scope(Tracker):
         doomed, survivors, handed, batches = self._sort_owned(rest, escaping, parent)
         settle = (handed_tensors and not only_batches) or self._aliases or survivors
         self._freed = freed + _registry.delete_many(doomed, why) if doomed else freed
-        for b in batches:
-            self._freed += _registry.delete_batch(b, why)
-        if settle:
+        if settle:  # before the batches go: a stale leaf's Tensor is settled like any other
             self._settle_objects(handed_tensors, survivors, parent, why)
             self._aliases = []
+        for b in batches:
+            self._freed += _registry.delete_batch(b, why)
         if handed_tensors:
             self._handed_tensors = {}
         if self._handed:
