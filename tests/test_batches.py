@@ -89,7 +89,9 @@ def test_a_batch_returned_in_part_keeps_only_what_is_returned(x):
         with tidy() as inner:
             d, e, f = THREE(x)
             inner.keep(e)
-        assert type(e._r) is not Batch  # split out: its fate differed from d's and f's
+        # its fate differed from d's and f's: it left their batch (for one of its own, which
+        # moved to the outer scope whole)
+        assert e._r is not d._r and e._r.scope is not inner and e._r.dead is None
         assert d.is_disposed and f.is_disposed and not e.is_disposed
         assert counts() == (5, 5, 40)
     assert e.is_disposed and a.is_disposed
@@ -268,3 +270,26 @@ def test_a_training_loop_in_one_scope_stays_flat(x):
         params = tj.keep(params)
     assert counts() == (3, 3, 48)
     tj.dispose(params)
+
+
+def test_most_of_a_batch_kept_moves_as_one_batch_and_the_rest_is_freed(x):
+    # A training step keeps the new state and lets the loss go: the kept leaves move to the
+    # enclosing scope together (one batch), the other one is deleted with its Tensor disposed.
+    with tidy() as outer:
+        with tidy() as inner:
+            a, b, c = THREE(x)
+            inner.keep(a, c)
+            raw_b = b.array
+        assert b.is_disposed and raw_b.is_deleted()
+        assert not a.is_disposed and not c.is_disposed
+        assert a._r is c._r and a._r.scope is outer
+        assert inner.num_handed_out == 2 and inner.num_freed == 1 and inner.num_created == 3
+        assert counts() == (3, 3, 24)
+        a.dispose()  # one leaf of the moved batch alone: the other lives on
+        assert a.is_disposed and not c.is_disposed and counts() == (2, 2, 16)
+        raw_c = c.array
+        del c
+        gc.collect()  # its Tensor collected: the raw array still refers to the buffer
+        assert not raw_c.is_deleted()
+    assert raw_c.is_deleted()  # the outer scope owned it
+    assert counts() == (1, 1, 8)

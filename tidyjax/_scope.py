@@ -359,9 +359,10 @@ class Scope(Tracker):
 
     def _reached_batches(self, handed_tensors: dict[int, Any]) -> tuple[set[int], bool]:
         """The batches this scope owns whose every leaf is returned or kept (ids): each moves
-        as one; and whether every Tensor handed out is on one of them. A batch reached in part
-        has the reached leaves split out first, each with its Tensor (their ids are in the
-        result too). Runs before the owned list is taken."""
+        as one; and whether every Tensor handed out is on one of them. A batch of this scope's
+        reached in part gives its reached leaves to a new batch, which moves whole (`rebatch`);
+        another's, or one with stale leaves, has them split out, each with its Tensor (their
+        records' ids are in the result too). Runs before the owned list is taken."""
         self._handed_batched = False
         # what each handed-out Tensor is on, counted per object in C (a loop per leaf in
         # Python was most of the exit)
@@ -384,12 +385,28 @@ class Scope(Tracker):
                 whole.add(id(b))
             else:
                 partial.append(b)
-        partial_ids = {id(b) for b in partial}
-        for t in [t for t in handed_tensors.values() if id(t._r) in partial_ids] if partial else ():
-            b = t._r
-            if b.scope is self or type(b.arrays[t._i]) is Buffer:
-                whole.add(id(_registry.own_record(b, t)))
-        return whole, not others and not partial
+        if not partial:
+            return whole, not others
+        on_partial: dict[int, list[Any]] = {id(b): [] for b in partial}
+        for t in handed_tensors.values():
+            ts = on_partial.get(id(t._r))
+            if ts is not None:
+                ts.append(t)
+        split_out = False
+        for b in partial:
+            ts = on_partial[id(b)]
+            if b.scope is self and not b.stale and ts:
+                # its reached leaves form a batch of their own, which moves whole
+                moved = _registry.rebatch(b, ts)
+                self._owned.append(moved)
+                self._moved_in += 1  # listed again, not made again: num_created stays
+                whole.add(id(moved))
+                continue
+            split_out = True
+            for t in ts:
+                if b.scope is self or type(b.arrays[t._i]) is Buffer:
+                    whole.add(id(_registry.own_record(b, t)))
+        return whole, not others and not split_out
 
     def _sort_owned(
         self, owned: list[Any], escaping: set[int], parent: Any

@@ -638,7 +638,9 @@ class Timeline:
         """Look now at the plain jax.Arrays: record those made since the last scope event or
         mark and still alive, and the frees of those found deleted. Call it once per step of
         a loop without scopes; it costs O(arrays made since the last look), plus one check of
-        each plain array alive. Does nothing while not recording or with ``arrays=False``."""
+        each plain array alive. With ``arrays=False`` it only settles tidyjax's own buffers
+        (records just added, buffers deleted behind tidyjax's back); while not recording it
+        does nothing."""
         with _lock:
             if self._depth:  # also the buffers just added or deleted behind tidyjax's back
                 self._settle()
