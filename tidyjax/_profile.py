@@ -1,10 +1,11 @@
 """``profile()``: what a block of code allocated, its peak, and one record per op (kernel).
 
-While at least one profile is open, an observer follows every change to the registry's books
-(tensors added and removed, buffers added and freed, Tensors collected without a dispose) and
-keeps running totals, starting from ``memory()`` when the first profile opened. The totals and
-peaks are process-wide, like ``tf.profile``. Kernel records go to the profiles open in the
-running thread or task (a ``ContextVar``).
+While at least one profile is open, one count runs: a `Timeline` of tidyjax's buffers that keeps
+no event (`_Recorder`), started from what is alive when the first profile opened. Its running
+total (``memory().num_bytes`` at every moment, each buffer once) is the profiles' bytes and lifts
+their peaks and the open scopes'; the Tensors are counted beside it. The totals and peaks are
+process-wide, like ``tf.profile``. Kernel records go to the profiles open in the running thread
+or task (a ``ContextVar``).
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ from typing import Any, NamedTuple
 
 import jax
 
-from . import _html, _ops, _registry
+from . import _html, _ops
 from ._arrays import CONCRETE
-from ._census import holds, released, same_buffer
+from ._census import books
 from ._context import CURRENT
 from ._decorating import check_callable
 from ._errors import TidyjaxTypeError
 from ._format import count, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
-from ._memory import memory
 from ._sites import Site, site_of_stack
 from ._tensor import Tensor
+from ._timeline import Timeline, _lock
+from ._timeline_format import TimelineEvent
 from ._trees import tensors_in
 
 __all__ = ["KernelRecord", "ProfileInfo", "profile"]
@@ -220,11 +222,11 @@ class ProfileInfo:
     def __enter__(self) -> ProfileInfo:
         if self._live_end is not None or self in _OPEN.get():
             raise TidyjaxTypeError("a ProfileInfo is filled once; call profile() again.")
-        _observer.open(self)
+        _start(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _observer.close(self)
+        _stop(self)
 
 
 #: The per-op log shows this many ops at each end of a longer run.
@@ -317,182 +319,123 @@ def _headline(p: ProfileInfo) -> str:
 _tokens: dict[int, contextvars.Token[tuple[ProfileInfo, ...]]] = {}
 
 
-class _Observer:
-    """Follows the registry while profiles are open; one per process."""
+class _Recorder(Timeline):
+    """The one count of tidyjax bytes while profiles are open: a timeline of tidyjax's buffers
+    (``arrays=False``, not listed by ``active()``) that keeps no event, only its running total
+    (``_bytes``: ``memory().num_bytes`` at every moment, aliases once, a caller's released array
+    not counted). Each rise feeds the open profiles' peaks and the open scopes'
+    (``note_peak``). It also counts the Tensors and hands each op the buffers it made."""
 
-    def __init__(self) -> None:
-        # Reentrant: a Tensor's __del__ may report to it during a collection inside the lock.
-        self.lock = threading.RLock()
-        self.open_profiles: list[ProfileInfo] = []
-        self.bytes = self.tensors = 0
-        # per thread: the list collecting the buffers the running op makes
-        self.sink = threading.local()
-        # Committed buffers just added, not counted yet: each may be a second record over a
-        # counted buffer (a raw device_put). Settled once the registry has grouped them.
-        self.pending: list[Any] = []
-        # id(record) -> the records over its buffer (2 or more), whose bytes count once
-        self.shared: dict[int, list[Any]] = {}
-        # id(record) -> record: a caller's own array no Tensor holds (not counted; see
-        # _census.released) until a Tensor holds it again
-        self.released: dict[int, Any] = {}
+    _listed = False
 
-    def open(self, p: ProfileInfo) -> None:
-        with self.lock:
-            if not self.open_profiles:
-                m = memory(scan_untracked=False)
-                self.bytes, self.tensors = m.num_bytes, m.num_tensors
-                self.pending, self.shared, self.released = [], {}, {}
-                for group in {id(g): g for g in _registry._groups.values()}.values():
-                    members = group[:]  # one list per buffer, shared by its records
-                    for r in group:
-                        self.shared[id(r)] = members  # counted once by memory()
-                _registry.observers.append(self)
-                _ops.set_kernel_hook(_run_kernel)
-            self.open_profiles.append(p)
-            p.bytes_before = p.peak_bytes = self.bytes
-            p._start_tensors = self.tensors
-        _tokens[id(p)] = _OPEN.set((*_OPEN.get(), p))
+    def __init__(self, tensors: int) -> None:
+        super().__init__(max_events=1, arrays=False)
+        self.profiles: list[ProfileInfo] = []  # open, in the order they opened
+        self.tensors = tensors
 
-    def close(self, p: ProfileInfo) -> None:
-        token = _tokens.pop(id(p), None)
-        if token is not None:
-            try:
-                _OPEN.reset(token)
-            except ValueError:  # closed from another context: just drop it there
-                _OPEN.set(tuple(q for q in _OPEN.get() if q is not p))
-        # The running totals again from the books: a buffer deleted behind tidyjax's back (a
-        # raw jax.jit donation) is reported by no event, and memory() counts it no more.
-        m = memory(scan_untracked=False)
-        with self.lock:
-            self._settle()
-            self.tensors = m.num_tensors
-            self._add(m.num_bytes - self.bytes)
-            if p in self.open_profiles:
-                self.open_profiles.remove(p)
-            p.new_bytes = self.bytes - p.bytes_before
-            p.new_tensors = self.tensors - p._start_tensors
-            p._live_end = _live_at_end(p)
-            p._outs = []  # the records go: only their bytes were needed
-            if not self.open_profiles:
-                _registry.observers.remove(self)
-                _ops.set_kernel_hook(None)
-
-    def _add(self, nbytes: int) -> None:
-        """Count ``nbytes`` more; the open profiles' and scopes' peaks follow."""
-        b = self.bytes = self.bytes + nbytes
-        for p in self.open_profiles:
-            p.peak_bytes = max(p.peak_bytes, b)
-        scope = CURRENT.get()
-        while scope is not None:
-            scope.note_peak(b)
-            scope = scope.parent
-
-    def event(self, kind: str, rec: Any, tensor: int = 0) -> None:
-        """A change to the registry's books (``tensor`` unused); a scope event only settles."""
-        with self.lock:
-            # first the buffers just added, once grouped (no suspect is left before a free)
-            if self.pending and (kind == "buffer_freed" or not _registry.suspects):
-                if kind == "buffer_freed":
-                    self._adopt_pending(rec)
-                self._settle()
-            if kind == "buffer_added":
-                sink = getattr(self.sink, "recs", None)
-                if sink is not None:
-                    sink.append(rec)
+    def event(self, kind: str, obj: Any, tensor: int = 0) -> None:
+        """Count the Tensors, hand the running op its new buffer, then record as a timeline."""
+        if kind == "buffer_added":
+            made = getattr(_sink, "recs", None)
+            if made is not None:
+                made.append(obj)
+        with _lock:
+            if kind in ("buffer_added", "tensor_added"):
                 self.tensors += 1
-                if getattr(rec(), "committed", False):  # it may view a counted buffer
-                    self.pending.append(rec)
-                else:
-                    self._add(rec.size())
-            elif kind == "tensor_added":
-                self.tensors += 1
-                if self.released.pop(id(rec), None) is rec:  # a caller's array, held again
-                    self._add(rec.size())
             elif kind == "tensor_removed":
                 self.tensors -= 1
-                if released(rec) and self.released.get(id(rec)) is not rec:
-                    self.released[id(rec)] = rec  # the caller's plain array again
-                    self._uncount(rec)
-            elif kind in ("buffer_freed", "buffer_collected"):
-                if kind == "buffer_freed":  # its remaining holders are disposed with it
-                    self.tensors -= max(rec.n, 0)
-                if self.released.pop(id(rec), None) is not rec:
-                    self._uncount(rec)
+            elif kind == "buffer_freed":  # its remaining holders are disposed with it
+                self.tensors -= max(obj.n, 0)
+            super().event(kind, obj, tensor)
 
-    def _uncount(self, rec: Any) -> None:
-        """``rec`` no longer counts: its bytes go, unless another record over its buffer
-        still holds it (or they were never counted: a buffer just added)."""
-        if any(r is rec for r in self.pending):
-            self.pending = [r for r in self.pending if r is not rec]
+    def _append(self, ev: TimelineEvent, delta: int) -> None:
+        """No event is kept: the total moves, and a rise lifts the peaks."""
+        total = self._bytes = self._bytes + delta
+        if delta > 0 and self.profiles:
+            for p in self.profiles:
+                p.peak_bytes = max(p.peak_bytes, total)
+            scope = CURRENT.get()
+            while scope is not None:
+                scope.note_peak(total)
+                scope = scope.parent
+
+    def _alive(self) -> list[tuple[Any, Any]]:
+        """The records counted now; no Tensor id is recorded (no gc walk for them)."""
+        return [(rec, ()) for rec in books()[0]]
+
+    def _scope(self, kind: str, scope: Any) -> None:
+        """No band is drawn: a scope's event only settled what came before it (``event``)."""
+
+    def _site(self, arr: Any) -> None:
+        """No page: no creation site is read."""
+
+    def _name_variables(self) -> None:
+        """No page: no Variable is named."""
+
+
+# The recorder while a profile is open (else None); the lock of opening and closing profiles.
+_recorder: _Recorder | None = None
+_guard = threading.RLock()
+# per thread: the list collecting the buffers the running op makes
+_sink = threading.local()
+
+
+def _num_tensors() -> int:
+    """``memory().num_tensors``, read from the books alone (no buffer is weighed)."""
+    alive, deleted = books()
+    return sum(max(rec.n, 0) for rec in alive + deleted)
+
+
+def _start(p: ProfileInfo) -> None:
+    """Open ``p``; the first profile to open starts the recorder, from what is alive now."""
+    global _recorder
+    with _guard:
+        rec = _recorder
+        if rec is None:
+            rec = _Recorder(_num_tensors())
+            rec.__enter__()  # reads what is alive: its total is memory()'s
+            _recorder = rec
+            _ops.set_kernel_hook(_run_kernel)
+        with _lock:
+            rec._settle()  # the buffers just added count before the baseline
+            rec.profiles.append(p)
+            p.bytes_before = p.peak_bytes = rec._bytes
+            p._start_tensors = rec.tensors
+    _tokens[id(p)] = _OPEN.set((*_OPEN.get(), p))
+
+
+def _stop(p: ProfileInfo) -> None:
+    """Close ``p`` and fix its results; the last profile to close stops the recorder."""
+    global _recorder
+    token = _tokens.pop(id(p), None)
+    if token is not None:
+        try:
+            _OPEN.reset(token)
+        except ValueError:  # closed from another context: just drop it there
+            _OPEN.set(tuple(q for q in _OPEN.get() if q is not p))
+    # The Tensors again from the books: a Tensor on a buffer deleted behind tidyjax's back (a raw
+    # jax.jit donation) is reported by no event.
+    tensors = _num_tensors()
+    with _guard:
+        rec = _recorder
+        if rec is None or p not in rec.profiles:
             return
-        members = self.shared.pop(id(rec), None)
-        if members is not None and any(m is rec for m in members):
-            members[:] = [m for m in members if m is not rec]  # by identity: a record
-            if any(map(holds, members)):
-                if len(members) == 1:
-                    self.shared.pop(id(members[0]), None)
-                return
-            for m in members:
-                self.shared.pop(id(m), None)
-        self.bytes -= rec.size()
-
-    def _settle(self, outputs: set[int] | None = None) -> None:
-        """Count the committed buffers just added, each once per buffer. ``outputs``: only
-        these, an op's own outputs (new buffers)."""
-        pending = self.pending
-        if outputs is not None:
-            self.pending = [r for r in pending if id(r) not in outputs]
-            for rec in pending:
-                if id(rec) in outputs:
-                    self._add(rec.size())
-            return
-        self.pending = []
-        waiting = {id(r) for r in pending}
-        for rec in pending:
-            waiting.discard(id(rec))
-            if self.shared.get(id(rec)) is not None:
-                continue  # adopted meanwhile (_adopt_pending)
-            twin = self._twin(rec, waiting)
-            if twin is None:
-                self._add(rec.size())
-            else:
-                self._share(twin, rec)
-
-    def _twin(self, rec: Any, waiting: set[int]) -> Any:
-        """A counted record over ``rec``'s buffer, or None: its group's; addresses are read only
-        for a dead record whose buffer lives on (dropped from its group)."""
-
-        def counted(r: Any) -> bool:  # a record dead but not yet uncounted (shared) counts
-            return (
-                r is not rec
-                and id(r) not in waiting
-                and (id(r) in self.shared or holds(r))
-                and self.released.get(id(r)) is not r
-            )
-
-        group = _registry._groups.get(id(rec)) if _registry._groups else None
-        twin = next((r for r in group or () if counted(r)), None)
-        if twin is not None or rec.dead is None:
-            return twin
-        others = [r for r in list(_registry._buffers.values()) if counted(r)]
-        return next(same_buffer(rec.array(), others, wait=True), None)
-
-    def _share(self, twin: Any, rec: Any) -> None:
-        members = self.shared.get(id(twin))
-        if members is None or all(m is not twin for m in members):
-            members = self.shared[id(twin)] = [twin]
-        if all(m is not rec for m in members):
-            members.append(rec)
-        self.shared[id(rec)] = members
-
-    def _adopt_pending(self, rec: Any) -> None:
-        """Before ``rec``'s free: a record just added over its buffer takes the buffer on
-        (``rec`` dropped from its group while its buffer lives on)."""
-        for other in same_buffer(rec.array(), self.pending):
-            self._share(rec, other)
-
-
-_observer = _Observer()
+        # caught up (buffers just added, deleted behind tidyjax's back, failed), p still open
+        last = rec.profiles == [p]
+        if last:
+            rec.__exit__()
+        else:
+            rec._window()
+        with _lock:
+            rec.tensors = tensors
+            rec.profiles.remove(p)
+            p.new_bytes = rec._bytes - p.bytes_before
+            p.new_tensors = tensors - p._start_tensors
+            p._live_end = _live_at_end(p)
+            p._outs = []  # the records go: only their bytes were needed
+        if last:
+            _recorder = None
+            _ops.set_kernel_hook(None)
 
 
 def _shapes(values: Any) -> list[tuple[int, ...]]:
@@ -501,15 +444,14 @@ def _shapes(values: Any) -> list[tuple[int, ...]]:
 
 
 def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
-    profiles = _OPEN.get()
-    if not profiles:
+    profiles, rec = _OPEN.get(), _recorder
+    if not profiles or rec is None:
         return fn(*args, **kwargs)
-    obs = _observer
     site = site_of_stack(sys._getframe(1))  # the user's frame calling the op
     made: list[Any] = []
-    outer = getattr(obs.sink, "recs", None)  # an op inside an op: both get its buffers
-    obs.sink.recs = made
-    bytes0, tensors0 = obs.bytes, obs.tensors
+    outer = getattr(_sink, "recs", None)  # an op inside an op: both get its buffers
+    _sink.recs = made
+    bytes0, tensors0 = rec._bytes, rec.tensors
     try:
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
@@ -517,18 +459,18 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         jax.block_until_ready([t._array for t in results if type(t._array) in CONCRETE])
         elapsed = time.perf_counter() - t0
     finally:
-        obs.sink.recs = outer
+        _sink.recs = outer
         if outer is not None:
             outer.extend(made)
-    if obs.pending and made:  # the op's committed outputs: new buffers, counted now
-        with obs.lock:
-            obs._settle({id(r) for r in made})
+    if rec._pending:  # the buffers just added (the op's committed outputs): counted now
+        with _lock:
+            rec._settle()
     record = KernelRecord(
         name=name,
-        bytes_added=obs.bytes - bytes0,
-        total_bytes_snapshot=obs.bytes,
-        tensors_added=obs.tensors - tensors0,
-        total_tensors_snapshot=obs.tensors,
+        bytes_added=rec._bytes - bytes0,
+        total_bytes_snapshot=rec._bytes,
+        tensors_added=rec.tensors - tensors0,
+        total_tensors_snapshot=rec.tensors,
         input_shapes=_shapes(list(args) + list(kwargs.values())),
         output_shapes=_shapes(results),
         wall_time_ms=elapsed * 1e3,

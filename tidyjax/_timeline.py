@@ -216,6 +216,9 @@ class Timeline:
             ``time.perf_counter()``'s clock (``stop_time`` is None while recording).
     """
 
+    #: Whether ``active()`` lists it while it records (not a profile's recorder, ``_profile``).
+    _listed = True
+
     def __init__(self, max_events: int = 1_000_000, arrays: bool = True) -> None:
         self.max_events = max_events
         self.arrays = check_flag(arrays, "arrays", "Timeline()")
@@ -515,7 +518,8 @@ class Timeline:
             if self.arrays:
                 self._array_mark = ArrayMark()
                 self._check_deleted()  # the plain arrays dropped or deleted while stopped
-            _recording.append(self)
+            if self._listed:
+                _recording.append(self)
             _registry.observers.append(self)
             opened = []  # the scopes open here now: drawn from the start
             scope = CURRENT.get()
@@ -527,7 +531,7 @@ class Timeline:
                     self.event(SCOPE_ENTER, scope)
         # What is alive now, read outside our lock: the registry's lock is taken there, and a
         # collection inside that lock may report to us.
-        found = holders(books()[0])
+        found = self._alive()
         with _lock:
             self._reconcile(before, found)
             self._forget_failed()  # a buffer that failed before: not counted from the start
@@ -548,7 +552,8 @@ class Timeline:
             self._depth -= 1
             if self._depth:
                 return
-            _recording.remove(self)
+            if self in _recording:
+                _recording.remove(self)
             if self in _registry.observers:
                 _registry.observers.remove(self)
             self.stop_time = time.perf_counter()
@@ -648,6 +653,10 @@ class Timeline:
                 if self._array_mark is not None:
                     self._see_arrays()
                     self._check_deleted()
+
+    def _alive(self) -> list[tuple[Any, Any]]:
+        """The records counted now, each with the Tensors holding it (their ids are recorded)."""
+        return holders(books()[0])
 
     def _reconcile(self, before: list[int], found: list[tuple[Any, Any]]) -> None:
         """What changed while not recording: the buffers of ``before`` (ids of records) freed or
