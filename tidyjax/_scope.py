@@ -367,8 +367,13 @@ class Scope(Tracker):
         # what each handed-out Tensor is on, counted per object in C (a loop per leaf in
         # Python was most of the exit)
         on = list(map(_record_of, handed_tensors.values()))
-        counts = collections.Counter(map(id, on))
-        objects = dict(zip(map(id, on), on, strict=True))
+        first = on[0] if on else None
+        if type(first) is Batch and on.count(first) == len(on):  # the usual case: one batch
+            counts: dict[int, int] = {id(first): len(on)}  # (a Batch compares by identity)
+            objects = {id(first): first}
+        else:
+            counts = collections.Counter(map(id, on))
+            objects = dict(zip(map(id, on), on, strict=True))
         others = False  # a Tensor handed out is not on a batch this scope may move whole
         whole: set[int] = set()
         partial = []
