@@ -392,6 +392,14 @@ class Scope(Tracker):
                 partial.append(b)
         if not partial:
             return whole, not others
+        split_out = self._part_batches(partial, handed_tensors, whole)
+        return whole, not others and not split_out
+
+    def _part_batches(
+        self, partial: list[Batch], handed_tensors: dict[int, Any], whole: set[int]
+    ) -> bool:
+        """For `_reached_batches`: the leaves handed out of batches reached in part leave
+        them, their ids added to ``whole``; whether any was split into a record of its own."""
         on_partial: dict[int, list[Any]] = {id(b): [] for b in partial}
         for t in handed_tensors.values():
             ts = on_partial.get(id(t._r))
@@ -411,7 +419,7 @@ class Scope(Tracker):
             for t in ts:
                 if b.scope is self or type(b.arrays[t._i]) is Buffer:
                     whole.add(id(_registry.own_record(b, t)))
-        return whole, not others and not split_out
+        return split_out
 
     def _sort_owned(
         self, owned: list[Any], escaping: set[int], parent: Any
