@@ -650,3 +650,22 @@ def test_jnp_zeros_via_lifted_namespace_are_recorded():
         ("alloc", (3, 5), "int32", 60)
     ]
     z.dispose()
+
+
+def test_a_start_that_fails_midway_leaves_nothing_recording(monkeypatch):
+    # The look at what is alive comes after the timeline joined the observers: an interrupt
+    # there must not leave it recording (every later op would report to it).
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    tl = tj.timeline()
+    monkeypatch.setattr(tlm.Timeline, "_alive", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tl.__enter__()
+    assert not tl.recording and tl not in _registry.observers
+    assert tlm.active() is None
+    monkeypatch.undo()
+    with tl:  # it can record afterwards
+        t = tj.tensor([1.0, 2.0])
+    t.dispose()
+    assert tl.events

@@ -531,11 +531,15 @@ class Timeline:
                     self.event(SCOPE_ENTER, scope)
         # What is alive now, read outside our lock: the registry's lock is taken there, and a
         # collection inside that lock may report to us.
-        found = self._alive()
-        with _lock:
-            self._reconcile(before, found)
-            self._forget_failed()  # a buffer that failed before: not counted from the start
-            self._name_variables()
+        try:
+            found = self._alive()
+            with _lock:
+                self._reconcile(before, found)
+                self._forget_failed()  # a buffer that failed before: not counted from the start
+                self._name_variables()
+        except BaseException:  # (a KeyboardInterrupt, a MemoryError) not left recording
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
