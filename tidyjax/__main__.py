@@ -29,9 +29,9 @@ from ._oom import oom_page
 from ._snapshot import Snapshot
 from ._timeline import Timeline
 from ._timeline_format import FORMAT as TIMELINE_FORMAT
-from ._timeline_format import check_file, is_clock, is_count, is_unix_time, short
+from ._timeline_format import is_clock, is_count, is_unix_time, short
 
-SNAPSHOT_FORMAT, SNAPSHOT_VERSION = "tidyjax.snapshot", 1
+SNAPSHOT_FORMAT = "tidyjax.snapshot"
 _WRITE_SNAPSHOT = "tidyjax.snapshot().dump(path)"
 #: What a check missed and the reading or drawing raised: still a one-line error.
 _DATA_ERRORS = (ArithmeticError, AttributeError, LookupError, RecursionError, TypeError, ValueError)
@@ -97,9 +97,8 @@ def _read(path: str) -> tuple[Timeline, dict[str, Any] | None]:
         raise TidyjaxError(f"{path}: not a JSON file ({e}).") from e
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == SNAPSHOT_FORMAT:
-        check_file(data, path, "snapshot", SNAPSHOT_VERSION, _WRITE_SNAPSHOT)
         try:
-            snap = Snapshot.load(path)
+            snap = Snapshot.from_json(data, path)  # the format and version checked there
         except TidyjaxError:
             raise
         except _DATA_ERRORS as e:  # what load lets escape (a number too large for a float)

@@ -158,21 +158,31 @@ class Snapshot:
                 1, or a malformed one (a field missing or of the wrong type); the message says
                 which.
         """
-        data = check_file(read(path), str(path), "snapshot", 1, "tidyjax.snapshot().dump(path)")
-        where = "the file"
+        return cls.from_json(read(path), str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "the data") -> Snapshot:
+        """The snapshot in ``data``, as ``to_json()`` gives it (``where``
+        names it in errors, a file's path by `load`).
+
+        Raises:
+            TidyjaxValueError: as `load`, for data already read.
+        """
+        data = check_file(data, where, "snapshot", 1, "tidyjax.snapshot().dump(path)")
+        field = "the file"
         try:
             taken_at = float(data["taken_at"])
             records = []
             for i, d in enumerate(data["tensors"]):
-                where = f"tensors[{i}]"
+                field = f"tensors[{i}]"
                 records.append(TensorRecord.from_json(d))
         except KeyError as e:
             raise TidyjaxValueError(
-                f"{path} is a malformed tidyjax snapshot: {where} has no {e} field."
+                f"{where} is a malformed tidyjax snapshot: {field} has no {e} field."
             ) from e
         except (TypeError, ValueError, AttributeError) as e:
             raise TidyjaxValueError(
-                f"{path} is a malformed tidyjax snapshot: {where} is not as written by dump() "
+                f"{where} is a malformed tidyjax snapshot: {field} is not as written by dump() "
                 f"({e})."
             ) from e
         return cls(records, taken_at)
