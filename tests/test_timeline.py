@@ -534,10 +534,15 @@ def test_many_scopes_keep_the_page_small():
     for i in range(20_000):
         t += 1e-6
         kind = "scope_enter" if i % 2 == 0 else "scope_exit"
-        tl._append(tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step"), 0)
+        tl._append(
+            tl._recorded(
+                [tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step")]
+            )[0],
+            0,
+        )
     ev = tlm.TimelineEvent("alloc", t, 4, "cpu:0", None, "", (1,), "float32", (), 10**6, "",
                            (("cpu:0", 4),))  # fmt: skip
-    tl._append(ev, 4)
+    tl._append(tl._recorded([ev])[0], 4)
     page = tl.to_html()
     data = page_data(page)  # the script draws few bands of them: test_timeline_browser.py
     assert len(data["bands"]) // 6 <= 10_000 and len(page) < 200_000

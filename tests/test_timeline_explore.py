@@ -50,14 +50,14 @@ def training(steps: int, compile_s: float = 0.0) -> tlm.Timeline:
         t += 1e-4
         if site is None:
             ev = tlm.TimelineEvent(kind, t, 0, "", None, scope, (), "", (), buffer, name)
-            tl._append(ev, 0)
+            tl._append(tl._recorded([ev])[0], 0)
             return buffer
         if kind == "alloc":
             number += 1
             buffer = number
         ev = tlm.TimelineEvent(kind, t, nbytes, "cpu:0", site, scope, (nbytes // 4,), "float32",
                                (), buffer, "", (("cpu:0", nbytes),))  # fmt: skip
-        tl._append(ev, nbytes if kind == "alloc" else -nbytes)
+        tl._append(tl._recorded([ev])[0], nbytes if kind == "alloc" else -nbytes)
         return buffer
 
     add("alloc", PARAMS, MiB)
@@ -376,7 +376,7 @@ def _sharded() -> tlm.Timeline:
         nbytes = sum(b for _, b in pd)
         ev = tlm.TimelineEvent("alloc", i * 1e-3, nbytes, ",".join(d for d, _ in pd), ACT, "",
                                (nbytes // 4,), "float32", (i + 1,), i + 1, "", pd)  # fmt: skip
-        tl._append(ev, nbytes)
+        tl._append(tl._recorded([ev])[0], nbytes)
     return tl
 
 

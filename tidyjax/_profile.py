@@ -33,7 +33,6 @@ from ._format import fmt_bytes as _fmt_bytes
 from ._sites import Site, site_of_stack
 from ._tensor import Tensor
 from ._timeline import Timeline, _lock
-from ._timeline_format import TimelineEvent
 from ._trees import tensors_in
 
 __all__ = ["KernelRecord", "ProfileInfo", "profile"]
@@ -348,7 +347,7 @@ class _Recorder(Timeline):
                 self.tensors -= max(obj.n, 0)
             super().event(kind, obj, tensor)
 
-    def _append(self, ev: TimelineEvent, delta: int) -> None:
+    def _append(self, ev: tuple[Any, ...], delta: int) -> None:
         """No event is kept: the total moves, and a rise lifts the peaks."""
         total = self._bytes = self._bytes + delta
         if delta > 0 and self.profiles:
@@ -366,8 +365,9 @@ class _Recorder(Timeline):
     def _scope(self, kind: str, scope: Any) -> None:
         """No band is drawn: a scope's event only settled what came before it (``event``)."""
 
-    def _site(self, arr: Any) -> None:
-        """No page: no creation site is read."""
+    def _site(self, arr: Any) -> int:
+        """No page: no creation site is read (0: none)."""
+        return 0
 
     def _name_variables(self) -> None:
         """No page: no Variable is named."""

@@ -26,7 +26,7 @@ import pathlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _timeline_format, _timeline_html, _variable, _watch
@@ -129,12 +129,13 @@ def _sole_device(sharding: Any) -> str | None:
     return None
 
 
-def _placement(arr: Any, nbytes: int) -> tuple[str, tuple[tuple[str, int], ...]]:
-    """The device label and the bytes on each device, from the sharding (no buffer is read)."""
+def _placement(arr: Any, nbytes: int) -> tuple[str, tuple[tuple[str, int], ...] | None]:
+    """The device label and the bytes on each device, from the sharding (no buffer is read):
+    None when all are on that one device (see `_KIND`)."""
     try:
         name = _sole_device(arr.sharding)
         if name:
-            return name, _same(((name, nbytes),))
+            return name, None
         pairs = tuple(sorted((_name(d), b) for d, b in shard_bytes(arr).items()))
     except Exception:  # an array kind without a sharding: no device to report
         return "", ()
@@ -147,8 +148,19 @@ _LET_GO = -1
 #: ``TimelineEvent`` from a tuple of all its fields, without the Python-level ``__new__``.
 _event = tuple.__new__
 
+# A recorded event is kept as a plain tuple of `TimelineEvent`'s fields with the site as its
+# index in ``Timeline._sites`` (0: none), ``tensors`` an int when it is one id (0: none) and
+# ``per_device`` None when all bytes are on ``device``, and made a TimelineEvent when read
+# (``_window``). Python's cyclic collector stops
+# tracking a plain tuple of numbers, strings and flat tuples of them at its first collection: a
+# long recording adds nothing to the work of every later collection of the program. (A
+# TimelineEvent, a tuple subclass holding a Site, stays tracked, and a nested tuple may stay
+# tracked until the next collection of its generation: two tracked events per op made every
+# full collection slower and more frequent.)
+_KIND, _TIME, _BYTES, _SITE, _SCOPE, _BUFFER = 0, 1, 2, 4, 5, 9
+
 #: What an allocation reports: its bytes, device, bytes per device, shape and dtype name.
-_Layout = tuple[int, str, tuple[tuple[str, int], ...], tuple[int, ...], str]
+_Layout = tuple[int, str, tuple[tuple[str, int], ...] | None, tuple[int, ...], str]
 # (sharding, shape, dtype) of an array on one local device -> its layout: one lookup per
 # allocation instead of five.
 _layouts: dict[Any, _Layout] = {}
@@ -223,9 +235,9 @@ class Timeline:
         self.max_events = max_events
         self.arrays = check_flag(arrays, "arrays", "Timeline()")
         self._array_mark: ArrayMark | None = None  # while recording plain arrays
-        self._events: collections.deque[TimelineEvent] = collections.deque()
+        self._events: collections.deque[tuple[Any, ...]] = collections.deque()  # see _KIND
         self.dropped = 0
-        self._base: dict[int, TimelineEvent] = {}  # alive before the first kept event
+        self._base: dict[int, tuple[Any, ...]] = {}  # alive before the first kept event
         # id(rec) -> [rec, alloc event, Tensor ids, members]: one entry per device buffer, shared
         # by the records over it (a raw device_put's, see _settle) that ``members`` then lists
         self._live: dict[int, list[Any]] = {}
@@ -240,9 +252,9 @@ class Timeline:
         self._views: dict[int, list[Any]] = {}
         self._view_of: dict[int, tuple[Any, list[Any]]] = {}
         # buffer addresses -> the live or plain entry over them (see _find); the entries whose
-        # addresses are not read yet
+        # addresses are not read yet, by key (`_todo_entry`): numbers keep no freed entry alive
         self._addr: dict[Any, list[Any]] = {}
-        self._addr_todo: list[list[Any]] = []
+        self._addr_todo: list[int] = []
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
         self._scopes: dict[int, tuple[Any, int]] = {}  # id(scope) -> (open scope, its number)
         self._next = 0  # the last buffer or scope number given
@@ -254,6 +266,9 @@ class Timeline:
         self._stacks: dict[Site, list[tuple[Site, ...]]] = {}
         self._stack_ids: set[int] = set()
         self._names: dict[int, str] = {}  # buffer number -> the name of the Variable holding it
+        # the sites of the events kept (see _KIND): index -> site, and id(site) -> index
+        self._sites: list[Site | None] = [None]
+        self._site_index: dict[int, int] = {}
         # At the last lookup of the Variables (see _variables_moved): how many there were, the
         # last number given then, and whether a Variable's buffer was freed since.
         self._vars_seen, self._named_upto, self._vars_dirty = -1, 0, False
@@ -261,7 +276,7 @@ class Timeline:
         self.peak_bytes = 0
         self.peak_time = 0.0
         self._peak_seq = -1  # the event that reached the peak, counting dropped ones (-1: none)
-        self._peak_live: list[TimelineEvent] | None = None  # set when that event is dropped
+        self._peak_live: list[tuple[Any, ...]] | None = None  # set when that event is dropped
         self._dropped_at = 0.0  # the time of the last event dropped
         self.started_at: float | None = None
         self.start_time: float | None = None
@@ -295,7 +310,26 @@ class Timeline:
                 self._check_deleted_buffers()
                 self._name_variables()
             self._forget_failed()
-            return list(self._base.values()), list(self._events)
+            return self._public(self._base.values()), self._public(self._events)
+
+    def _public(self, events: Iterable[tuple[Any, ...]]) -> list[TimelineEvent]:
+        """Recorded events (see `_KIND`) as TimelineEvents (so many new objects, which make no
+        cycle, would start collections of the whole heap: the collector waits)."""
+        sites = self._sites
+        out = []
+        with collector_paused():
+            for k, t, b, d, s, sc, sh, dt, ts, bu, nm, pd in events:
+                if type(ts) is not tuple:
+                    ts = (ts,) if ts else ()
+                if pd is None:
+                    pd = ((d, b),)
+                ev = (k, t, b, d, sites[s], sc, sh, dt, ts, bu, nm, pd)
+                out.append(_event(TimelineEvent, ev))
+        return out
+
+    def _recorded(self, events: Iterable[TimelineEvent]) -> list[tuple[Any, ...]]:
+        """TimelineEvents (read from a file, a snapshot's) as recorded ones (see `_KIND`)."""
+        return [(*ev[:_SITE], self._site_number(ev.site), *ev[_SITE + 1 :]) for ev in events]
 
     def _entries(self) -> list[list[Any]]:
         """The live entries, each once, in the order recorded."""
@@ -306,14 +340,13 @@ class Timeline:
         now, with the total and the peak: such a buffer never held memory. JAX tells only when
         the array is waited for (the per-op path never asks), so this runs at a read or a stop,
         waiting for nothing."""
-        amended: dict[int, TimelineEvent] = {}
+        amended: dict[int, tuple[Any, ...]] = {}
         for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
-            if ev.bytes and failed(_first(entry)):
-                entry[1] = amended[id(ev)] = ev._replace(
-                    bytes=0, per_device=tuple((d, 0) for d, _ in ev.per_device)
-                )
-                self._bytes -= ev.bytes
+            if ev[_BYTES] and failed(_first(entry)):
+                none = ev[-1] and tuple((d, 0) for d, _ in ev[-1])  # per_device
+                entry[1] = amended[id(ev)] = (*ev[:_BYTES], 0, *ev[_BYTES + 1 : -1], none)
+                self._bytes -= ev[_BYTES]
         if not amended:
             return
         self._events = collections.deque(amended.get(id(e), e) for e in self._events)
@@ -326,20 +359,20 @@ class Timeline:
         """The peak again, after allocations were rewritten smaller: over the moments that can be
         replayed, and a peak among the dropped events (``_peak_live``)."""
         base = list(self._base.values())
-        best = running = sum(e.bytes for e in base)
+        best = running = sum(e[_BYTES] for e in base)
         # the moment the dropped events left (the start when none were), before the first kept
         at = self._dropped_at if self.dropped else (self.start_time or 0.0)
         seq, live = self.dropped - 1, (base if self.dropped else None)
-        dropped_peak = sum(e.bytes for e in self._peak_live or ())
+        dropped_peak = sum(e[_BYTES] for e in self._peak_live or ())
         if self._peak_live is not None and dropped_peak >= best:
             best, at, seq, live = dropped_peak, self.peak_time, self._peak_seq, self._peak_live
         for i, ev in enumerate(self._events, self.dropped):  # i: the event's sequence number
-            if ev.kind == ALLOC:
-                running += ev.bytes
+            if ev[_KIND] == ALLOC:
+                running += ev[_BYTES]
                 if running > best:
-                    best, at, seq, live = running, ev.time, i, None
-            elif ev.kind == FREE:
-                running -= ev.bytes
+                    best, at, seq, live = running, ev[_TIME], i, None
+            elif ev[_KIND] == FREE:
+                running -= ev[_BYTES]
         self.peak_bytes, self.peak_time, self._peak_seq, self._peak_live = best, at, seq, live
 
     def live_at(self, time: float) -> list[TensorRecord]:
@@ -355,7 +388,7 @@ class Timeline:
         base, events = self._window()
         if self.dropped and events and time < events[0].time:
             if time == self.peak_time and self._peak_live is not None:
-                return [_record(ev) for ev in self._peak_live]
+                return [_record(ev) for ev in self._public(self._peak_live)]
             raise TidyjaxValueError(
                 f"the timeline cannot replay {time!r}: the {self.dropped} oldest events were "
                 f"dropped and the events kept start at {events[0].time!r}. Record with a larger "
@@ -422,8 +455,9 @@ class Timeline:
         sites they index."""
         base, events = self._window()
         header = {k: getattr(self, k) for k in _timeline_format.HEADER}
+        peak_live = None if self._peak_live is None else self._public(self._peak_live)
         return _timeline_format.encode(
-            header, base, events, self._peak_live, self._stacks, self._names, self.annotations
+            header, base, events, peak_live, self._stacks, self._names, self.annotations
         )
 
     def dump(self, path: str | os.PathLike[str]) -> None:
@@ -457,10 +491,12 @@ class Timeline:
             with collector_paused():
                 codec = Codec.read(data)
                 tl = cls(int(data["max_events"]))
-                tl._events.extend(codec.decode(data["events"], where, "event"))
-                tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
+                tl._events.extend(tl._recorded(codec.decode(data["events"], where, "event")))
+                base = tl._recorded(codec.decode(data["base"], where, "base event"))
+                tl._base = {ev[_BUFFER]: ev for ev in base}
                 if data.get("peak_live") is not None:
-                    tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
+                    peak = codec.decode(data["peak_live"], where, "peak event")
+                    tl._peak_live = tl._recorded(peak)
                 for key in _timeline_format.HEADER:
                     setattr(tl, key, data[key])
                 tl.peak_time = float(tl.peak_time)
@@ -491,9 +527,9 @@ class Timeline:
         for n, (r, ids) in enumerate(seen.values(), 1):
             devices = r.devices or ("",)
             share = r.bytes // len(devices)  # how a buffer on several devices splits is not saved
-            tl._append(TimelineEvent(
-                ALLOC, 0.0, r.bytes, ",".join(devices), r.site, r.scope, r.shape, r.dtype,
-                tuple(ids), n, "", tuple((d, share) for d in devices),
+            tl._append((
+                ALLOC, 0.0, r.bytes, ",".join(devices), tl._site_number(r.site), r.scope, r.shape,
+                r.dtype, tuple(ids), n, "", tuple((d, share) for d in devices),
             ), r.bytes)  # fmt: skip
         tl._loaded = True
         return tl
@@ -722,7 +758,7 @@ class Timeline:
         if entry is None or (entry[3] and self._leave(entry, rec)):  # the test inlined: per free
             return
         a = entry[1]
-        if a.scope == "<variable>" or a.buffer in self._names:
+        if a[_SCOPE] == "<variable>" or a[_BUFFER] in self._names:
             self._vars_dirty = True  # a Variable's buffer (an assign's old value)
         # a caller's array lives on, plain again (with the views of its buffer)
         self._free(entry, time.perf_counter(), rec.arrays() if not rec.owned else ())
@@ -743,8 +779,7 @@ class Timeline:
 
     def _mark(self, kind: str, path: str, name: str, number: int) -> None:
         """Record a scope event now."""
-        ev = (kind, time.perf_counter(), 0, "", None, path, (), "", (), number, name, ())
-        self._append(_event(TimelineEvent, ev), 0)
+        self._append((kind, time.perf_counter(), 0, "", 0, path, (), "", 0, number, name, ()), 0)
 
     def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> list[Any] | None:
         """Record ``rec``'s allocation; its new entry (None: recorded already, or no array)."""
@@ -761,23 +796,24 @@ class Timeline:
         if rec.nbytes < 0:
             rec.nbytes = nbytes
         self._next += 1
-        ev = _event(TimelineEvent, (
+        ev = (
             ALLOC, now, nbytes, device, self._site(arr), scope_path(rec.scope), shape, dtype,
-            ids, self._next, "", per_device,
-        ))  # fmt: skip
+            ids[0] if len(ids) == 1 else ids or 0, self._next, "", per_device,
+        )  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
         todo = self._addr_todo
-        todo.append(entry)
+        todo.append(id(rec))
         if len(todo) > 4096 and len(todo) > 2 * (len(self._live) + len(self._plain)):
-            self._addr_todo = [e for e in todo if self._entry_alive(e)]
+            self._addr_todo = [k for k in todo if self._todo_entry(k) is not None]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         self._append(ev, nbytes)
         return entry
 
-    def _site(self, arr: Any) -> Site | None:
-        """The creation site of ``arr`` (read once per code location); its short stack (a cached
-        tuple: its id is seen once) kept among the site's, at most 3."""
+    def _site(self, arr: Any) -> int:
+        """The number of the creation site of ``arr`` (read once per code location; see
+        `_KIND`); its short stack (a cached tuple: its id is seen once) kept among the site's,
+        at most 3."""
         tb = getattr(arr, "traceback", None)
         try:
             site, stack = _site_and_stack(tb)
@@ -788,7 +824,19 @@ class Timeline:
             stacks = [] if site is None else self._stacks.setdefault(site, [])
             if len(stacks) < 3 and stack not in stacks:
                 stacks.append(stack)
-        return site
+        number = self._site_index.get(id(site))
+        return self._site_number(site) if number is None else number
+
+    def _site_number(self, site: Site | None) -> int:
+        """``site``'s index in ``_sites`` (0 for None), added if new. Keyed by the object (one
+        per code location, `_site_and_stack`), which ``_sites`` keeps alive."""
+        if site is None:
+            return 0
+        number = self._site_index.get(id(site))
+        if number is None:
+            number = self._site_index[id(site)] = len(self._sites)
+            self._sites.append(site)
+        return number
 
     def _variables_moved(self) -> bool:
         """Whether a Variable may hold a buffer not named yet: Variables made or dropped, one's
@@ -797,7 +845,7 @@ class Timeline:
             return True
         upto = self._named_upto
         for entry in reversed(self._live.values()):  # in the order recorded: newest first
-            if entry[1].buffer <= upto:
+            if entry[1][_BUFFER] <= upto:
                 return False
             if entry[0].scope is VARIABLE:
                 return True
@@ -813,7 +861,7 @@ class Timeline:
         for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
             var, entry = getattr(v, "_var", None), live.get(id(v._rec))  # None: no record's id
             if var is not None and var.name is not None and entry is not None:
-                names[entry[1].buffer] = var.name
+                names[entry[1][_BUFFER]] = var.name
 
     def _free(self, entry: list[Any], now: float, survivors: Any = ()) -> None:
         """Record the free of ``entry``'s buffer; ``survivors``: its array objects that live on
@@ -824,10 +872,11 @@ class Timeline:
         for r in members or (rec,):
             self._unlive(r, entry)
         # a's fields by position (a NamedTuple's names cost a lookup each)
-        ev = _event(TimelineEvent, (
-            FREE, now, a[2], a[3], a[4], scope_path(rec.scope), a[6], a[7], tuple(ids), a[9], "",
+        ev = (
+            FREE, now, a[2], a[3], a[4], scope_path(rec.scope), a[6], a[7],
+            ids[0] if len(ids) == 1 else tuple(ids) or 0, a[9], "",
             a[11],
-        ))  # fmt: skip
+        )  # fmt: skip
         self._append(ev, -a[2])
         if self._views:  # raw objects over a buffer that lived on: plain arrays now
             survivors = [*survivors, *self._pop_views(entry)]
@@ -923,6 +972,12 @@ class Timeline:
             return first is not None and self._plain.get(id(first)) is entry
         return self._live.get(id(entry[0])) is entry and entry[0].dead is None
 
+    def _todo_entry(self, key: int) -> list[Any] | None:
+        """The live entry of ``_addr_todo``'s ``key`` (a record's id), or the plain entry of
+        ``-key`` (an array's id); None once freed."""
+        entry = self._live.get(key) if key > 0 else self._plain.get(-key)
+        return entry if entry is not None and self._entry_alive(entry) else None
+
     def _find(self, arr: Any) -> list[Any] | None:
         """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
         an alias shares its readiness). Each entry's addresses are read once, when ready."""
@@ -931,12 +986,13 @@ class Timeline:
             return None
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
-        for entry in todo:
-            if not self._entry_alive(entry) or (first := _first(entry)) is None:
+        for key_ in todo:
+            entry = self._todo_entry(key_)
+            if entry is None or (first := _first(entry)) is None:
                 continue
             k = _buffer_key(first)
             if k is None and not first.is_deleted() and not base_array(first).is_ready():
-                self._addr_todo.append(entry)  # not ready yet: read at a later look
+                self._addr_todo.append(key_)  # not ready yet: read at a later look
             elif k:
                 index[k] = entry
                 for p in k:
@@ -979,6 +1035,7 @@ class Timeline:
         self._unlive(rec, entry)
         if entry[0] is rec:
             entry[0] = alive[0]
+            self._addr_todo.append(id(alive[0]))  # its key in the todo list was rec's
         return True
 
     def _unlive(self, rec: Any, entry: list[Any]) -> None:
@@ -1068,7 +1125,7 @@ class Timeline:
                 return None  # freed already, or a Tensor's: the registry reports it
             nbytes = 0 if failed(arr) else local_nbytes(arr)
             device, per_device = _placement(arr, nbytes)
-            ev = TimelineEvent(
+            ev = (
                 ALLOC, now, nbytes, device, self._site(arr), scope, _same(tuple(arr.shape)),
                 _name(arr.dtype), (), self._next + 1, "", per_device,
             )  # fmt: skip
@@ -1077,7 +1134,7 @@ class Timeline:
             return None
         self._next += 1
         entry = self._plain[key] = [ref, ev]
-        self._addr_todo.append(entry)
+        self._addr_todo.append(-key)
         self._append(ev, nbytes)
         return entry
 
@@ -1110,6 +1167,7 @@ class Timeline:
         if vkey in self._plain:  # a stale entry of a dead array under that id
             self._free_plain(vkey, self._plain[vkey], now)
         self._plain[vkey] = entry
+        self._addr_todo.append(-vkey)  # its key in the todo list was the dropped array's
         for view in views[1:]:
             self._add_view(entry, view)
 
@@ -1120,28 +1178,29 @@ class Timeline:
         if self._views:
             self._pop_views(entry)
         a = entry[1]
-        self._append(a._replace(kind=FREE, time=now), -a.bytes)
+        self._append((FREE, now, *a[_BYTES:]), -a[_BYTES])
 
-    def _append(self, ev: TimelineEvent, delta: int) -> None:
-        if ev.time < self._last:  # a handler ran inside another one (a collection)
-            ev = ev._replace(time=self._last)
-        self._last = ev.time
+    def _append(self, ev: tuple[Any, ...], delta: int) -> None:
+        """Keep ``ev`` (see `_KIND`), moving the running total by ``delta``."""
+        if ev[_TIME] < self._last:  # a handler ran inside another one (a collection)
+            ev = (ev[0], self._last, *ev[_BYTES:])
+        self._last = ev[_TIME]
         events = self._events
         if len(events) >= self.max_events:  # the oldest dropped: what it leaves goes to _base
             old = events.popleft()
             self.dropped += 1
-            self._dropped_at = old.time
-            if old.kind == ALLOC:
-                self._base[old.buffer] = old
-            elif old.kind == FREE:
-                self._base.pop(old.buffer, None)
+            self._dropped_at = old[_TIME]
+            if old[_KIND] == ALLOC:
+                self._base[old[_BUFFER]] = old
+            elif old[_KIND] == FREE:
+                self._base.pop(old[_BUFFER], None)
             if self.dropped - 1 == self._peak_seq:  # the peak can no longer be replayed
                 self._peak_live = list(self._base.values())
         events.append(ev)
         if delta:
             total = self._bytes = self._bytes + delta
             if total > self.peak_bytes:
-                self.peak_bytes, self.peak_time, self._peak_live = total, ev.time, None
+                self.peak_bytes, self.peak_time, self._peak_live = total, ev[_TIME], None
                 self._peak_seq = self.dropped + len(events) - 1
 
 
