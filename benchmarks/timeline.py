@@ -13,7 +13,10 @@ Run:  python benchmarks/timeline.py                 (about a minute on 2 CPU cor
    the plain arrays made since, no Variable lookup when no Variable changed), with no
    Variables and with 200 named Variables alive, and with 1,000 or 10,000 plain arrays alive
    (each scope event reads ``jax.live_arrays()``).
-2. A million events (half allocations, half frees) recorded from real ops; then the page
+2. 250,000 ops in one open timeline, beside the same ops with none: each side timed whole, with
+   the full collections of Python's cyclic garbage collector counted (the rounds above are too
+   short to see them).
+3. A million events (half allocations, half frees) recorded from real ops; then the page
    rendered (its size), the JSON dumped and loaded, and the page loaded in headless Chromium
    (selenium and chromium-driver, when present) until its script has run.
 """
@@ -122,6 +125,39 @@ def live_arrays_cost(number: int, rounds: int) -> None:
             cost = statistics.median(per_call(_empty_scope, number) for _ in range(rounds))
         print(f"{f'timeline open, {n:,} arrays alive':34s} {cost * 1e6:8.2f}")
         del alive
+
+
+def long_recording(ops: int) -> None:
+    """``ops`` eager ops in one open timeline, beside the same ops with none, each side timed
+    whole with the cyclic collector's full collections counted: what the medians of short
+    rounds leave out, the collections a long recording's events cause."""
+    a, b = tj.tensor(jnp.ones(256)), tj.tensor(jnp.ones(256))
+    full = [0]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        full[0] += phase == "start" and info["generation"] == 2
+
+    def run() -> tuple[float, int]:
+        gc.collect()
+        full[0] = 0
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            a + b
+        return (time.perf_counter() - t0) / ops * 1e6, full[0]
+
+    gc.callbacks.append(count)
+    try:
+        for _ in range(100):
+            a + b
+        off, off_full = run()
+        with tj.timeline(max_events=4 * ops):
+            on, on_full = run()
+    finally:
+        gc.callbacks.remove(count)
+    tj.dispose([a, b])
+    print(f"{f'{ops:,} ops, no timeline':34s} {off:8.2f} µs/op, {off_full} full GC collections")
+    print(f"{f'{ops:,} ops, one timeline open':34s} {on:8.2f} µs/op, {on_full} full GC collections "
+          f"({on / off:.2f}x)")  # fmt: skip
 
 
 def _empty_scope() -> None:
@@ -293,6 +329,7 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=2000, help="ops per sample")
     parser.add_argument("--rounds", type=int, default=15, help="samples per side")
     parser.add_argument("--events", type=int, default=1_000_000, help="events to record")
+    parser.add_argument("--ops", type=int, default=250_000, help="ops of the long recording")
     parser.add_argument("--keep", type=pathlib.Path, help="a folder to keep the page and JSON in")
     parser.add_argument("--screenshot", type=pathlib.Path, help="only write the README picture")
     args = parser.parse_args()
@@ -301,6 +338,7 @@ def main() -> None:
         return
     print(f"jax {jax.__version__} on {jax.default_backend()}, tidyjax {tj.__version__}")
     overhead(args.number, args.rounds)
+    long_recording(args.ops)
     million(args.events, args.keep)
 
 

@@ -224,11 +224,12 @@ def _recording() -> tlm.Timeline:
 
 def _two_devices() -> tlm.Timeline:
     tl = tlm.Timeline()
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     tl.start_time = 0.0
     for i, (device, nbytes) in enumerate([("gpu:0", 4096), ("gpu:1", 1024), ("gpu:1", 2048)]):
         ev = tlm.TimelineEvent("alloc", i * 1e-3, nbytes, device, None, "", (nbytes // 4,),
                                "float32", (i + 1,), i + 1, "", ((device, nbytes),))  # fmt: skip
-        tl._append(tl._recorded([ev])[0], nbytes)
+        tl._append(ev, nbytes)
     return tl
 
 

@@ -530,19 +530,18 @@ def test_page_of_nothing_and_display_never_raises(monkeypatch):
 
 def test_many_scopes_keep_the_page_small():
     tl = tlm.Timeline()
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     t = 0.0
     for i in range(20_000):
         t += 1e-6
         kind = "scope_enter" if i % 2 == 0 else "scope_exit"
         tl._append(
-            tl._recorded(
-                [tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step")]
-            )[0],
+            tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step"),
             0,
         )
     ev = tlm.TimelineEvent("alloc", t, 4, "cpu:0", None, "", (1,), "float32", (), 10**6, "",
                            (("cpu:0", 4),))  # fmt: skip
-    tl._append(tl._recorded([ev])[0], 4)
+    tl._append(ev, 4)
     page = tl.to_html()
     data = page_data(page)  # the script draws few bands of them: test_timeline_browser.py
     assert len(data["bands"]) // 6 <= 10_000 and len(page) < 200_000
@@ -674,3 +673,56 @@ def test_a_start_that_fails_midway_leaves_nothing_recording(monkeypatch):
         t = tj.tensor([1.0, 2.0])
     t.dispose()
     assert tl.events
+
+
+def _tracked_after_ops(n: int) -> tuple[int, list[tlm.TimelineEvent]]:
+    """The objects the cyclic collector tracks after ``n`` ops recorded (a full collection
+    first), less those before, and the events."""
+    a = tj.tensor(jnp.ones(8))
+    for _ in range(100):
+        a + 1.0  # compiled, the caches filled
+    with tj.timeline() as tl:
+        a + 1.0
+        gc.collect()
+        before = len(gc.get_objects())
+        for _ in range(n):
+            a + 1.0  # each an alloc and a free
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+    a.dispose()
+    return grown, tl.events
+
+
+def test_a_long_recording_leaves_the_collector_nothing_per_event():
+    # The events are plain tuples of numbers and strings: the collector stops tracking them, so
+    # a recording does not make every full collection of the program longer (a TimelineEvent
+    # per event stayed tracked: +2 objects per op).
+    grown, events = _tracked_after_ops(5_000)
+    assert len([e for e in events if e.kind == "alloc"]) >= 5_000
+    assert grown < 200, grown
+    ev = events[-1]  # read back as TimelineEvents, every field as recorded
+    assert type(ev) is tlm.TimelineEvent and ev.kind == "free" and ev.tensors
+    assert ev.per_device == ((ev.device, ev.bytes),) and ev.site.file == __file__
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="CPython 3.14's collector has no gen 2")
+def test_events_reach_the_oldest_generation_untracked():
+    # A tuple is untracked when a collection finds its items untracked; one holding a tuple made
+    # with it can be found first and promoted tracked. Events hold no such tuple: none reaches
+    # the oldest generation, whose growth is what starts a full collection.
+    a = tj.tensor(jnp.ones(8))
+    threshold = gc.get_threshold()
+    try:
+        with tj.timeline() as tl:
+            a + 1.0
+            gc.collect()
+            gc.set_threshold(threshold[0], threshold[1], 10**9)  # no full collection meanwhile
+            old = {id(o) for o in gc.get_objects(generation=2)}
+            for _ in range(20_000):
+                a + 1.0
+            new = [o for o in gc.get_objects(generation=2) if id(o) not in old]
+    finally:
+        gc.set_threshold(*threshold)
+    a.dispose()
+    assert len(tl._events) > 40_000
+    assert len(new) < 200, collections.Counter(type(o).__name__ for o in new).most_common(3)

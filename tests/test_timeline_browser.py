@@ -147,11 +147,12 @@ def test_the_scheme_sets_readable_colours_and_the_screenshot_is_not_blank(driver
 
 def _two_devices() -> tlm.Timeline:
     tl = tlm.Timeline()
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     tl.start_time = 0.0
     for i, (device, nbytes) in enumerate([("gpu:0", 4096), ("gpu:1", 1024), ("gpu:1", 2048)]):
         ev = tlm.TimelineEvent("alloc", i * 1e-3, nbytes, device, None, "", (nbytes // 4,),
                                "float32", (i + 1,), i + 1, "", ((device, nbytes),))  # fmt: skip
-        tl._append(tl._recorded([ev])[0], nbytes)
+        tl._append(ev, nbytes)
     return tl
 
 
@@ -183,6 +184,7 @@ def synthetic(n_events: int, sites: int = 15) -> tlm.Timeline:
 
 def _synthetic(n_events: int, sites: int) -> tlm.Timeline:
     tl = tlm.Timeline(max_events=n_events)
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     tl.start_time, tl.started_at = 0.0, 0.0
     site_list = [tj.Site(f"train_{i % 4}.py", 10 + i, f"layer{i}") for i in range(sites)]
     live: list[tuple[int, tlm.TimelineEvent]] = []
@@ -193,7 +195,7 @@ def _synthetic(n_events: int, sites: int) -> tlm.Timeline:
         if i % 200 == 0:
             kind = "scope_enter" if i % 400 == 0 else "scope_exit"
             ev = tlm.TimelineEvent(kind, t, 0, "", None, "train/step", (), "", (), i // 400, "step")
-            tl._append(tl._recorded([ev])[0], 0)
+            tl._append(ev, 0)
             i += 1
             continue
         grow = len(live) < 50 + (i * 400 // n_events if i < n_events // 2 else 0)
@@ -205,12 +207,12 @@ def _synthetic(n_events: int, sites: int) -> tlm.Timeline:
                                    (nbytes // 4,), "float32", (number,), number, "",
                                    (("cpu:0", nbytes),))  # fmt: skip
             live.append((nbytes, ev))
-            tl._append(tl._recorded([ev])[0], nbytes)
+            tl._append(ev, nbytes)
         else:
             k = rng.randrange(len(live))
             live[k], live[-1] = live[-1], live[k]
             nbytes, a = live.pop()
-            tl._append(tl._recorded([a._replace(kind="free", time=t)])[0], -nbytes)
+            tl._append(a._replace(kind="free", time=t), -nbytes)
         i += 1
     return tl
 
@@ -230,19 +232,18 @@ def test_a_million_events_render_to_a_small_page_that_loads_and_draws(driver, tm
 
 def test_many_scopes_draw_few_bands(driver, tmp_path):
     tl = tlm.Timeline()
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     t = 0.0
     for i in range(20_000):  # 10,000 scopes "step", one after the other
         t += 1e-6
         kind = "scope_enter" if i % 2 == 0 else "scope_exit"
         tl._append(
-            tl._recorded(
-                [tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step")]
-            )[0],
+            tlm.TimelineEvent(kind, t, 0, "", None, "step", (), "", (), i // 2, "step"),
             0,
         )
     ev = tlm.TimelineEvent("alloc", t, 4, "cpu:0", None, "", (1,), "float32", (), 10**6, "",
                            (("cpu:0", 4),))  # fmt: skip
-    tl._append(tl._recorded([ev])[0], 4)
+    tl._append(ev, 4)
     path = tmp_path / "scopes.html"
     tl.save_html(path)
     svg = _open(driver, path, "light")

@@ -41,6 +41,7 @@ def training(steps: int, compile_s: float = 0.0) -> tlm.Timeline:
     its step), then one scope "evaluate" holding 6 MiB: the peak, one step long. The first step
     takes ``compile_s`` longer (its compile)."""
     tl = tlm.Timeline(max_events=10 * steps + 100)
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     tl.start_time, tl.started_at = 0.0, 0.0
     t, number = 0.0, 0
 
@@ -50,14 +51,14 @@ def training(steps: int, compile_s: float = 0.0) -> tlm.Timeline:
         t += 1e-4
         if site is None:
             ev = tlm.TimelineEvent(kind, t, 0, "", None, scope, (), "", (), buffer, name)
-            tl._append(tl._recorded([ev])[0], 0)
+            tl._append(ev, 0)
             return buffer
         if kind == "alloc":
             number += 1
             buffer = number
         ev = tlm.TimelineEvent(kind, t, nbytes, "cpu:0", site, scope, (nbytes // 4,), "float32",
                                (), buffer, "", (("cpu:0", nbytes),))  # fmt: skip
-        tl._append(tl._recorded([ev])[0], nbytes if kind == "alloc" else -nbytes)
+        tl._append(ev, nbytes if kind == "alloc" else -nbytes)
         return buffer
 
     add("alloc", PARAMS, MiB)
@@ -370,13 +371,14 @@ def test_no_text_under_10px_at_700px_and_no_break_all(driver, small_run):
 def _sharded() -> tlm.Timeline:
     """Two devices: a 2 MiB buffer sharded over both (1 MiB each), then 512 KiB on gpu:1."""
     tl = tlm.Timeline()
+    tl._loaded = True  # made of TimelineEvents, as a loaded one
     tl.start_time = 0.0
     pairs = ((("gpu:0", MiB), ("gpu:1", MiB)), (("gpu:1", MiB // 2),))
     for i, pd in enumerate(pairs):
         nbytes = sum(b for _, b in pd)
         ev = tlm.TimelineEvent("alloc", i * 1e-3, nbytes, ",".join(d for d, _ in pd), ACT, "",
                                (nbytes // 4,), "float32", (i + 1,), i + 1, "", pd)  # fmt: skip
-        tl._append(tl._recorded([ev])[0], nbytes)
+        tl._append(ev, nbytes)
     return tl
 
 

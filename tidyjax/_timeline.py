@@ -157,7 +157,7 @@ _event = tuple.__new__
 # TimelineEvent, a tuple subclass holding a Site, stays tracked, and a nested tuple may stay
 # tracked until the next collection of its generation: two tracked events per op made every
 # full collection slower and more frequent.)
-_KIND, _TIME, _BYTES, _SITE, _SCOPE, _BUFFER = 0, 1, 2, 4, 5, 9
+_KIND, _TIME, _BYTES, _SCOPE, _BUFFER = 0, 1, 2, 5, 9
 
 #: What an allocation reports: its bytes, device, bytes per device, shape and dtype name.
 _Layout = tuple[int, str, tuple[tuple[str, int], ...] | None, tuple[int, ...], str]
@@ -276,7 +276,7 @@ class Timeline:
         self.peak_bytes = 0
         self.peak_time = 0.0
         self._peak_seq = -1  # the event that reached the peak, counting dropped ones (-1: none)
-        self._peak_live: list[tuple[Any, ...]] | None = None  # set when that event is dropped
+        self._peak_live: list[Any] | None = None  # set when that event is dropped
         self._dropped_at = 0.0  # the time of the last event dropped
         self.started_at: float | None = None
         self.start_time: float | None = None
@@ -312,9 +312,12 @@ class Timeline:
             self._forget_failed()
             return self._public(self._base.values()), self._public(self._events)
 
-    def _public(self, events: Iterable[tuple[Any, ...]]) -> list[TimelineEvent]:
+    def _public(self, events: Iterable[Any]) -> list[TimelineEvent]:
         """Recorded events (see `_KIND`) as TimelineEvents (so many new objects, which make no
-        cycle, would start collections of the whole heap: the collector waits)."""
+        cycle, would start collections of the whole heap: the collector waits). A loaded
+        timeline holds TimelineEvents: it records nothing."""
+        if self._loaded:
+            return list(events)
         sites = self._sites
         out = []
         with collector_paused():
@@ -326,10 +329,6 @@ class Timeline:
                 ev = (k, t, b, d, sites[s], sc, sh, dt, ts, bu, nm, pd)
                 out.append(_event(TimelineEvent, ev))
         return out
-
-    def _recorded(self, events: Iterable[TimelineEvent]) -> list[tuple[Any, ...]]:
-        """TimelineEvents (read from a file, a snapshot's) as recorded ones (see `_KIND`)."""
-        return [(*ev[:_SITE], self._site_number(ev.site), *ev[_SITE + 1 :]) for ev in events]
 
     def _entries(self) -> list[list[Any]]:
         """The live entries, each once, in the order recorded."""
@@ -491,12 +490,11 @@ class Timeline:
             with collector_paused():
                 codec = Codec.read(data)
                 tl = cls(int(data["max_events"]))
-                tl._events.extend(tl._recorded(codec.decode(data["events"], where, "event")))
-                base = tl._recorded(codec.decode(data["base"], where, "base event"))
-                tl._base = {ev[_BUFFER]: ev for ev in base}
+                tl._loaded = True  # its events are TimelineEvents (see _public)
+                tl._events.extend(codec.decode(data["events"], where, "event"))
+                tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
                 if data.get("peak_live") is not None:
-                    peak = codec.decode(data["peak_live"], where, "peak event")
-                    tl._peak_live = tl._recorded(peak)
+                    tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
                 for key in _timeline_format.HEADER:
                     setattr(tl, key, data[key])
                 tl.peak_time = float(tl.peak_time)
@@ -507,7 +505,6 @@ class Timeline:
             raise TidyjaxValueError(f"{where} is a tidyjax timeline without {e}.") from e
         except (TypeError, ValueError, IndexError, AttributeError) as e:
             raise TidyjaxValueError(f"{where} is a malformed tidyjax timeline ({e}).") from e
-        tl._loaded = True
         return tl
 
     @classmethod
@@ -519,6 +516,7 @@ class Timeline:
                 f"from_snapshot() takes a tidyjax.Snapshot, got {type(snapshot).__name__}."
             )
         tl = cls()
+        tl._loaded = True  # its events are TimelineEvents (see _public)
         tl.started_at = snapshot.taken_at
         tl.start_time = tl.stop_time = 0.0
         seen: dict[int, tuple[TensorRecord, list[int]]] = {}
@@ -527,11 +525,10 @@ class Timeline:
         for n, (r, ids) in enumerate(seen.values(), 1):
             devices = r.devices or ("",)
             share = r.bytes // len(devices)  # how a buffer on several devices splits is not saved
-            tl._append((
-                ALLOC, 0.0, r.bytes, ",".join(devices), tl._site_number(r.site), r.scope, r.shape,
-                r.dtype, tuple(ids), n, "", tuple((d, share) for d in devices),
+            tl._append(TimelineEvent(
+                ALLOC, 0.0, r.bytes, ",".join(devices), r.site, r.scope, r.shape, r.dtype,
+                tuple(ids), n, "", tuple((d, share) for d in devices),
             ), r.bytes)  # fmt: skip
-        tl._loaded = True
         return tl
 
     # -- recording --------------------------------------------------------------------------
@@ -824,14 +821,9 @@ class Timeline:
             stacks = [] if site is None else self._stacks.setdefault(site, [])
             if len(stacks) < 3 and stack not in stacks:
                 stacks.append(stack)
-        number = self._site_index.get(id(site))
-        return self._site_number(site) if number is None else number
-
-    def _site_number(self, site: Site | None) -> int:
-        """``site``'s index in ``_sites`` (0 for None), added if new. Keyed by the object (one
-        per code location, `_site_and_stack`), which ``_sites`` keeps alive."""
         if site is None:
             return 0
+        # keyed by the object (one per code location, `_site_and_stack`), which _sites keeps
         number = self._site_index.get(id(site))
         if number is None:
             number = self._site_index[id(site)] = len(self._sites)
