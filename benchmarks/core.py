@@ -117,6 +117,22 @@ def block_tree(n: int, number: int, rounds: int) -> None:
     row(f"block_until_ready, {n} Tensors vs the arrays", lambda: jax.block_until_ready(arrays),
         lambda: jax.block_until_ready(tensors), number, rounds)  # fmt: skip
     tj.dispose(tensors)
+    # The floor of any pytree node around an array: a slotted dataclass node whose array is a
+    # plain slot (no property, no liveness check), which JAX also flattens in C++.
+    bare = {k: _Bare(a) for k, a in arrays.items()}
+    row(f"the same, {n} bare slotted dataclass nodes (any node's floor)",
+        lambda: jax.block_until_ready(arrays), lambda: jax.block_until_ready(bare), number,
+        rounds)  # fmt: skip
+
+
+class _Bare:
+    __slots__ = ("array",)
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+
+
+jax.tree_util.register_dataclass(_Bare, data_fields=["array"], meta_fields=[])
 
 
 def _tracked_objects() -> int:
