@@ -546,6 +546,23 @@ def test_snapshot_load_of_a_malformed_file_raises_a_tidyjax_error(tmp_path):
     assert [r.shape for r in tj.Snapshot.load(good).records] == [(2,)]
 
 
+def test_snapshot_load_checks_what_its_conversion_would_accept(tmp_path):
+    # Values a conversion takes without a word (a device name as a string of devices, True as
+    # a count, a number too large for a float) are refused, the field named, as the CLI does.
+    cases = [
+        (_snapshot_file(tmp_path, [_record(devices="cpu:0")], "a.json"),
+         "tensors[0]'s \"devices\" is \"cpu:0\", not a list of str"),
+        (_snapshot_file(tmp_path, [_record(kept=1)], "b.json"),
+         "tensors[0]'s \"kept\" is 1, not true or false"),
+        (_snapshot_file(tmp_path, [], "c.json", taken_at=10**400),
+         "its \"taken_at\" is"),
+    ]  # fmt: skip
+    for file, message in cases:
+        with pytest.raises(tj.TidyjaxValueError) as e:
+            tj.Snapshot.load(file)
+        assert str(e.value).startswith(f"{file} is a malformed tidyjax snapshot: {message}")
+
+
 def test_view_of_a_malformed_snapshot_exits_2_with_one_line(tmp_path, capsys):
     path = _snapshot_file(tmp_path, [1])
     proc = subprocess.run(

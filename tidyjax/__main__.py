@@ -8,7 +8,7 @@ page was written, 2 when the file cannot be read or a file cannot be written (on
 the file and what was wrong, no traceback).
 
 Every value of the file is checked before it is drawn (`_timeline_format.check` and the decoding
-for a timeline, `_check_snapshot` for a snapshot): a file that is not JSON, nests too deeply, has
+for a timeline, `Snapshot.from_json` for a snapshot): a file that is not JSON, nests too deeply, has
 no version, or holds a value of the wrong type, out of range, NaN or infinite, is refused in that
 one line. Should a check miss something, the error drawing it is still that one line.
 """
@@ -29,7 +29,7 @@ from ._oom import oom_page
 from ._snapshot import Snapshot
 from ._timeline import Timeline
 from ._timeline_format import FORMAT as TIMELINE_FORMAT
-from ._timeline_format import is_clock, is_count, is_unix_time, short
+from ._timeline_format import is_clock, is_count, short
 
 SNAPSHOT_FORMAT = "tidyjax.snapshot"
 _WRITE_SNAPSHOT = "tidyjax.snapshot().dump(path)"
@@ -96,16 +96,8 @@ def _read(path: str) -> tuple[Timeline, dict[str, Any] | None]:
     except ValueError as e:  # a JSONDecodeError, a UnicodeDecodeError, too many digits
         raise TidyjaxError(f"{path}: not a JSON file ({e}).") from e
     kind = data.get("format") if isinstance(data, dict) else None
-    if kind == SNAPSHOT_FORMAT:
-        try:
-            snap = Snapshot.from_json(data, path)  # the format and version checked there
-        except TidyjaxError:
-            raise
-        except _DATA_ERRORS as e:  # what load lets escape (a number too large for a float)
-            _check_snapshot(data, path)  # names the field, if it finds it
-            raise TidyjaxError(f"{path} is a malformed tidyjax snapshot ({_clip(str(e))}).") from e
-        _check_snapshot(data, path)  # what load converts rather than checks
-        return Timeline.from_snapshot(snap), None
+    if kind == SNAPSHOT_FORMAT:  # every field checked there, as Snapshot.load does
+        return Timeline.from_snapshot(Snapshot.from_json(data, path)), None
     if kind == TIMELINE_FORMAT:
         tl = Timeline.from_json(data, where=path)
         return tl, _failure(data, path)
@@ -139,70 +131,6 @@ def _failure(data: dict[str, Any], path: str) -> dict[str, Any] | None:
     if problem:
         raise TidyjaxError(f'{path} is a malformed tidyjax timeline: its "oom" {problem}.')
     return oom
-
-
-def _is_site(x: Any) -> bool:
-    return (
-        type(x) is dict
-        and type(x.get("file")) is str
-        and is_count(x.get("line"))
-        and type(x.get("function")) is str
-    )
-
-
-#: A snapshot's record (``TensorRecord.to_json``): each field's check, what it must be, and
-#: whether every record has it.
-_RECORD: dict[str, tuple[Any, str, bool]] = {
-    "id": (is_count, "an int from 0", True),
-    "shape": (
-        lambda x: type(x) is list and all(is_count(n) for n in x),
-        "a list of ints from 0",
-        True,
-    ),
-    "dtype": (lambda x: type(x) is str, "a str", True),
-    "bytes": (is_count, "an int from 0", True),
-    "devices": (
-        lambda x: type(x) is list and all(type(d) is str for d in x),
-        "a list of str",
-        True,
-    ),
-    "scope": (lambda x: type(x) is str, "a str", True),
-    "site": (
-        lambda x: x is None or _is_site(x),
-        'null or {"file": str, "line": int, "function": str}',
-        False,
-    ),
-    "kept": (lambda x: type(x) is bool, "true or false", True),
-    "variable": (lambda x: type(x) is bool, "true or false", True),
-    "buffer": (is_count, "an int from 0", False),
-    "name": (lambda x: x is None or type(x) is str, "null or a str", False),
-}
-
-
-def _check_snapshot(data: dict[str, Any], path: str) -> None:
-    """Refuse a snapshot with a field missing, of the wrong type or out of range: what
-    ``Snapshot.load`` accepts because it converts values (``tuple("cpu")``, ``float(True)``)
-    rather than checking them."""
-
-    def malformed(what: str) -> TidyjaxError:
-        return TidyjaxError(f"{path} is a malformed tidyjax snapshot: {what}.")
-
-    for key in ("taken_at", "tensors"):
-        if key not in data:
-            raise malformed(f'it has no "{key}"')
-    if not is_unix_time(data["taken_at"]):
-        raise malformed(f'its "taken_at" is {short(data["taken_at"])}, not a Unix time')
-    if type(data["tensors"]) is not list:
-        raise malformed(f'its "tensors" is {short(data["tensors"])}, not a list')
-    for i, record in enumerate(data["tensors"]):
-        if type(record) is not dict:
-            raise malformed(f"tensors[{i}] is {short(record)}, not an object")
-        for key, (ok, expected, required) in _RECORD.items():
-            if key not in record:
-                if required:
-                    raise malformed(f'tensors[{i}] has no "{key}"')
-            elif not ok(record[key]):
-                raise malformed(f'tensors[{i}]\'s "{key}" is {short(record[key])}, not {expected}')
 
 
 def _output(file: str, output: str | None) -> str:

@@ -27,7 +27,7 @@ from ._census import (
 )
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import count, esc, fmt_bytes
-from ._timeline_format import check_file, read
+from ._timeline_format import check_file, is_count, is_unix_time, read, short
 
 __all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot"]
 
@@ -185,7 +185,76 @@ class Snapshot:
                 f"{where} is a malformed tidyjax snapshot: {field} is not as written by dump() "
                 f"({e})."
             ) from e
+        except (ArithmeticError, LookupError, RecursionError) as e:  # 1e400 as a float, ...
+            _check(data, where)  # names the field, if it finds it
+            raise TidyjaxValueError(
+                f"{where} is a malformed tidyjax snapshot ({str(e)[:200]})."
+            ) from e
+        _check(data, where)  # what the conversion accepted rather than checked
         return cls(records, taken_at)
+
+
+def _is_site(x: Any) -> bool:
+    return (
+        type(x) is dict
+        and type(x.get("file")) is str
+        and is_count(x.get("line"))
+        and type(x.get("function")) is str
+    )
+
+
+#: A snapshot's record (``TensorRecord.to_json``): each field's check, what it must be, and
+#: whether every record has it.
+_RECORD: dict[str, tuple[Any, str, bool]] = {
+    "id": (is_count, "an int from 0", True),
+    "shape": (
+        lambda x: type(x) is list and all(is_count(n) for n in x),
+        "a list of ints from 0",
+        True,
+    ),
+    "dtype": (lambda x: type(x) is str, "a str", True),
+    "bytes": (is_count, "an int from 0", True),
+    "devices": (
+        lambda x: type(x) is list and all(type(d) is str for d in x),
+        "a list of str",
+        True,
+    ),
+    "scope": (lambda x: type(x) is str, "a str", True),
+    "site": (
+        lambda x: x is None or _is_site(x),
+        'null or {"file": str, "line": int, "function": str}',
+        False,
+    ),
+    "kept": (lambda x: type(x) is bool, "true or false", True),
+    "variable": (lambda x: type(x) is bool, "true or false", True),
+    "buffer": (is_count, "an int from 0", False),
+    "name": (lambda x: x is None or type(x) is str, "null or a str", False),
+}
+
+
+def _check(data: dict[str, Any], where: str) -> None:
+    """Refuse a snapshot with a field missing, of the wrong type or out of range: what the
+    conversion of `Snapshot.from_json` accepts (``tuple("cpu")``, ``float(True)``)."""
+
+    def malformed(what: str) -> TidyjaxValueError:
+        return TidyjaxValueError(f"{where} is a malformed tidyjax snapshot: {what}.")
+
+    for key in ("taken_at", "tensors"):
+        if key not in data:
+            raise malformed(f'it has no "{key}"')
+    if not is_unix_time(data["taken_at"]):
+        raise malformed(f'its "taken_at" is {short(data["taken_at"])}, not a Unix time')
+    if type(data["tensors"]) is not list:
+        raise malformed(f'its "tensors" is {short(data["tensors"])}, not a list')
+    for i, record in enumerate(data["tensors"]):
+        if type(record) is not dict:
+            raise malformed(f"tensors[{i}] is {short(record)}, not an object")
+        for key, (ok, expected, required) in _RECORD.items():
+            if key not in record:
+                if required:
+                    raise malformed(f'tensors[{i}] has no "{key}"')
+            elif not ok(record[key]):
+                raise malformed(f'tensors[{i}]\'s "{key}" is {short(record[key])}, not {expected}')
 
 
 def snapshot(*, untracked: bool = True) -> Snapshot:

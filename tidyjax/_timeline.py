@@ -148,15 +148,12 @@ _LET_GO = -1
 #: ``TimelineEvent`` from a tuple of all its fields, without the Python-level ``__new__``.
 _event = tuple.__new__
 
-# A recorded event is kept as a plain tuple of `TimelineEvent`'s fields with the site as its
-# index in ``Timeline._sites`` (0: none), ``tensors`` an int when it is one id (0: none) and
-# ``per_device`` None when all bytes are on ``device``, and made a TimelineEvent when read
-# (``_window``). Python's cyclic collector stops
-# tracking a plain tuple of numbers, strings and flat tuples of them at its first collection: a
-# long recording adds nothing to the work of every later collection of the program. (A
-# TimelineEvent, a tuple subclass holding a Site, stays tracked, and a nested tuple may stay
-# tracked until the next collection of its generation: two tracked events per op made every
-# full collection slower and more frequent.)
+# A recorded event is a plain tuple of `TimelineEvent`'s fields, made a TimelineEvent when read
+# (`_public`): the site as its index in ``Timeline._sites`` (0: none), ``tensors`` an int when
+# one id (0: none), ``per_device`` None when all bytes are on ``device``. Python's collector
+# stops tracking a tuple of numbers, strings and flat tuples at its first collection, so a long
+# recording adds nothing to the program's later collections (a TimelineEvent holding a Site
+# stays tracked; a nested tuple can be promoted still tracked).
 _KIND, _TIME, _BYTES, _SCOPE, _BUFFER = 0, 1, 2, 5, 9
 
 #: What an allocation reports: its bytes, device, bytes per device, shape and dtype name.
