@@ -707,7 +707,7 @@ class Timeline:
             if id(rec) not in self._live and rec.dead is None:
                 ids = tuple(sorted(t._id for t in ts))
                 twin = self._twin(rec) if _registry._groups else None
-                if twin is not None:  # records over one buffer (see _settle)
+                if twin is not None and len(twin) != 2:  # records over one buffer (_settle)
                     self._share(twin, rec, ids)
                 else:
                     self._alloc(rec, now, ids)
@@ -923,11 +923,11 @@ class Timeline:
                 self._let_go(rec, now)
             elif id(rec) in self._live:  # adopted meanwhile (_adopt_pending)
                 continue
-            elif (entry := self._twin(rec, window)) is not None:
+            elif (entry := self._twin(rec, window)) is not None and len(entry) != 2:
                 self._share(entry, rec, (tensor,))
-            else:
-                suspect = self._plain and any(s is rec for s in _registry.suspects[-window:])
-                self._added(rec, now, tensor, self._find(rec.array()) if suspect else None)
+            else:  # a suspect's entry found is a plain array's: over its buffer
+                suspect = entry is not None and any(s is rec for s in _registry.suspects[-window:])
+                self._added(rec, now, tensor, entry if suspect else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
@@ -942,8 +942,9 @@ class Timeline:
             self._free(entry, now, rec.arrays())
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
-        """The live entry of another record over ``rec``'s buffer, or None. Reads addresses only
-        for a suspect of the registry or a dead record whose buffer lives on."""
+        """The live entry of another record over ``rec``'s buffer, or the plain array's entry
+        over it, or None. Reads addresses only for a suspect of the registry or a dead record
+        whose buffer lives on."""
         for other in _registry._groups.get(id(rec), ()):
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
@@ -951,7 +952,7 @@ class Timeline:
         # a record just added is among the registry's last ``window`` suspects
         if rec.dead is not None or any(s is rec for s in reversed(_registry.suspects[-window:])):
             entry = self._find(rec.array())
-            if entry is not None and len(entry) != 2 and entry[0] is not rec:
+            if entry is not None and entry[0] is not rec:
                 return entry
         return None
 
