@@ -410,6 +410,30 @@ def test_a_failure_rewritten_after_dropped_events_keeps_what_they_left_alive(mon
     tj.dispose([a, t, u])
 
 
+def test_an_older_peak_among_dropped_events_counts_once_a_later_one_is_found_failed(
+    monkeypatch,
+):
+    with tj.timeline(max_events=3) as tl:
+        a = tj.tensor(np.ones(16, np.float32))  # 64 B, held throughout
+        before = time.perf_counter()
+        b = tj.tensor(np.ones(1024, np.float32))  # 4 KiB: 4160 B alive, the first peak
+        after = time.perf_counter()
+        b.dispose()
+        c = tj.tensor(np.ones(32, np.float32))  # 128 B
+        t = tj.tensor(np.ones(2048, np.float32))  # 8 KiB: the peak, until it is found failed
+        u = tj.tensor(np.ones(4, np.float32))  # 16 B; b's alloc and free are dropped by now
+        assert tl.dropped == 3 and tl.peak_bytes == 64 + 128 + 8192 + 16
+        _fail_on(monkeypatch, t.array)
+        assert sorted(r.bytes for r in tl.live_at(time.perf_counter())) == [0, 16, 64, 128]
+        # the first peak, among the dropped events, is the largest moment again (it read 208 B,
+        # the largest moment still replayable); what was alive then was dropped with it
+        assert tl.peak_bytes == 64 + 4096 and before <= tl.peak_time <= after
+        with pytest.raises(tj.TidyjaxValueError, match="cannot replay"):
+            tl.live_at(tl.peak_time)
+    assert tl.peak_bytes == 64 + 4096
+    tj.dispose([a, c, t, u])
+
+
 def test_displays_and_figures_of_a_simulated_failure(monkeypatch):
     t = tj.tensor(np.ones(1024, np.float32))
     keep = tj.tensor(np.ones(4, np.float32))

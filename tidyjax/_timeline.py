@@ -275,6 +275,10 @@ class Timeline:
         self._peak_seq = -1  # the event that reached the peak, counting dropped ones (-1: none)
         self._peak_live: list[Any] | None = None  # set when that event is dropped
         self._dropped_at = 0.0  # the time of the last event dropped
+        # the most bytes alive at a dropped event: (bytes, time, sequence and buffer number),
+        # found as events drop (``_base_bytes``: the bytes of ``_base``)
+        self._dropped_best: tuple[int, float, int, int] | None = None
+        self._base_bytes = 0
         self.started_at: float | None = None
         self.start_time: float | None = None
         self.stop_time: float | None = None
@@ -337,23 +341,30 @@ class Timeline:
         the array is waited for (the per-op path never asks), so this runs at a read or a stop,
         waiting for nothing."""
         amended: dict[int, tuple[Any, ...]] = {}
+        lost = []  # (bytes, buffer number) of each allocation rewritten
         for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
             if ev[_BYTES] and failed(_first(entry)):
                 none = ev[-1] and tuple((d, 0) for d, _ in ev[-1])  # per_device
                 entry[1] = amended[id(ev)] = (*ev[:_BYTES], 0, *ev[_BYTES + 1 : -1], none)
                 self._bytes -= ev[_BYTES]
+                lost.append((ev[_BYTES], ev[_BUFFER]))
         if not amended:
             return
         self._events = collections.deque(amended.get(id(e), e) for e in self._events)
         self._base = {k: amended.get(id(e), e) for k, e in self._base.items()}
+        self._base_bytes = sum(e[_BYTES] for e in self._base.values())
+        if (older := self._dropped_best) is not None:  # a live buffer made by then was alive then
+            cut = sum(b for b, buffer in lost if buffer <= older[3])
+            self._dropped_best = (older[0] - cut, *older[1:])
         if self._peak_live is not None:
             self._peak_live = [amended.get(id(e), e) for e in self._peak_live]
         self._repeak()
 
     def _repeak(self) -> None:
         """The peak again, after allocations were rewritten smaller: over the moments that can be
-        replayed, and a peak among the dropped events (``_peak_live``)."""
+        replayed, the peak among the dropped events (``_peak_live``), and an older moment among
+        them (``_dropped_best``: its bytes are known, what was alive then is not)."""
         base = list(self._base.values())
         best = running = sum(e[_BYTES] for e in base)
         # the moment the dropped events left (the start when none were), before the first kept
@@ -362,6 +373,9 @@ class Timeline:
         dropped_peak = sum(e[_BYTES] for e in self._peak_live or ())
         if self._peak_live is not None and dropped_peak >= best:
             best, at, seq, live = dropped_peak, self.peak_time, self._peak_seq, self._peak_live
+        older = self._dropped_best
+        if older is not None and older[0] > best:
+            best, at, seq, live = older[0], older[1], older[2], None
         for i, ev in enumerate(self._events, self.dropped):  # i: the event's sequence number
             if ev[_KIND] == ALLOC:
                 running += ev[_BYTES]
@@ -1182,8 +1196,13 @@ class Timeline:
             self._dropped_at = old[_TIME]
             if old[_KIND] == ALLOC:
                 self._base[old[_BUFFER]] = old
+                total = self._base_bytes = self._base_bytes + old[_BYTES]
+                if self._dropped_best is None or total > self._dropped_best[0]:
+                    self._dropped_best = (total, old[_TIME], self.dropped - 1, old[_BUFFER])
             elif old[_KIND] == FREE:
-                self._base.pop(old[_BUFFER], None)
+                gone = self._base.pop(old[_BUFFER], None)
+                if gone is not None:
+                    self._base_bytes -= gone[_BYTES]
             if self.dropped - 1 == self._peak_seq:  # the peak can no longer be replayed
                 self._peak_live = list(self._base.values())
         events.append(ev)
