@@ -163,22 +163,16 @@ _Layout = tuple[int, str, tuple[tuple[str, int], ...] | None, tuple[int, ...], s
 _layouts: dict[Any, _Layout] = {}
 
 
-def _layout(rec: Any, arr: Any) -> _Layout:
-    """What an allocation of ``arr`` reports, cached when ``arr`` lies on one local device (its
-    bytes then follow from its shape and dtype alone)."""
-    try:
-        key = (arr.sharding, arr.shape, arr.dtype)
-        layout = _layouts.get(key)
-    except Exception:  # an array kind without these: described the long way
-        key, layout = None, None
-    if layout is None:
-        nbytes = rec.size()
-        device, per_device = _placement(arr, nbytes)
-        layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
-        if key and _sole_device(key[0]):
-            if len(_layouts) > 65536:
-                _layouts.clear()
-            _layouts[key] = layout
+def _layout(rec: Any, arr: Any, key: Any) -> _Layout:
+    """What an allocation of ``arr`` reports (not in ``_layouts``), cached under ``key`` when
+    ``arr`` lies on one local device (its bytes then follow from its shape and dtype alone)."""
+    nbytes = rec.size()
+    device, per_device = _placement(arr, nbytes)
+    layout = (nbytes, device, per_device, _same(tuple(arr.shape)), _name(arr.dtype))
+    if key is not None and _sole_device(key[0]):
+        if len(_layouts) > 65536:
+            _layouts.clear()
+        _layouts[key] = layout
     return layout
 
 
@@ -345,8 +339,8 @@ class Timeline:
         for entry in [*self._entries(), *self._plain.values()]:
             ev = entry[1]
             if ev[_BYTES] and failed(_first(entry)):
-                none = ev[-1] and tuple((d, 0) for d, _ in ev[-1])  # per_device
-                entry[1] = amended[id(ev)] = (*ev[:_BYTES], 0, *ev[_BYTES + 1 : -1], none)
+                zeros = ev[-1] and tuple((d, 0) for d, _ in ev[-1])  # per_device
+                entry[1] = amended[id(ev)] = (*ev[:_BYTES], 0, *ev[_BYTES + 1 : -1], zeros)
                 self._bytes -= ev[_BYTES]
                 lost.append((ev[_BYTES], ev[_BUFFER]))
         if not amended:
@@ -366,7 +360,7 @@ class Timeline:
         replayed, the peak among the dropped events (``_peak_live``), and an older moment among
         them (``_dropped_best``: its bytes are known, what was alive then is not)."""
         base = list(self._base.values())
-        best = running = sum(e[_BYTES] for e in base)
+        best = running = self._base_bytes  # summed afresh by _forget_failed, the one caller
         # the moment the dropped events left (the start when none were), before the first kept
         at = self._dropped_at if self.dropped else (self.start_time or 0.0)
         seq, live = self.dropped - 1, (base if self.dropped else None)
@@ -797,10 +791,11 @@ class Timeline:
         if arr is None or id(rec) in self._live:
             return None
         try:  # the cache read here: a call per allocation is a measurable part of its cost
-            layout = _layouts.get((arr.sharding, arr.shape, arr.dtype))
+            key = (arr.sharding, arr.shape, arr.dtype)
+            layout = _layouts.get(key)
         except Exception:  # an array kind without these: `_layout` describes it the long way
-            layout = None
-        nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr)
+            key, layout = None, None
+        nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr, key)
         if rec.nbytes < 0:
             rec.nbytes = nbytes
         self._next += 1
