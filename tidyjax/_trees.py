@@ -7,6 +7,7 @@ Plain containers (tuple, list, dict, namedtuples) are walked here: that is cheap
 
 from __future__ import annotations
 
+import functools
 import types
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -256,96 +257,77 @@ def is_container(x: Any) -> bool:
 #: Leaves whose attributes are never searched for Tensors.
 _OPAQUE = (
     str, bytes, int, float, complex, bool, type, np.ndarray, np.generic, types.FunctionType,
-    types.BuiltinFunctionType, types.MethodType, types.ModuleType, range, set, frozenset,
+    types.BuiltinFunctionType, types.ModuleType, range, set, frozenset,
 )  # fmt: skip
-_MAX_OBJECTS = 10_000  # attribute search: objects visited at most per call
-
-
-def _gather_attributes(
-    obj: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int]
-) -> None:
-    """The Tensors and arrays in the attributes of an object JAX does not know as a pytree (a
-    plain class, an unregistered dataclass), as TensorFlow.js finds them in plain objects."""
-    if id(obj) in seen or len(seen) > _MAX_OBJECTS or isinstance(obj, _OPAQUE):
-        return
-    seen.add(id(obj))
-    module = type(obj).__module__ or ""
-    if module.startswith(("jax", "numpy")):
-        return
-    values = list(vars(obj).values()) if isinstance(getattr(obj, "__dict__", None), dict) else []
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__"):
-                values.append(getattr(obj, name, None))
-    for v in values:
-        _gather(v, tensors, raws, seen)
 
 
 def _gather(
     x: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int] | None = None
 ) -> None:
     """Append the Tensors in ``x`` to ``tensors`` and, with ``raws``, its raw jax.Arrays.
-    Containers JAX does not flatten are walked, other objects searched through their
-    attributes (`_gather_leaves`)."""
-    tx = type(x)
-    if tx in TENSOR_TYPES:
-        tensors.append(x)
-    elif tx in CONCRETE:
-        if raws is not None:
-            raws.append(x)
-    elif tx in PLAIN:
-        if tx is np.ndarray and x.dtype == object:  # a NumPy array of Python objects
-            _gather_items(x, x.flat, tensors, raws, seen)
-    elif tx is dict or tx in _SEQUENCES or _is_namedtuple(tx):
-        for v in x.values() if tx is dict else x:
-            tv = type(v)
-            if tv in TENSOR_TYPES:  # inline: most leaves of a parameter tree
-                tensors.append(v)
-            elif tv not in PLAIN or tv is np.ndarray:
-                _gather(v, tensors, raws, seen)
-            elif raws is not None and tv in CONCRETE:
-                raws.append(v)
-    elif isinstance(x, Tensor):
-        tensors.append(x)
-    else:
-        _gather_leaves(x, tensors, raws, seen)
 
-
-def _gather_leaves(
-    x: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int] | None
-) -> None:
-    """`_gather` for a registered pytree node or an unknown object: JAX's leaves, each walked
-    as a container (`_items`) or searched through its attributes."""
-    for v in jax.tree_util.tree_leaves(x, is_leaf=is_tensor):
-        if isinstance(v, Tensor):
-            tensors.append(v)
-        elif type(v) in CONCRETE:
-            if raws is not None:
-                raws.append(v)
-        elif v is not None:
-            if seen is None:
-                seen = set()
-            items = _items(v)
-            if items is not None:
-                _gather_items(v, items, tensors, raws, seen)
-            elif not isinstance(v, _OPAQUE):
-                _gather_attributes(v, tensors, raws, seen)
-
-
-def _gather_items(
-    container: Any, items: Any, tensors: list[Tensor], raws: list[Any] | None,
-    seen: set[int] | None,
-) -> None:  # fmt: skip
-    """`_gather` each item of ``container`` once (a container reached twice, or cyclic, is
-    walked once; at most ``_MAX_OBJECTS`` containers and objects per walk)."""
+    Pytrees, the containers JAX does not flatten (`_items`), bound methods and
+    ``functools.partial`` objects, and the attributes of other objects (as TensorFlow.js searches
+    plain objects) are walked without recursion and with no size cap: each container or object
+    once, so a cycle or a shared sub-tree is walked once."""
     if seen is None:
         seen = set()
-    if id(container) in seen or len(seen) > _MAX_OBJECTS:
-        return
-    seen.add(id(container))
-    for item in items:
-        _gather(item, tensors, raws, seen)
+    stack = [x]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        x = pop()
+        tx = type(x)
+        if tx in TENSOR_TYPES:
+            tensors.append(x)
+        elif tx in CONCRETE:
+            if raws is not None:
+                raws.append(x)
+        elif tx in PLAIN:
+            if tx is np.ndarray and x.dtype == object and id(x) not in seen:
+                seen.add(id(x))  # a NumPy array of Python objects
+                push(reversed(x.ravel().tolist()))
+        elif tx is dict or tx in _SEQUENCES or _is_namedtuple(tx):
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            values = x.values() if tx is dict else x
+            if all(type(v) in TENSOR_TYPES for v in values):  # most nodes of a parameter tree
+                tensors += values
+            else:
+                push(reversed(list(values)))
+        elif isinstance(x, Tensor):
+            tensors.append(x)
+        elif id(x) not in seen:
+            seen.add(id(x))
+            push(reversed(_children(x)))
+
+
+def _children(x: Any) -> list[Any]:
+    """What `_gather` walks inside an object that is not a plain container: a registered pytree
+    node's leaves, a container's items, a bound method's object, a partial's function and
+    arguments, or an object's attributes."""
+    if isinstance(x, types.MethodType):
+        return [x.__self__]
+    if isinstance(x, functools.partial):
+        return [x.func, *x.args, *x.keywords.values()]
+    leaves = jax.tree_util.tree_leaves(x, is_leaf=is_tensor)
+    if len(leaves) != 1 or leaves[0] is not x:
+        return [v for v in leaves if v is not None]
+    items = _items(x)
+    if items is not None:
+        return items
+    if isinstance(x, _OPAQUE):
+        return []
+    module = type(x).__module__ or ""
+    if module.startswith(("jax", "numpy")):
+        return []
+    values = list(vars(x).values()) if isinstance(getattr(x, "__dict__", None), dict) else []
+    for cls in type(x).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                values.append(getattr(x, name, None))
+    return values
 
 
 def _items(v: Any) -> Any:
