@@ -72,6 +72,7 @@ __all__ = [
     "PRNGKeyArray",
     "base_array",
     "buffer_addresses",
+    "shard_devices",
     "distributed_client",
     "refuse_in_type_tables",
     "register_bind_conversion",
@@ -146,6 +147,11 @@ def buffer_addresses(base: Any) -> tuple[int, ...]:
     allocation aborts the process. Raises if the array is deleted meanwhile.
     """
     return tuple(s.unsafe_buffer_pointer() for s in base._arrays)
+
+
+def shard_devices(base: Any) -> list[int]:
+    """The device id of each of ``base``'s shards, in the order of `buffer_addresses`."""
+    return [next(iter(s.sharding.device_set)).id for s in base._arrays]
 
 
 _dtypes = importlib.import_module("jax._src.dtypes")

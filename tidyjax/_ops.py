@@ -33,6 +33,9 @@ __all__ = ["install_tensor_methods", "lift", "set_kernel_hook"]
 
 # Names of JAX functions that may return a new array object over an argument's buffer.
 _TRANSFERS = frozenset({"device_put", "asarray", "array"})
+# JAX's own functions whose result is a view over an argument's allocations (another dtype and
+# shape): checked by allocation like a user function's results.
+_VIEWS = frozenset({"key_data", "wrap_key_data"})
 # Scalar argument types a lifted call passes through as they are.
 _SCALARS = frozenset({int, float, bool, complex, str, type(None)})
 
@@ -69,6 +72,7 @@ def lift_named(fn: Callable[..., Any], name: str, foreign: bool = False) -> Call
     functions (the lifted namespaces, Tensor methods) return new buffers or the very objects
     they were given, and a transfer (``_TRANSFERS``) is matched with its input."""
     transfer = name in _TRANSFERS
+    foreign = foreign or name in _VIEWS
     wrap_one = wrap_foreign if foreign else wrap
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -83,7 +87,7 @@ def lift_named(fn: Callable[..., Any], name: str, foreign: bool = False) -> Call
             raise
         if transfer and type(out) in CONCRETE and not any(out is r for r in raw):
             return wrap_transfer(out, tuple(v for v in args if type(v) in CONCRETE))
-        return wrap_tree(out, raw)
+        return wrap_tree(out, raw, foreign)
 
     def lifted(*args: Any, **kwargs: Any) -> Any:
         if _kernel_hook is not None:
@@ -110,7 +114,7 @@ def lift_named(fn: Callable[..., Any], name: str, foreign: bool = False) -> Call
             raise
         if type(out) is ArrayImpl:
             return wrap_one(out)
-        return wrap_tree(out)
+        return wrap_tree(out, None, foreign)
 
     with contextlib.suppress(AttributeError, TypeError):  # callables without metadata
         lifted = functools.wraps(fn)(lifted)

@@ -30,7 +30,7 @@ from typing import Any
 
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, RELEASED, Reason
-from ._jaxdoors import base_array, buffer_addresses
+from ._jaxdoors import base_array, buffer_addresses, shard_devices
 
 __all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Batch", "Buffer"]
 
@@ -54,7 +54,7 @@ VARIABLE: Any = _Marker("VARIABLE")
 class Buffer(weakref.ref):
     """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
 
-    __slots__ = ("dead", "home", "more", "n", "nbytes", "nvars", "owned", "scope")
+    __slots__ = ("dead", "home", "keys", "more", "n", "nbytes", "nvars", "owned", "scope")
 
     dead: Reason | None  # why every Tensor on this buffer is unusable; None while usable
     more: list[weakref.ref[Any]] | None  # other jax.Array objects over the same buffer
@@ -65,6 +65,8 @@ class Buffer(weakref.ref):
     # Set only once a Variable holds the buffer (read with getattr; unset on the per-op path):
     nvars: int  # live Variables holding it
     home: Any  # the owner before the first Variable took it; it owns the buffer again after
+    # Set once its allocations were read (read with getattr; unset on the per-op path):
+    keys: frozenset[tuple[int, int]]  # (device id, address) of each shard, for alias matching
 
     def arrays(self) -> list[Any]:
         """The live ``jax.Array`` objects over this buffer."""
@@ -371,9 +373,6 @@ def suspect(rec: Buffer, raw: list[Any] | None = None) -> None:
     never deleted)."""
     if raw:
         _twins[id(rec)] = (rec, [weakref.ref(a) for a in raw])
-    arr = rec()
-    if arr is not None:
-        _kinds.add((arr.shape, arr.dtype))
     suspects.append(rec)
     if len(orphans) > _MAX_ORPHANS:
         resolve()
@@ -383,8 +382,7 @@ def orphan(arr: Any) -> None:
     """The last Tensor on an owned record of ``arr`` is being collected (``__del__``: no lock)
     while suspects are pending: a suspect of its kind may be a second object over its buffer,
     so ``arr`` is held until the next `resolve` hands that suspect the buffer."""
-    if (arr.shape, arr.dtype) in _kinds:
-        orphans.append(arr)
+    orphans.append(arr)
 
 
 def lookup(arr: Any) -> Buffer | None:
@@ -709,89 +707,101 @@ suspects: list[Buffer] = []
 _groups: dict[int, list[Buffer]] = {}  # id(record) -> the records over its buffer (2 or more)
 # id(suspect) -> (the suspect, weak references to the caller's raw arrays it may be over)
 _twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]] = {}
-# The (shape, dtype) of each pending suspect, and the array objects of owned records whose last
-# Tensor was collected while a suspect of their kind was pending: held until the next `resolve`,
-# which may find the suspect over the same buffer and give it the buffer's ownership (else the
-# buffer would outlive its owner as a caller's array that nothing deletes), then let go.
-_kinds: set[tuple[Any, Any]] = set()
+# The array objects of owned records whose last Tensor was collected while a suspect was
+# pending: held until the next `resolve`, which may find the suspect over the same buffer and
+# give it the buffer's ownership (else the buffer would outlive its owner as a caller's array
+# that nothing deletes), then let go.
 orphans: list[Any] = []
 _MAX_ORPHANS = 16  # more, and the next suspect resolves at once (memory stays bounded)
 
 
 def resolve() -> None:
-    """Group each suspect record with the records over the same buffer. Waits for the suspects'
-    buffers (an alias is ready exactly when its twin is)."""
+    """Group each suspect record with the records that share any of its allocations (a shard
+    on a device), whatever their shape, dtype, commitment or sharding. Waits for the suspects'
+    buffers (an alias is ready exactly when the allocation is)."""
     if not suspects:
         return
     with _lock:
         pending = suspects[:]
         suspects.clear()
-        _kinds.clear()
         twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
     try:
-        _group_suspects(pending, twins)
+        wanted = _wanted(pending, twins)
+        if wanted:
+            _match(wanted)
     finally:
         orphans.clear()  # grouped now, or over no suspect's buffer: JAX may free them
 
 
-def _group_suspects(
-    pending: list[Buffer], twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]]
-) -> None:
-    wanted = _wanted(pending, twins)
-    if wanted:
-        _match(wanted)
-
-
 def _wanted(
     pending: list[Buffer], twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]]
-) -> dict[tuple[Any, Any], list[tuple[Any, Buffer]]]:
-    """The suspects' buffer addresses by ``(shape, dtype)``; a suspect over one of the caller's
-    own arrays (its ``twins``) becomes the caller's."""
-    wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]] = {}
+) -> dict[Any, list[Buffer]]:
+    """The suspects by each allocation they hold; a suspect over one of the caller's own
+    arrays (its ``twins``) becomes the caller's."""
+    wanted: dict[Any, list[Buffer]] = {}
     for rec in pending:
         arr = rec.array()  # a suspect being freed right now is dead already: checked too
         if arr is None:
             continue
-        key = _address(arr, wait=True)
-        if key is None:
+        keys = _shards(arr, wait=True)
+        if not keys:
             continue
-        wanted.setdefault((arr.shape, arr.dtype), []).append((key, rec))
+        for k in keys:
+            wanted.setdefault(k, []).append(rec)
         got = twins.get(id(rec))
-        if got is not None and got[0] is rec and _over_raw(key, got[1]):
+        if got is not None and got[0] is rec and _over_raw(keys, got[1]):
             rec.owned = False  # a new object over the caller's own array: the caller's buffer
     return wanted
 
 
-def _match(wanted: dict[tuple[Any, Any], list[tuple[Any, Buffer]]]) -> None:
-    """Each record over a suspect's buffer joins the suspect's group, or, when only `orphans`
-    holds it, leaves its place to the suspect (`_inherit`)."""
+def _match(wanted: dict[Any, list[Buffer]]) -> None:
+    """Each record sharing an allocation with a suspect joins the suspect's group, or, when
+    only `orphans` holds it, leaves its place to the suspect (`_inherit`)."""
     held = {id(a) for a in orphans}
-    for other in _records(_buffers.values(), wanted):
-        if other.dead is not None:
-            continue
+    for other, keys in _sharing(_buffers.values(), wanted):
         arr = other.array()
         if arr is None:
             continue
-        found = wanted.get((arr.shape, arr.dtype))
-        if not found:
-            continue
-        key = _address(arr, wait=False)
-        for k, rec in found:
-            if rec is other or k != key:
-                continue
-            if id(arr) in held and other.n <= 0:
+        found = {id(r): r for k in keys for r in wanted.get(k, ()) if r is not other}
+        # references to an orphan's array: `orphans`, ``arr``, getrefcount's argument
+        only_orphans = id(arr) in held and other.n <= 0 and sys.getrefcount(arr) <= 3
+        for rec in found.values():
+            if only_orphans:
                 # Only `orphans` holds ``other``'s object (no group: it goes with it).
                 if rec.n > 0 and not rec.owned:  # an owned one keeps its own owner
                     _inherit(rec, other)
             else:
+                owned = other.owned
                 _join_group(rec, other)
+                _made_elsewhere(rec, other, owned)
+
+
+def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
+    """``alias``, a suspect, shares an allocation with ``rec`` (``owned`` before they were
+    grouped), made before it. Over the same owner's buffer it is that buffer's; made in a
+    scope over a buffer that scope does not own (an outer scope's, a kept one, a Variable's,
+    a caller's), the scope disposes it as an object only and never deletes the buffer."""
+    owner = rec.scope
+    if alias.scope is None and alias.n > 0 and hasattr(owner, "_owned"):
+        alias.scope = owner  # a caller's view (`tensors()`) of a scope's buffer: the scope's
+        owner._owned.append(alias)  # listed again, not made again: num_created stays
+        if hasattr(owner, "_moved_in"):
+            owner._moved_in += 1
+    if alias.scope is owner or not hasattr(alias.scope, "_owned"):
+        alias.owned = rec.owned = owned
+    else:
+        rec.owned = owned
+        alias.owned = False
 
 
 def _inherit(heir: Buffer, gone: Buffer) -> None:
     """``gone``'s last array object is going (an orphan) while ``heir``, a second object over
     its buffer, is held by a Tensor: ``heir`` takes its place, owned by tidyjax and by
-    ``gone``'s owner (else the caller's plain array: counted by no report)."""
+    ``gone``'s owner (else the caller's plain array: counted by no report), unless an owner
+    took ``heir`` already (``keep``, a Variable, a scope's ``keep``): that one frees it."""
     heir.owned = True
+    if heir.scope is not None:
+        return
     owner = heir.scope = gone.scope
     if owner is not None and hasattr(owner, "_owned"):
         owner._owned.append(heir)  # listed again, not made again: num_created stays
@@ -799,61 +809,73 @@ def _inherit(heir: Buffer, gone: Buffer) -> None:
             owner._moved_in += 1
 
 
-def _records(pool: Iterable[Any], wanted: dict[tuple[Any, Any], Any]) -> list[Buffer]:
-    """The records of ``pool`` (each once), a batch's leaves of a ``(shape, dtype)`` in
-    ``wanted`` split out of it: their buffers are compared one by one."""
-    out: list[Buffer] = []
+def _sharing(pool: Iterable[Any], wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]]:
+    """The live records of ``pool`` (each once) that hold an allocation in ``wanted``, with
+    their allocations; a batch's leaf that does is split out of it first."""
+    out: list[tuple[Buffer, Any]] = []
     for rec in list({id(r): r for r in pool}.values()):
-        if type(rec) is not Batch:
-            out.append(rec)
-        elif rec.dead is None:
-            out += [split_stale(rec, i) for i, a in rec.held() if (a.shape, a.dtype) in wanted]
+        if type(rec) is Batch:
+            if rec.dead is None:
+                for i, a in rec.held():
+                    keys = _shards(a, wait=False)
+                    if keys and not wanted.keys().isdisjoint(keys):
+                        out.append((split_stale(rec, i), keys))
+            continue
+        if rec.dead is not None:
+            continue
+        keys = _keys_of(rec)
+        if keys and not wanted.keys().isdisjoint(keys):
+            out.append((rec, keys))
     return out
 
 
-def _over_raw(key: Any, raw: list[weakref.ref[Any]]) -> bool:
-    """Whether the buffer at addresses ``key`` is one of the ``raw`` arrays' (of its shape and
-    dtype: `suspect` was given only those)."""
-    return any((a := ref()) is not None and _address(a, wait=True) == key for ref in raw)
+def _keys_of(rec: Buffer) -> Any:
+    """The allocations of ``rec``'s buffer, read once while its array lives (then cached)."""
+    keys = getattr(rec, "keys", None)
+    if keys is None:
+        arr = rec.array()
+        if arr is None:
+            return None
+        keys = _shards(arr, wait=False)
+        if keys is not None:
+            rec.keys = keys
+    return keys
+
+
+def _over_raw(keys: Any, raw: list[weakref.ref[Any]]) -> bool:
+    """Whether the buffer with allocations ``keys`` shares one with a ``raw`` array's."""
+    for ref in raw:
+        a = ref()
+        other = _shards(a, wait=True) if a is not None else None
+        if other and not other.isdisjoint(keys):
+            return True
+    return False
 
 
 def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list[Buffer]:
-    """The live records over the buffers of ``arrays``, raw array objects no record knows (a raw
-    ``jax.device_put`` of a Tensor's array to where it already is, a tree map of it); each one
-    found joins its record as one more array object over the buffer. ``among``: the records to
-    compare with (an exiting scope's own), else every record.
+    """The live records sharing an allocation with ``arrays``, raw array objects no record
+    knows (a raw ``jax.device_put`` of a Tensor's array, a shard view, ``key_data``, a tree map
+    of them); each one found joins its record as one more array object over the buffer.
+    ``among``: the records to compare with (an exiting scope's own), else every record.
 
-    Only committed arrays can be such objects; each is waited for (an alias is ready exactly
-    when its twin is) and compared by address with the records of its shape and dtype. Runs
-    for a scope's result, ``keep`` and ``dispose``, never per op."""
-    wanted: dict[tuple[Any, Any], list[Any]] = {}
+    Each array is waited for (an alias is ready exactly when its allocation is) and compared
+    by allocation with every record, whatever its shape, dtype or commitment. Runs for a
+    scope's result, ``keep`` and ``dispose``, never per op."""
+    wanted: dict[Any, list[Any]] = {}
     for arr in arrays:
-        if type(arr) in CONCRETE and arr.committed and not arr.is_deleted():
-            wanted.setdefault((arr.shape, arr.dtype), []).append(arr)
+        if type(arr) in CONCRETE and not arr.is_deleted():
+            for k in _shards(arr, wait=True) or ():
+                wanted.setdefault(k, []).append(arr)
     if not wanted:
         return []
-    pool = _records(among if among is not None else _buffers.values(), wanted)
-    keys: dict[int, Any] = {}  # id(array) -> its addresses, read once
     found: list[Buffer] = []
-    for rec in pool:
-        if rec.dead is not None:
-            continue
+    for rec, keys in _sharing(among if among is not None else _buffers.values(), wanted):
         twin = rec.array()
-        if twin is None:
-            continue
-        candidates = wanted.get((twin.shape, twin.dtype))
-        if not candidates:
-            continue
-        for arr in candidates:
-            if arr is twin:
-                continue
-            if id(arr) not in keys:
-                keys[id(arr)] = _address(arr, wait=True)
-            key = keys[id(arr)]
-            if key is not None and key == _address(twin, wait=False):
-                if lookup(arr) is None:
-                    add_alias(rec, arr)
-                found.append(rec)
+        hits = {id(a): a for k in keys for a in wanted.get(k, ()) if a is not twin}
+        for arr in hits.values():
+            if lookup(arr) is None:
+                add_alias(rec, arr)
+            found.append(rec)
     return found
 
 
@@ -866,6 +888,22 @@ def _address(arr: Any, wait: bool) -> Any:
         if base.is_deleted() or (not wait and not base.is_ready()) or failed(base, wait=True):
             return None
         return buffer_addresses(base)
+    except Exception:  # deleted meanwhile
+        return None
+
+
+def _shards(arr: Any, wait: bool) -> frozenset[tuple[int, int]] | None:
+    """``arr``'s allocations, one ``(device id, address)`` per shard (the ledger's unit: two
+    array objects share a buffer when they share one); None as for `_address`. A buffer over
+    several devices is waited for even without ``wait``: a shard view of it is ready before
+    the whole is."""
+    base = base_array(arr)
+    try:
+        several = len(base._arrays) > 1
+        addresses = _address(base, wait or several)
+        if addresses is None:
+            return None
+        return frozenset(zip(shard_devices(base), addresses, strict=True))
     except Exception:  # deleted meanwhile
         return None
 

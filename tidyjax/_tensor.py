@@ -829,21 +829,16 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
 
 def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
     """``wrap`` for an array made outside tidyjax's own operations (a pytree rebuilt by JAX,
-    ``tensors()``, a lifted function's result): a new record of a committed array may be a
-    second object over a buffer another record holds, so it is checked before the next deletion
+    ``tensors()``, a lifted function's result): a new record may share an allocation with a
+    buffer another record holds (any shard, any shape or dtype), so it is checked before the next deletion
     (``_registry.resolve``). ``raw``: the caller's own arrays that went into the call, which it
     may be a second object over too (then the buffer stays the caller's)."""
     t = wrap(arr)
     if type(t) is Tensor:
         rec = t._r
         fresh = rec is not None and rec is not _UNTRACKED and rec.n == 1 and rec.more is None
-        if fresh and arr.committed:
-            twins = [
-                r
-                for r in raw or ()
-                if r.committed and r.shape == arr.shape and r.dtype == arr.dtype
-            ]
-            _registry.suspect(rec, twins)
+        if fresh:
+            _registry.suspect(rec, [r for r in raw or () if type(r) in CONCRETE])
     return t
 
 
@@ -908,7 +903,7 @@ def wrap_borrowed(arr: Any) -> Any:
     If tidyjax records the array (it escaped from a Tensor), this is an ordinary alias. If not,
     the array stays the caller's: counted, never deleted (a scope disposes only the Tensor, and
     the buffer goes when its last reference does; ``adopt`` hands one over). Such an array may
-    be a second object over a recorded buffer (a raw ``device_put``), so a committed one is
+    share an allocation with a recorded buffer (a raw ``device_put``, a shard view), so it is
     checked before the next deletion (``_registry.resolve``).
     """
     if type(arr) not in CONCRETE:
@@ -917,8 +912,7 @@ def wrap_borrowed(arr: Any) -> Any:
     if rec is not None and rec.dead is None:
         return wrap(arr)
     t = _wrap_unowned(arr)
-    if arr.committed:
-        _registry.suspect(t._rec)
+    _registry.suspect(t._rec)
     return t
 
 
@@ -939,7 +933,9 @@ def wrap_transfer(out: Any, inputs: tuple[Any, ...]) -> Tensor:
 
     JAX hands back a new array object over the *same* buffer when the target is where the
     buffer already is; deleting either object deletes both, so the result joins the input's
-    record. Same sharding, shape and dtype is exactly that case: no buffer is inspected.
+    record. Same sharding, shape and dtype is exactly that case: no buffer is inspected. Another
+    sharding over some of the same devices may share some shards (one device to replicated, a
+    one-device `NamedSharding`, eight-way to four-way): the result is checked by allocation.
     """
     if type(out) in CONCRETE and _registry.lookup(out) is None:
         for arr in inputs:
@@ -956,6 +952,12 @@ def wrap_transfer(out: Any, inputs: tuple[Any, ...]) -> Tensor:
                 if rec.dead is None:
                     _registry.add_alias(rec, out)
                 break
+        else:
+            if any(
+                type(arr) in CONCRETE and not out.sharding.device_set.isdisjoint(arr.devices())
+                for arr in inputs
+            ):  # another sharding over shared devices: it may share some shards (`resolve`)
+                return wrap_foreign(out, [a for a in inputs if _registry.lookup(a) is None])
     return wrap(out)
 
 
@@ -1348,9 +1350,9 @@ def adopt(array: jax.Array) -> Tensor:
         )
     if failed(array):
         _adopt_failed(array)
-    if array.committed and _registry.lookup(array) is None:
-        # Only a transfer (device_put, a shard view) makes a new object over a recorded
-        # buffer, and its result is committed to its device: fresh arrays skip the search.
+    if _registry.lookup(array) is None:
+        # A new object over a recorded buffer (a transfer, a shard view, key_data) is found by
+        # its allocations, whatever its commitment, shape or dtype.
         try:
             base_array(array).block_until_ready()  # a failed allocation raises JAX's error here
         except jax.errors.JaxRuntimeError:

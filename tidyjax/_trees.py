@@ -202,28 +202,40 @@ def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _wrap_leaf(v: Any) -> Any:
+    """A leaf of JAX's own function's result: a new buffer, the very object given, or (a
+    committed array) a transfer to where a buffer already is, checked by allocation."""
     if type(v) in CONCRETE:
-        return wrap_foreign(v)
+        return wrap_foreign(v) if v.committed else wrap(v)
     if isinstance(v, Tracer):
         return wrap(v)
     return v
 
 
-def wrap_tree(out: Any, raw: list[Any] | None = None) -> Any:
+def _foreign_leaf(v: Any) -> Any:
+    """A leaf made by user code (or a JAX function that returns a view, such as ``key_data``):
+    any array may share an allocation with a recorded buffer."""
+    return wrap_foreign(v) if type(v) in CONCRETE else _wrap_leaf(v)
+
+
+def wrap_tree(out: Any, raw: list[Any] | None = None, foreign: bool = False) -> Any:
     """Wrap every jax array in the pytree ``out`` as a tracked Tensor; other leaves pass through.
 
     ``raw`` are the caller's own arrays that went into the call: a result that *is* one of them
-    is the caller's, so tidyjax never deletes it unless it already owned it.
+    is the caller's, so tidyjax never deletes it unless it already owned it. ``foreign``: the
+    call is user code, so any result may share an allocation with a recorded buffer.
     """
+    one = _foreign_leaf if foreign else _wrap_leaf
     if not raw:
-        return walk(out, _wrap_leaf)
+        return walk(out, one)
 
     def leaf(v: Any) -> Any:
         if type(v) not in CONCRETE:
-            return _wrap_leaf(v)
+            return one(v)
         if any(v is r for r in raw):
             return wrap_borrowed(v)
-        return wrap_foreign(v, raw)  # a new object over one of them stays the caller's
+        if foreign or v.committed:
+            return wrap_foreign(v, raw)  # a new object over one of them stays the caller's
+        return wrap(v)
 
     return walk(out, leaf)
 
@@ -354,6 +366,8 @@ def records_in(
 
     A Tensor on a leaf a `Batch` holds goes to ``batched`` when given (the caller acts on
     whole batches), else its leaf gets a record of its own."""
+    if _registry.suspects:  # an alias found later would take a dropped Tensor's owner after
+        _registry.resolve()  # this keep or return decided what leaves (it must decide last)
     tensors: list[Tensor] = []
     raws: list[Any] = []
     _gather(x, tensors, raws)
