@@ -240,3 +240,17 @@ def test_variable_can_be_reassigned_after_its_buffer_was_donated():
     v.assign(new)
     np.testing.assert_array_equal(v.numpy(), [2.0, 4.0])
     tj.dispose([v, new])
+
+
+def test_raw_jax_random_on_a_typed_key_tensor_names_the_fix_and_a_raw_key_works() -> None:
+    """The guide's table (guide-jax.md): a typed key Tensor raises, naming tidyjax.random; a
+    Tensor of a raw uint32 key is converted at the primitive like any other (JAX 0.10.2+)."""
+    k = tj.tensor(jax.random.key(0))
+    with pytest.raises(tj.TidyjaxValueError, match=r"tidyjax\.random\.split"):
+        jax.random.split(k)
+    if BIND_CONVERSION:
+        raw = tj.tensor(jax.random.PRNGKey(0))
+        got = jax.random.normal(raw, (2,))
+        np.testing.assert_array_equal(got, jax.random.normal(jax.random.PRNGKey(0), (2,)))
+        raw.dispose()
+    k.dispose()

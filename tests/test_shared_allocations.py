@@ -293,6 +293,71 @@ def test_an_alias_of_the_callers_array_leaves_it_the_callers() -> None:
     del mine
 
 
+# -- donation takes every object over the allocation ---------------------------------------------
+
+
+def test_donating_a_buffer_disposes_its_aliases_and_the_counts_follow() -> None:
+    x = tj.tensor(np.arange(4, dtype=np.float32)) * 1
+    a = jax.device_put(x, DEVS[0])  # a second Tensor over x's buffer
+    step = tj.jit(lambda p: p + 1, donate_argnums=0)
+    y = step(x)
+    assert x.is_disposed and a.is_disposed
+    with pytest.raises(tj.DisposedError, match="donat"):
+        a.numpy()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_tensors, m.num_data_buffers, m.num_bytes) == (1, 1, 16), m
+    assert not m.unreliable
+    tj.dispose(y)
+    del x, a, y
+    _empty()
+
+
+# -- a buffer deleted behind tidyjax's back --------------------------------------------------------
+
+
+def test_a_buffer_deleted_outside_leaves_every_report_once_noticed() -> None:
+    with tj.timeline() as tl, tj.profile() as prof:
+        t = tj.tensor(np.arange(4, dtype=np.float32)) * 1
+        t.array.delete()
+        with pytest.raises(tj.DisposedError, match="deleted outside"):
+            t.numpy()  # tidyjax notices here
+        assert tj.memory(scan_untracked=False).num_bytes == 0
+        del t
+        gc.collect()
+    assert prof.new_bytes == 0 and prof.new_tensors == 0
+    assert tl.live_at(tl.events[-1].time) == []
+    assert [e.kind for e in tl.events].count("free") == 2  # the intermediate and this one
+    _empty()
+
+
+# -- check_leaks and views -----------------------------------------------------------------------
+
+
+def test_check_leaks_counts_no_view_of_a_pre_existing_array() -> None:
+    pre = jax.device_put(np.arange(4, dtype=np.float32), DEVS[0])
+    with tj.check_leaks() as check:
+        view = pre.addressable_data(0)  # a new object, no new memory
+    assert check.leaked() == []
+    with pytest.raises(tj.LeakError, match="1 untracked array"), tj.check_leaks():
+        made = pre + 1  # a real leak beside a view: still found
+        view2 = pre.addressable_data(0)
+    del pre, view, made, view2
+
+
+def test_check_leaks_allow_of_a_raw_alias_allows_the_tensor_over_its_buffer() -> None:
+    x = tj.tensor(np.arange(3, dtype=np.float32))
+    with tj.check_leaks() as check:
+        y = x * 2
+        raw = jax.device_put(y.array, DEVS[0])
+        check.allow(raw)
+        assert check.leaked() == []
+    with pytest.raises(tj.LeakError), tj.check_leaks():
+        z = x * 3  # not allowed: still found
+    tj.dispose([x, y, z])
+    del raw
+    _empty()
+
+
 # -- 6. the walk: no size cap, cycles, partials -------------------------------------------------
 
 

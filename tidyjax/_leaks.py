@@ -20,6 +20,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import jax
+
 from . import _html, _registry
 from ._census import (
     UNTRACKED,
@@ -27,6 +29,7 @@ from ._census import (
     TensorRecord,
     books,
     held,
+    live_holders,
     one_per_buffer,
     site_label,
     site_table,
@@ -225,9 +228,19 @@ def plain_leaks(
     ``site_of``: how a site is found (`check_leaks` names the outermost user frame inside it).
     """
     found = [a for a in _candidates(mark, allowed) if _made_by_user(a)]
-    taken = [r() for r in (allowed or {}).values()] + _held_arrays()
+    if not found:
+        return []
+    taken = [r() for r in (allowed or {}).values()] + _held_arrays() + _older(mark)
     kept = one_per_buffer(found, taken, wait=True)
     return sorted((untracked_record(a, site_of) for a in kept), key=lambda r: -r.bytes)
+
+
+def _older(mark: ArrayMark) -> list[Any]:
+    """The arrays alive now that were alive at ``mark``: a new object over one of their
+    buffers (a shard view, a raw ``device_put`` to where it is) holds no new memory."""
+    new = {id(a) for a in mark.new()}
+    platforms = {d.platform for d in jax.local_devices()}
+    return [a for p in platforms for a in jax.live_arrays(p) if id(a) not in new]
 
 
 def _held_arrays() -> list[Any]:
@@ -359,12 +372,28 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         site_of = creation_site if entry is None else functools.partial(entry.site, cache={})
         out = [
             r
-            for r in tensor_records(self._start, site_of=site_of)
+            for r in tensor_records(self._start, site_of=site_of, holding=self._holding())
             if r.id not in self._allowed and not (self.allow_kept and r.kept)
         ] if made_tensors else []  # fmt: skip
         if mark is not None:
             out += plain_leaks(mark, self._allowed_arrays, site_of)
         return out
+
+    def _holding(self) -> list[tuple[Any, list[Any]]]:
+        """The live records with their Tensors, less those sharing an allocation with an
+        allowed array (``allow(raw)`` of a raw alias allows the Tensors over its buffer)."""
+        holding = live_holders()
+        allowed = [a for r in self._allowed_arrays.values() if (a := r()) is not None]
+        keys: set[int] = set()
+        for a in allowed:
+            keys.update(_registry.same_buffer_key(a) or ())
+        if not keys:
+            return holding
+        return [
+            (rec, ts)
+            for rec, ts in holding
+            if not any(keys.intersection(_registry.same_buffer_key(a) or ()) for a in rec.arrays())
+        ]
 
     def check(self) -> None:
         """Raise `LeakError` if more than ``allowance`` Tensors and arrays leaked."""

@@ -358,6 +358,8 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
             i = positions.get(n, len(args))
             if n not in kwargs and i < len(args):
                 donated.append(args[i])
+        if _registry.suspects:  # an alias of a donated buffer is found while it is readable
+            _registry.resolve()
         out = _call(jitted, args, kwargs)
         _mark_donated(donated, name)
         return wrap_arrays(out)

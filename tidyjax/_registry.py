@@ -611,21 +611,32 @@ def _drop(rec: Buffer) -> None:
 
 
 def kill(rec: Buffer, why: Reason) -> None:
-    """Mark every Tensor on ``rec`` unusable: its buffer was consumed (donated) by JAX."""
+    """Mark every Tensor on ``rec`` unusable: its buffer was consumed (donated) by JAX. Every
+    record sharing an allocation with it whose array JAX deleted with it goes the same way."""
     if suspects:
         resolve()
     with _lock:
         if rec.dead is not None:
             return
         rec.dead = why
+        others = [r for r in _groups.get(id(rec), ()) if r is not rec and r.dead is None]
+    for other in others:
+        arr = other.array()
+        if arr is not None and arr.is_deleted():
+            with _lock:
+                other.dead = why
+            free(other)
     free(rec)
 
 
 def check(rec: Buffer) -> None:
-    """Mark ``rec`` dead if its buffer was deleted behind tidyjax's back."""
+    """Mark ``rec`` dead if its buffer was deleted behind tidyjax's back; the observers hear
+    of the free when tidyjax notices it."""
     arr = rec.array()
     if arr is not None and rec.dead is None and arr.is_deleted():
         rec.dead = DELETED_OUTSIDE
+        if observers:
+            _notify("buffer_freed", rec)
 
 
 def sweep() -> None:
@@ -746,6 +757,7 @@ def _wanted(
         keys = _shards(arr, wait=True)
         if not keys:
             continue
+        rec.keys = keys
         for k in keys:
             wanted.setdefault(k, []).append(rec)
         got = twins.get(id(rec))
@@ -896,14 +908,19 @@ def _shards(arr: Any, wait: bool) -> frozenset[tuple[int, int]] | None:
     """``arr``'s allocations, one ``(device id, address)`` per shard (the ledger's unit: two
     array objects share a buffer when they share one); None as for `_address`. A buffer over
     several devices is waited for even without ``wait``: a shard view of it is ready before
-    the whole is."""
+    the whole is. Nothing but metadata is read before the buffer is known not to have failed."""
     base = base_array(arr)
     try:
-        several = len(base._arrays) > 1
-        addresses = _address(base, wait or several)
-        if addresses is None:
+        if base.is_deleted():
             return None
-        return frozenset(zip(shard_devices(base), addresses, strict=True))
+        devices = base.sharding.device_set
+        several = len(devices) > 1
+        if (not (wait or several) and not base.is_ready()) or failed(base, wait=True):
+            return None
+        if not several:
+            (device,) = devices
+            return frozenset(((device.id, base.unsafe_buffer_pointer()),))
+        return frozenset(zip(shard_devices(base), buffer_addresses(base), strict=True))
     except Exception:  # deleted meanwhile
         return None
 

@@ -830,9 +830,9 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
 def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
     """``wrap`` for an array made outside tidyjax's own operations (a pytree rebuilt by JAX,
     ``tensors()``, a lifted function's result): a new record may share an allocation with a
-    buffer another record holds (any shard, any shape or dtype), so it is checked before the next deletion
-    (``_registry.resolve``). ``raw``: the caller's own arrays that went into the call, which it
-    may be a second object over too (then the buffer stays the caller's)."""
+    buffer another record holds (any shard, any shape or dtype), so it is checked before the
+    next deletion (``_registry.resolve``). ``raw``: the caller's own arrays that went into the
+    call, which it may share an allocation with too (then the buffer stays the caller's)."""
     t = wrap(arr)
     if type(t) is Tensor:
         rec = t._r
