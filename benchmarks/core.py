@@ -10,18 +10,20 @@ machine noise hits both sides. The same script runs on a GPU machine unchanged.
 from __future__ import annotations
 
 import argparse
+import contextvars
 import gc
 import itertools
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _timing import FullCollections, side_by_side
+from _timing import FullCollections, per_call, side_by_side
 
 import tidyjax as tj
 import tidyjax.numpy as tnp
@@ -40,6 +42,40 @@ def row(name: str, raw: Callable[[], object], tracked: Callable[[], object], num
     gc.collect()
     full = FullCollections()
     r, w = side_by_side(raw, tracked, number, rounds, collections=full)
+    return _print_row(name, r, w, full)
+
+
+def row_in(
+    name: str, raw: Callable[[], object], tracked: Callable[[], object], number: int,
+    rounds: int, context: Callable[[], AbstractContextManager[object]],
+) -> float:  # fmt: skip
+    """`row`, with a fresh ``context()`` entered around each sample of ``tracked`` (its entry
+    and exit outside the timing), which a plain alternation of two calls cannot do."""
+    gc.collect()
+    full = FullCollections()
+    for _ in range(3):  # compile, allocate
+        raw()
+        with context():
+            tracked()
+    sr, sw = [], []
+    gc.callbacks.append(full)
+    try:
+        for _ in range(rounds):
+            full.side = 0
+            full.calls[0] += number
+            sr.append(per_call(raw, number))
+            with context():
+                full.side = 1
+                full.calls[1] += number
+                sw.append(per_call(tracked, number))
+                full.side = -1
+    finally:
+        full.side = -1
+        gc.callbacks.remove(full)
+    return _print_row(name, statistics.median(sr), statistics.median(sw), full)
+
+
+def _print_row(name: str, r: float, w: float, full: FullCollections) -> float:
     ROWS.append((name, r, w))
     print(
         f"{name:58s} {r * 1e6:10.1f} {w * 1e6:10.1f} {w / r:7.3f}"
@@ -47,6 +83,77 @@ def row(name: str, raw: Callable[[], object], tracked: Callable[[], object], num
         flush=True,
     )
     return w / r
+
+
+def floor_line(tidy: float, floor: float) -> None:
+    """Print tidyjax's ratio (to raw JAX) over its floor's: the issue's target is 1.15 at most."""
+    print(f"{'  tidyjax ratio / floor ratio':58s} {'':10s} {'':10s} {tidy / floor:7.3f}",
+          flush=True)  # fmt: skip
+
+
+# The floors: the cheapest tracking anyone could write in Python, each timed against the same
+# raw JAX as the tidyjax row it bounds, in the same run.
+_FLOOR_REGISTRY: dict[int, Any] = {}
+
+
+class _Slot:
+    """A floor's wrapper: one plain slot, no property, no check; its books are kept by hand."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+
+
+class _Dropped:
+    """A floor's wrapper with a registry entry (``id(array)`` -> the array) for as long as it
+    lives: the entry goes in ``__del__``, as a dropped Tensor's books do."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+        _FLOOR_REGISTRY[id(array)] = array
+
+    def __del__(self) -> None:
+        del _FLOOR_REGISTRY[id(self.array)]
+
+
+def _track(registry: dict[int, _Slot], arrays: list[jax.Array]) -> None:
+    """A floor's books for new arrays: a wrapper apiece, in a dict keyed by ``id(array)``."""
+    for a in arrays:
+        registry[id(a)] = _Slot(a)
+
+
+def _free(registry: dict[int, _Slot], arrays: list[jax.Array]) -> None:
+    """A floor's free: ``delete()`` each array and drop its registry entry."""
+    for a in arrays:
+        a.delete()
+        del registry[id(a)]
+
+
+class _FloorScope:
+    """A floor's scope: ``__enter__`` sets a context variable, ``__exit__`` resets it and
+    deletes every array in the list the arrays made inside were appended to."""
+
+    __slots__ = ("arrays", "token")
+
+    def __init__(self) -> None:
+        self.arrays: list[jax.Array] = []
+
+    def __enter__(self) -> _FloorScope:
+        self.token = _FLOOR_SCOPE.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _FLOOR_SCOPE.reset(self.token)
+        for a in self.arrays:
+            a.delete()
+
+
+_FLOOR_SCOPE: contextvars.ContextVar[_FloorScope | None] = contextvars.ContextVar(
+    "floor_scope", default=None
+)
 
 
 def eager(number: int, rounds: int) -> None:
@@ -61,10 +168,18 @@ def eager(number: int, rounds: int) -> None:
     x = jnp.linspace(0.0, 1.0, 256)
     y = x + 1.0
     t, u = tj.tensor(x), tj.tensor(y)
-    row("lifted tnp.tanh(x) vs jnp.tanh, float32[256]", lambda: jnp.tanh(x),
-        lambda: tnp.tanh(t), number, rounds)  # fmt: skip
-    row("lifted tnp.add(x, y) vs jnp.add", lambda: jnp.add(x, y), lambda: tnp.add(t, u),
-        number, rounds)  # fmt: skip
+    ratio = row("lifted tnp.tanh(x) vs jnp.tanh, float32[256]", lambda: jnp.tanh(x),
+                lambda: tnp.tanh(t), number, rounds)  # fmt: skip
+    # The floor of a lifted call: the raw call, its result in a slotted wrapper with a registry
+    # entry (which goes with the wrapper).
+    floor_line(ratio, row("floor: jnp.tanh + slotted wrapper with a registry entry",
+                          lambda: jnp.tanh(x), lambda: _Dropped(jnp.tanh(x)), number,
+                          rounds))  # fmt: skip
+    ratio = row("lifted tnp.add(x, y) vs jnp.add", lambda: jnp.add(x, y), lambda: tnp.add(t, u),
+                number, rounds)  # fmt: skip
+    floor_line(ratio, row("floor: jnp.add + slotted wrapper with a registry entry",
+                          lambda: jnp.add(x, y), lambda: _Dropped(jnp.add(x, y)), number,
+                          rounds))  # fmt: skip
     row("t.exp() vs jnp.exp(x)", lambda: jnp.exp(x), lambda: t.exp(), number, rounds)
 
     def raw_block() -> None:
@@ -105,6 +220,25 @@ def jitted_leaves(n: int, number: int, rounds: int) -> float:
 
     ratio = row(f"jitted step, {n} leaves, tidy vs raw jit", raw, tracked, number, rounds)
     tj.dispose(params["tj"])
+
+    # The floor: the same raw jit, then a slotted wrapper per output leaf in a dict keyed by
+    # id(array), and delete() of the last step's arrays (no scope, no context variable).
+    floor_state = {"arrays": {f"w{i}": jnp.full((64,), float(i)) for i in range(n)}}
+    registry: dict[int, _Slot] = {}
+    last = {"leaves": jax.tree.leaves(floor_state["arrays"])}
+    _track(registry, last["leaves"])
+
+    def floor() -> None:
+        new = raw_step(floor_state["arrays"])
+        leaves = jax.tree.leaves(new)
+        _track(registry, leaves)
+        _free(registry, last["leaves"])
+        floor_state["arrays"], last["leaves"] = new, leaves
+        jax.block_until_ready(new)
+
+    floor_line(ratio, row(f"floor: raw jit, {n} leaves, wrapper+dict entry+delete()", raw,
+                          floor, number, rounds))  # fmt: skip
+    _free(registry, last["leaves"])
     return ratio
 
 
@@ -228,8 +362,34 @@ def optax_row(
         value.block_until_ready()
         value.dispose()
 
-    row(name, raw, tracked_wait_last if wait_last else tracked, number, rounds)
+    ratio = row(name, raw, tracked_wait_last if wait_last else tracked, number, rounds)
     tj.dispose([tj_state, xt, yt])
+
+    # The floor: the same raw jitted step, then the jitted step's floor over its output leaves
+    # (a slotted wrapper apiece in a dict keyed by id(array), delete() of the last step's state
+    # and of the loss once read), in the tidyjax side's order.
+    floor_state = {"p": jax.tree.map(jnp.asarray, params)}
+    floor_state["s"] = opt.init(floor_state["p"])
+    registry: dict[int, _Slot] = {}
+    last = {"leaves": jax.tree.leaves((floor_state["p"], floor_state["s"]))}
+    _track(registry, last["leaves"])
+
+    def floor() -> None:
+        p, s, value = raw_step(floor_state["p"], floor_state["s"], xr, yr)
+        leaves = jax.tree.leaves((p, s))
+        _track(registry, leaves)
+        registry[id(value)] = _Slot(value)
+        if not wait_last:
+            value.block_until_ready()
+        _free(registry, last["leaves"])
+        floor_state["p"], floor_state["s"], last["leaves"] = p, s, leaves
+        if wait_last:
+            value.block_until_ready()
+        _free(registry, [value])
+
+    floor_line(ratio, row("floor: raw step + wrapper, dict entry, delete() per leaf", raw,
+                          floor, number, rounds))  # fmt: skip
+    _free(registry, last["leaves"])
 
 
 def adam_step(number: int, rounds: int) -> None:
@@ -375,14 +535,18 @@ def realistic_step(number: int, rounds: int) -> None:
 
 
 def scope_exit(rounds: int) -> None:
+    """A scope's exit with N buffers made in it, per buffer, beside raw delete() of N such
+    arrays and beside the floor: a slotted scope that sets and resets a context variable and
+    deletes the arrays appended to its list (sampled in alternation, medians)."""
     print()
     print("scope exit with N buffers made in it (Tensors collected, raw arrays alive), beside")
-    print("raw delete() of N such arrays")
-    print(f"{'N':>10s} {'exit µs/buffer':>16s} {'delete µs/buffer':>18s} {'ratio':>7s}")
+    print("raw delete() of N such arrays, and the floor's exit (a slotted contextvar scope")
+    print("deleting the arrays in its list)")
+    print(f"{'workload':44s} {'exit µs/buffer':>16s} {'delete µs/buffer':>18s} {'ratio':>7s}")
     x = tj.tensor(jnp.ones(4))
     raw_x = jnp.ones(4)
     for n in (10, 1000, 100_000):
-        exits, deletes = [], []
+        exits, floors, deletes = [], [], []
         for _ in range(max(3, rounds // (1 + n // 10_000))):
             pool = [raw_x * 2.0 for _ in range(n)]
             jax.block_until_ready(pool)
@@ -402,9 +566,50 @@ def scope_exit(rounds: int) -> None:
             exits.append(time.perf_counter() - t0)
             assert all(a.is_deleted() for a in pool)
             del pool
-        e, d = statistics.median(exits) / n, statistics.median(deletes) / n
-        print(f"{n:10d} {e * 1e6:16.3f} {d * 1e6:18.3f} {e / d:7.2f}", flush=True)
+            floor = _FloorScope()
+            floor.__enter__()
+            made = _FLOOR_SCOPE.get()
+            assert made is not None
+            for _ in range(n):
+                made.arrays.append(raw_x * 2.0)
+            jax.block_until_ready(made.arrays)
+            t0 = time.perf_counter()
+            floor.__exit__(None, None, None)
+            floors.append(time.perf_counter() - t0)
+            assert all(a.is_deleted() for a in floor.arrays)
+            del floor, made
+        e, f = statistics.median(exits) / n, statistics.median(floors) / n
+        d = statistics.median(deletes) / n
+        print(f"{f'tidy scope, {n:,} buffers':44s} {e * 1e6:16.3f} {d * 1e6:18.3f} {e / d:7.2f}")
+        print(f"{f'floor: slotted contextvar scope, {n:,}':44s} {f * 1e6:16.3f} "
+              f"{d * 1e6:18.3f} {f / d:7.2f}")  # fmt: skip
+        print(f"{'  tidyjax ratio / floor ratio':44s} {'':16s} {'':18s} {e / f:7.2f}",
+              flush=True)  # fmt: skip
     x.dispose()
+
+
+def timeline_open(number: int, rounds: int) -> None:
+    """Eager ``t + 1.0`` (float32[256]) with a timeline open against the same with none (a
+    fresh timeline per sample, opened and closed outside the timing), and the floor of an op's
+    record: raw ``a + 1.0`` plus one ``(time, id, bytes)`` tuple appended to a list."""
+    a = jnp.linspace(0.0, 1.0, 256)
+    t = tj.tensor(a)
+    ratio = row_in("eager t + 1.0, float32[256]: timeline open vs none", lambda: t + 1.0,
+                   lambda: t + 1.0, number, rounds,
+                   lambda: tj.timeline(max_events=100_000))  # fmt: skip
+    events: list[tuple[float, int, int]] = []
+    clock = time.perf_counter
+
+    def floor() -> None:
+        out = a + 1.0
+        events.append((clock(), id(out), out.nbytes))
+
+    floor_line(ratio, row("floor: a + 1.0 + a (time, id, nbytes) tuple appended", lambda: a + 1.0,
+                          floor, number, rounds))  # fmt: skip
+    (_, off, on), (_, raw, low) = ROWS[-2:]
+    print(f"{'  µs added per op: timeline open, floor':58s} {'':10s} {(on - off) * 1e6:10.2f} "
+          f"{(low - raw) * 1e6:7.2f}", flush=True)  # fmt: skip
+    t.dispose()
 
 
 def profiler_check(number: int, rounds: int) -> None:
@@ -444,6 +649,7 @@ SECTIONS = (
     "breakdown",
     "objects",
     "exit",
+    "timeline",
 )
 
 
@@ -479,6 +685,8 @@ def main() -> None:
         tracked_per_leaf(1000)
     if "exit" in only:
         scope_exit(rounds)
+    if "timeline" in only:
+        timeline_open(number, rounds)
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ def released(rec: _registry.Buffer) -> bool:
 
 def buffer_id(rec: _registry.Buffer) -> int:
     """One id per device buffer: a group of records over one buffer shares its group's."""
-    return id(_registry._groups.get(id(rec), rec))
+    group = _registry.grouped(rec)
+    return id(group if group is not None else rec)
 
 
 def holds(rec: _registry.Buffer) -> bool:
@@ -125,20 +126,21 @@ def holds(rec: _registry.Buffer) -> bool:
 
 
 def same_buffer(arr: Any, records: Iterable[Any], wait: bool = False) -> Iterator[Any]:
-    """The records whose arrays share ``arr``'s buffer (none for None): reads ``arr``'s
-    addresses (waiting for them with ``wait``), then those of the records of its shape and
-    dtype whose buffers are ready (``_registry._address``: a failed one's is never read)."""
-    key = _registry._address(arr, wait=wait) if arr is not None else None
-    for other in records if key is not None else ():
+    """The records whose arrays share an allocation with ``arr`` (none for None): reads
+    ``arr``'s allocations (waiting for them with ``wait``), then those of each record whose
+    buffer is ready (``_registry.shards``: a failed one's is never read)."""
+    keys = _registry.shards(arr, wait=wait) if arr is not None else None
+    if not keys:
+        return
+    for other in records:
         a = other.array()
-        same_kind = a is not None and (a.shape, a.dtype) == (arr.shape, arr.dtype)
-        if same_kind and _registry._address(a, wait=False) == key:
+        if a is not None and not keys.isdisjoint(_registry.shards(a, wait=False) or ()):
             yield other
 
 
 def held(rec: _registry.Buffer) -> bool:
     """Whether a live Tensor holds ``rec``'s buffer (on ``rec`` or another record over it)."""
-    group = _registry._groups.get(id(rec), ())
+    group = _registry.grouped(rec) or ()
     return rec.n > 0 or any(r.n > 0 and r.dead is None for r in group)
 
 
@@ -291,7 +293,7 @@ class Census:
     @staticmethod
     def _tracked(rec: _registry.Buffer) -> Row:
         arr = rec.array()
-        n = sum(max(r.n, 0) for r in _registry._groups.get(id(rec), [rec]))
+        n = sum(max(r.n, 0) for r in _registry.grouped(rec) or [rec])
         bad = failed(arr)
         spread = () if bad else tuple(_registry.device_bytes(rec).items())
         kind = "tensor" if held(rec) else "escaped"

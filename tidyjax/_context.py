@@ -80,6 +80,16 @@ class Tracker:
             home._owned.append(rec)
         return home
 
+    def take(self, rec: Buffer) -> None:
+        """``rec``, made elsewhere or split out of a batch listed here, is this scope's now
+        (listed again, not made again: ``num_created`` stays)."""
+        self._owned.append(rec)
+        self._extra -= 1
+
+    def collected_early(self) -> None:
+        """A buffer made here went with its array to Python's collector before the exit."""
+        self._collected += 1
+
     def note_peak(self, nbytes: int) -> None:
         """A profile saw ``nbytes`` of tidyjax buffers alive while this scope was open."""
         if nbytes > self._peak:

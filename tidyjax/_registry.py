@@ -166,12 +166,8 @@ def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
     b.live -= 1
     b.nsplit += 1
     _buffers[id(arr)] = rec
-    if scope is _Marker and owner is not None and hasattr(owner, "_owned"):
-        owner._owned.append(rec)  # listed again, not made again: num_created stays
-        if hasattr(owner, "_moved_in"):
-            owner._moved_in += 1
-        else:
-            owner._extra -= 1
+    if scope is _Marker and hasattr(owner, "take"):
+        owner.take(rec)
     return rec
 
 
@@ -284,8 +280,8 @@ def leave_batch(b: Batch, t: Any) -> Buffer | None:
         b.live -= 1
         if _buffers.get(id(x)) is b:
             del _buffers[id(x)]
-        if hasattr(b.scope, "_collected"):
-            b.scope._collected += 1  # its array goes with this Tensor: collected early
+        if hasattr(b.scope, "collected_early"):
+            b.scope.collected_early()  # its array goes with this Tensor
         return None
     split(b, i, 0)
     return None
@@ -432,7 +428,7 @@ def unhold(rec: Buffer) -> None:
         if last:
             rec.dead = RELEASED
     if observers and (rec.dead is None or last):
-        _notify("tensor_removed", rec)
+        notify("tensor_removed", rec)
     if last:
         free(rec)
 
@@ -448,7 +444,7 @@ def release(rec: Buffer) -> bool:
         if last:
             rec.dead = RELEASED
     if observers:
-        _notify("tensor_removed", rec)
+        notify("tensor_removed", rec)
     return last and free(rec) is not None
 
 
@@ -575,7 +571,7 @@ def free(rec: Buffer) -> Any:
         else:
             arr = None
     if observers:
-        _notify("buffer_freed", rec)
+        notify("buffer_freed", rec)
     return arr
 
 
@@ -589,7 +585,7 @@ def _free_aliased(rec: Buffer) -> Any:
             alias.delete()
             arr = alias
     if observers:
-        _notify("buffer_freed", rec)
+        notify("buffer_freed", rec)
     return arr
 
 
@@ -607,7 +603,7 @@ def _drop(rec: Buffer) -> None:
     if on_drop is not None and arrays:
         on_drop(rec, arrays)
     if observers:
-        _notify("buffer_freed", rec)
+        notify("buffer_freed", rec)
 
 
 def kill(rec: Buffer, why: Reason) -> None:
@@ -636,7 +632,7 @@ def check(rec: Buffer) -> None:
     if arr is not None and rec.dead is None and arr.is_deleted():
         rec.dead = DELETED_OUTSIDE
         if observers:
-            _notify("buffer_freed", rec)
+            notify("buffer_freed", rec)
 
 
 def sweep() -> None:
@@ -754,7 +750,7 @@ def _wanted(
         arr = rec.array()  # a suspect being freed right now is dead already: checked too
         if arr is None:
             continue
-        keys = _shards(arr, wait=True)
+        keys = shards(arr, wait=True)
         if not keys:
             continue
         rec.keys = keys
@@ -794,12 +790,10 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
     scope over a buffer that scope does not own (an outer scope's, a kept one, a Variable's,
     a caller's), the scope disposes it as an object only and never deletes the buffer."""
     owner = rec.scope
-    if alias.scope is None and alias.n > 0 and hasattr(owner, "_owned"):
+    if alias.scope is None and alias.n > 0 and hasattr(owner, "take"):
         alias.scope = owner  # a caller's view (`tensors()`) of a scope's buffer: the scope's
-        owner._owned.append(alias)  # listed again, not made again: num_created stays
-        if hasattr(owner, "_moved_in"):
-            owner._moved_in += 1
-    if alias.scope is owner or not hasattr(alias.scope, "_owned"):
+        owner.take(alias)
+    if alias.scope is owner or not hasattr(alias.scope, "take"):
         alias.owned = rec.owned = owned
     else:
         rec.owned = owned
@@ -815,10 +809,8 @@ def _inherit(heir: Buffer, gone: Buffer) -> None:
     if heir.scope is not None:
         return
     owner = heir.scope = gone.scope
-    if owner is not None and hasattr(owner, "_owned"):
-        owner._owned.append(heir)  # listed again, not made again: num_created stays
-        if hasattr(owner, "_moved_in"):
-            owner._moved_in += 1
+    if hasattr(owner, "take"):
+        owner.take(heir)
 
 
 def _sharing(pool: Iterable[Any], wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]]:
@@ -829,7 +821,7 @@ def _sharing(pool: Iterable[Any], wanted: dict[Any, Any]) -> list[tuple[Buffer, 
         if type(rec) is Batch:
             if rec.dead is None:
                 for i, a in rec.held():
-                    keys = _shards(a, wait=False)
+                    keys = shards(a, wait=False)
                     if keys and not wanted.keys().isdisjoint(keys):
                         out.append((split_stale(rec, i), keys))
             continue
@@ -848,7 +840,7 @@ def _keys_of(rec: Buffer) -> Any:
         arr = rec.array()
         if arr is None:
             return None
-        keys = _shards(arr, wait=False)
+        keys = shards(arr, wait=False)
         if keys is not None:
             rec.keys = keys
     return keys
@@ -858,7 +850,7 @@ def _over_raw(keys: Any, raw: list[weakref.ref[Any]]) -> bool:
     """Whether the buffer with allocations ``keys`` shares one with a ``raw`` array's."""
     for ref in raw:
         a = ref()
-        other = _shards(a, wait=True) if a is not None else None
+        other = shards(a, wait=True) if a is not None else None
         if other and not other.isdisjoint(keys):
             return True
     return False
@@ -876,7 +868,7 @@ def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list
     wanted: dict[Any, list[Any]] = {}
     for arr in arrays:
         if type(arr) in CONCRETE and not arr.is_deleted():
-            for k in _shards(arr, wait=True) or ():
+            for k in shards(arr, wait=True) or ():
                 wanted.setdefault(k, []).append(arr)
     if not wanted:
         return []
@@ -904,7 +896,7 @@ def _address(arr: Any, wait: bool) -> Any:
         return None
 
 
-def _shards(arr: Any, wait: bool) -> frozenset[tuple[int, int]] | None:
+def shards(arr: Any, wait: bool) -> frozenset[tuple[int, int]] | None:
     """``arr``'s allocations, one ``(device id, address)`` per shard (the ledger's unit: two
     array objects share a buffer when they share one); None as for `_address`. A buffer over
     several devices is waited for even without ``wait``: a shard view of it is ready before
@@ -923,6 +915,16 @@ def _shards(arr: Any, wait: bool) -> frozenset[tuple[int, int]] | None:
         return frozenset(zip(shard_devices(base), buffer_addresses(base), strict=True))
     except Exception:  # deleted meanwhile
         return None
+
+
+def grouped(rec: Buffer) -> list[Buffer] | None:
+    """The records sharing an allocation with ``rec`` (``rec`` among them), or None."""
+    return _groups.get(id(rec))
+
+
+def has_groups() -> bool:
+    """Whether any records share an allocation."""
+    return bool(_groups)
 
 
 def _join_group(a: Buffer, b: Buffer) -> None:
@@ -1009,6 +1011,7 @@ def _collected(rec: Buffer) -> None:
             o.event("buffer_collected", rec, 0)
 
 
-def _notify(kind: str, rec: Buffer, tensor: int = 0) -> None:
+def notify(kind: str, rec: Buffer, tensor: int = 0) -> None:
+    """Report ``kind`` on ``rec`` (and the Tensor id ``tensor``) to every observer."""
     for o in list(observers):
         o.event(kind, rec, tensor)

@@ -146,6 +146,11 @@ class Scope(Tracker):
         reference went first)."""
         return self._collected
 
+    def take(self, rec: Any) -> None:
+        """``rec``, made elsewhere or split out of a batch listed here, is this scope's now."""
+        self._owned.append(rec)
+        self._moved_in += 1  # listed again, not made again: num_created stays
+
     @property
     def num_created(self) -> int:
         """Buffers created while this was the innermost scope (collected ones included)."""

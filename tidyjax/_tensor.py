@@ -141,7 +141,7 @@ class Tensor:
             if _registry.suspects and rec.n <= 0 and rec.owned and rec.dead is None:
                 _registry.orphan(self._array)  # a suspect may be its buffer's next holder
             if _registry.observers and rec.dead is None:
-                _registry._notify("tensor_removed", rec)
+                _registry.notify("tensor_removed", rec)
 
     @property
     def _rec(self) -> Any:
@@ -824,7 +824,7 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
         # returned or kept (TensorFlow.js), and leaves the buffer to its owner.
         scope._aliases.append(weakref.ref(t))
     if _registry.observers:
-        _registry._notify("tensor_added", rec, t._id)
+        _registry.notify("tensor_added", rec, t._id)
 
 
 def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
@@ -1029,7 +1029,7 @@ def _after_dispose(
     arrays. Returns the deleted arrays."""
     if released:
         for rec in released:
-            _registry._notify("tensor_removed", rec)
+            _registry.notify("tensor_removed", rec)
     freed = _registry.free_all(doomed)
     for arr in batched:
         arr.delete()

@@ -714,7 +714,7 @@ class Timeline:
         for rec, ts in found:
             if id(rec) not in self._live and rec.dead is None:
                 ids = tuple(sorted(t._id for t in ts))
-                twin = self._twin(rec) if _registry._groups else None
+                twin = self._twin(rec) if _registry.has_groups() else None
                 if twin is not None and len(twin) != 2:  # records over one buffer (_settle)
                     self._share(twin, rec, ids)
                 else:
@@ -954,7 +954,7 @@ class Timeline:
         """The live entry of another record over ``rec``'s buffer, or the plain array's entry
         over it, or None. Reads addresses only for a suspect of the registry or a dead record
         whose buffer lives on."""
-        for other in _registry._groups.get(id(rec), ()):
+        for other in _registry.grouped(rec) or ():
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry

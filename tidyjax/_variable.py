@@ -177,7 +177,7 @@ def _hold(arr: Any, value: Any, tensor: int) -> _registry.Buffer:
         return rec
     _registry.join(rec)
     if _registry.observers:  # one Tensor more on the buffer, as a clone reports it
-        _registry._notify("tensor_added", rec, tensor)
+        _registry.notify("tensor_added", rec, tensor)
     owner = rec.scope
     if owner is not _registry.VARIABLE:
         rec.home = owner  # the buffer is its again once no Variable holds it
