@@ -265,6 +265,27 @@ def test_a_scope_never_deletes_a_top_level_buffer_a_raw_alias_still_holds() -> N
     _empty()
 
 
+@pytest.mark.parametrize("how", ["put", "to_mesh", "to_device", "clone"])
+def test_a_scopes_alias_never_takes_a_top_level_tensors_view_of_the_buffer(how: str) -> None:
+    x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    raw = jax.device_put(x.array, DEVS[0])
+    (view,) = tj.tensors([raw])  # top level: a caller's view, checked later with the scope's
+    with tj.tidy():
+        if how == "put":
+            jax.device_put(x, DEVS[0])
+        elif how == "to_mesh":
+            x.to(NamedSharding(_mesh(1), P()))
+        elif how == "to_device":
+            x.to(DEVS[0])
+        else:
+            x.clone()
+    assert not view.is_disposed and not x.is_disposed and not raw.is_deleted()
+    np.testing.assert_array_equal(view.numpy(), np.arange(3))
+    tj.dispose([x, view])
+    del x, raw, view
+    _empty()
+
+
 # -- 8. the other direction: a scope's buffer with a raw alias and a `tensors()` wrapper --------
 
 

@@ -9,10 +9,9 @@ its cost in Python is proportional to the new arrays (``jax.live_arrays()`` itse
 list in C++, about 0.05 µs per live array).
 
 When every one of those newest arrays has died (temporaries made just before the mark), the
-mark falls back to the ids of all arrays alive at the mark, taken when it was made: an array
-whose id is not among them is new, and so is one whose id was a dead newest array's (that
-object is gone, so the id was reused). In this fallback alone, a new array that reuses the id
-of an older array that died after the mark is taken for an old one.
+mark falls back to weak references to all arrays alive at the mark, taken when it was made: an
+array is old exactly when one of them still resolves to it. An id alone never decides (a new
+array may reuse the id of one that died after the mark), and the mark keeps nothing alive.
 
 Deleted arrays are never listed. Arrays of a platform without local devices are not seen.
 Imports nothing of tidyjax.
@@ -39,7 +38,7 @@ class _PlatformMark:
     """One platform's part of a mark: weak references to its newest arrays, and the ids of
     all its arrays when there are more (the fallback)."""
 
-    __slots__ = ("newest", "older_ids", "platform")
+    __slots__ = ("newest", "older", "platform")
 
     def __init__(self, platform: str) -> None:
         self.platform = platform
@@ -48,8 +47,8 @@ class _PlatformMark:
     def _set(self, arrays: list[Any]) -> None:
         """Mark the moment ``arrays`` (a live-array list, newest first) was read."""
         self.newest = [(id(a), weakref.ref(a)) for a in arrays[:NEWEST]]
-        # A list, not a set: the fallback is rare, and a set of 10k ids costs twice the list.
-        self.older_ids = list(map(id, arrays)) if len(arrays) > NEWEST else None
+        # A list, not a dict: the fallback is rare, and it builds its lookup then.
+        self.older = list(map(weakref.ref, arrays)) if len(arrays) > NEWEST else None
 
     def new(self) -> list[Any]:
         # the list holds them: no marked array dies meanwhile
@@ -83,10 +82,9 @@ class _PlatformMark:
                     return out, len(alive) < len(newest) or a is not arrays[0]
                 if not a.is_deleted():
                     out.append(a)
-        # Every newest array died: ids decide (see the module docstring).
-        dead = {i for i, _ in newest} - alive
-        older = set(self.older_ids or ())
-        found = [a for a in arrays if not a.is_deleted() and (id(a) in dead or id(a) not in older)]
+        # Every newest array died: the weak references to all arrays at the mark decide.
+        older = {id(a) for ref in self.older or () if (a := ref()) is not None}
+        found = [a for a in arrays if not a.is_deleted() and id(a) not in older]
         return found, True
 
 

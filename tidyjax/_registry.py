@@ -766,6 +766,7 @@ def _match(wanted: dict[Any, list[Buffer]]) -> None:
     """Each record sharing an allocation with a suspect joins the suspect's group, or, when
     only `orphans` holds it, leaves its place to the suspect (`_inherit`)."""
     held = {id(a) for a in orphans}
+    new = {id(r) for recs in wanted.values() for r in recs}
     for other, keys in _sharing(_buffers.values(), wanted):
         arr = other.array()
         if arr is None:
@@ -780,8 +781,9 @@ def _match(wanted: dict[Any, list[Buffer]]) -> None:
                     _inherit(rec, other)
             else:
                 owned = other.owned
-                _join_group(rec, other)
-                _made_elsewhere(rec, other, owned)
+                _join_group(rec, other, merge=False)
+                if id(other) not in new:  # two suspects: neither made the buffer before the other
+                    _made_elsewhere(rec, other, owned)
 
 
 def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
@@ -927,7 +929,9 @@ def has_groups() -> bool:
     return bool(_groups)
 
 
-def _join_group(a: Buffer, b: Buffer) -> None:
+def _join_group(a: Buffer, b: Buffer, merge: bool = True) -> None:
+    """Put ``a`` and ``b`` in one group; ``merge``: every record of it is tidyjax's if one is
+    (else `_made_elsewhere` decides, or each keeps its own)."""
     with _lock:
         ga = _groups.get(id(a)) or [a]
         gb = _groups.get(id(b)) or [b]
@@ -937,7 +941,8 @@ def _join_group(a: Buffer, b: Buffer) -> None:
         owned = any(r.owned for r in merged)  # one buffer: tidyjax's if any object over it is
         for r in merged:
             _groups[id(r)] = merged
-            r.owned = owned
+            if merge:
+                r.owned = owned
 
 
 def _leave_group(rec: Buffer) -> bool:
