@@ -300,6 +300,21 @@ def test_a_scopes_buffer_with_a_raw_alias_and_its_tensors_wrapper_is_deleted() -
     _empty()
 
 
+def test_disposing_the_last_tensor_deletes_the_buffer_under_a_seen_raw_alias() -> None:
+    x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy():
+        raw = jax.device_put(x.array, DEVS[0])  # outlives the scope, seen through tensors()
+        (w,) = tj.tensors([raw])
+    assert w.is_disposed and not raw.is_deleted()
+    first = x.array
+    tj.dispose(x)  # the buffer's last Tensor: the buffer goes, every object over it (JAX)
+    assert first.is_deleted() and raw.is_deleted()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_data_buffers, m.num_bytes) == (0, 0), m
+    del x, raw, w, first
+    _empty()
+
+
 def test_an_alias_of_the_callers_array_leaves_it_the_callers() -> None:
     mine = jax.device_put(np.arange(3, dtype=np.float32), DEVS[0])
     (w,) = tj.tensors([mine])

@@ -556,13 +556,19 @@ def free(rec: Buffer) -> Any:
     deleted array, or None. A buffer another live record also holds is only dropped."""
     if suspects:
         resolve()
-    if _groups and id(rec) in _groups and _leave_group(rec):
-        _drop(rec)
-        return None
+    others: list[Buffer] = []
+    if _groups and id(rec) in _groups:
+        group = _groups[id(rec)]
+        if rec.dead is RELEASED and rec.owned and not any(_protects(r, rec) for r in group):
+            others = [r for r in group if r is not rec]  # the last Tensor disposed: it goes
+            _leave_group(rec)
+        elif _leave_group(rec):
+            _drop(rec)
+            return None
     arr = rec()
     if rec.more:
-        return _free_aliased(rec)
-    if arr is not None:
+        arr = _free_aliased(rec)
+    elif arr is not None:
         key = id(arr)
         if _buffers.get(key) is rec:
             del _buffers[key]
@@ -570,9 +576,25 @@ def free(rec: Buffer) -> Any:
             arr.delete()
         else:
             arr = None
-    if observers:
+        if observers:
+            notify("buffer_freed", rec)
+    elif observers:
         notify("buffer_freed", rec)
+    for other in others:  # raw objects over the deleted buffer: gone with it
+        a = other.array()
+        if other.dead is None and (a is None or a.is_deleted()):
+            other.dead = RELEASED
+            _leave_group(other)
+            _drop(other)
     return arr
+
+
+def _protects(other: Buffer, rec: Buffer) -> bool:
+    """Whether ``other``, over an allocation of ``rec``'s, still needs it when ``rec``'s last
+    Tensor is disposed: a live Tensor holds it, or it is kept or a Variable's."""
+    if other is rec or other.dead is not None or other.array() is None:
+        return False
+    return other.n > 0 or other.scope is KEPT or other.scope is VARIABLE
 
 
 def _free_aliased(rec: Buffer) -> Any:
