@@ -32,6 +32,9 @@ from ._oom import OOMReport as OOMReport
 from ._oom import oom_report as oom_report
 from ._ops import install_tensor_methods as _install_tensor_methods
 from ._ops import lift as lift
+from ._plan import MemoryPlan as MemoryPlan
+from ._plan import largest_fitting as largest_fitting
+from ._plan import plan as plan
 from ._profile import KernelRecord as KernelRecord
 from ._profile import ProfileInfo as ProfileInfo
 from ._profile import profile as profile
@@ -81,6 +84,8 @@ __all__ = [
     "ProfileInfo", "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot",
     "SiteStat", "SiteDiff", "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report",
     "OOMReport",
+    # a plan before running
+    "plan", "MemoryPlan", "largest_fitting",
     # notebooks
     "load_ipython_extension", "unload_ipython_extension",
     # errors
