@@ -568,6 +568,8 @@ def free(rec: Buffer) -> Any:
             others = [r for r in group if r is not rec]  # the last Tensor disposed: it goes
             _leave_group(rec)
         elif _leave_group(rec):
+            if rec.dead is RELEASED and rec.owned and hasattr(rec.scope, "take"):
+                _hand_on(group)  # its last Tensor disposed: an alias holds the scope's buffer
             _drop(rec)
             return None
     arr = rec()
@@ -615,6 +617,15 @@ def _kept_raw_alive(rec: Buffer) -> bool:
             if ref is not None and ref() is a and a is not None and not a.is_deleted():
                 return True
     return False
+
+
+def _hand_on(group: list[Buffer]) -> None:
+    """A scope's buffer lives on in aliases other scopes made inside it (``owned`` False: they
+    would dispose them as objects only) after its own Tensor was disposed: they own it now, so
+    the scope that made them deletes it unless it hands them out."""
+    for r in group:
+        if not r.owned and r.dead is None and hasattr(r.scope, "take"):
+            r.owned = True
 
 
 def _protects(other: Buffer, rec: Buffer) -> bool:
@@ -886,12 +897,13 @@ def _sharing(pool: Iterable[Any], wanted: dict[Any, Any]) -> list[tuple[Buffer, 
 
 
 def _keys_of(rec: Buffer) -> Any:
-    """The allocations of ``rec``'s buffer, read once while its array lives (then cached)."""
+    """The allocations of ``rec``'s buffer while an array object of it lives and is not
+    deleted (a freed address is reused at once), read once and cached."""
+    arr = rec.array()
+    if arr is None or arr.is_deleted():
+        return None
     keys = getattr(rec, "keys", None)
     if keys is None:
-        arr = rec.array()
-        if arr is None:
-            return None
         keys = shards(arr, wait=False)
         if keys is not None:
             rec.keys = keys
