@@ -384,15 +384,17 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allowed array (``allow(raw)`` of a raw alias allows the Tensors over its buffer)."""
         holding = live_holders()
         allowed = [a for r in self._allowed_arrays.values() if (a := r()) is not None]
-        keys: set[int] = set()
+        keys: set[tuple[int, int]] = set()
         for a in allowed:
-            keys.update(_registry.same_buffer_key(a) or ())
+            keys.update(_registry.shards(a, wait=False) or ())
         if not keys:
             return holding
         return [
             (rec, ts)
             for rec, ts in holding
-            if not any(keys.intersection(_registry.same_buffer_key(a) or ()) for a in rec.arrays())
+            if not any(
+                keys.intersection(_registry.shards(a, wait=False) or ()) for a in rec.arrays()
+            )
         ]
 
     def check(self) -> None:

@@ -569,19 +569,18 @@ def free(rec: Buffer) -> Any:
             return None
     arr = rec()
     if rec.more:
-        arr = _free_aliased(rec)
-    elif arr is not None:
-        key = id(arr)
-        if _buffers.get(key) is rec:
-            del _buffers[key]
-        if rec.owned:
-            arr.delete()
-        else:
-            arr = None
+        arr = _free_aliased(rec)  # it notifies the observers
+    else:
+        if arr is not None:
+            key = id(arr)
+            if _buffers.get(key) is rec:
+                del _buffers[key]
+            if rec.owned:
+                arr.delete()
+            else:
+                arr = None
         if observers:
             notify("buffer_freed", rec)
-    elif observers:
-        notify("buffer_freed", rec)
     for other in others:  # raw objects over the deleted buffer: gone with it
         a = other.array()
         if other.dead is None and (a is None or a.is_deleted()):
@@ -939,16 +938,12 @@ def shards(arr: Any, wait: bool) -> frozenset[tuple[int, int]] | None:
     the whole is. Nothing but metadata is read before the buffer is known not to have failed."""
     base = base_array(arr)
     try:
-        if base.is_deleted():
+        devices = base.sharding.device_set  # metadata: safe on a failed allocation
+        addresses = _address(base, wait or len(devices) > 1)
+        if addresses is None:
             return None
-        devices = base.sharding.device_set
-        several = len(devices) > 1
-        if (not (wait or several) and not base.is_ready()) or failed(base, wait=True):
-            return None
-        if not several:
-            (device,) = devices
-            return frozenset(((device.id, base.unsafe_buffer_pointer()),))
-        return frozenset(zip(shard_devices(base), buffer_addresses(base), strict=True))
+        ids = [d.id for d in devices] if len(devices) == 1 else shard_devices(base)
+        return frozenset(zip(ids, addresses, strict=True))
     except Exception:  # deleted meanwhile
         return None
 
