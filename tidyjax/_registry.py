@@ -54,7 +54,7 @@ VARIABLE: Any = _Marker("VARIABLE")
 class Buffer(weakref.ref):
     """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
 
-    __slots__ = ("dead", "home", "keys", "more", "n", "nbytes", "nvars", "owned", "scope")
+    __slots__ = ("dead", "heir", "home", "keys", "more", "n", "nbytes", "nvars", "owned", "scope")
 
     dead: Reason | None  # why every Tensor on this buffer is unusable; None while usable
     more: list[weakref.ref[Any]] | None  # other jax.Array objects over the same buffer
@@ -67,6 +67,10 @@ class Buffer(weakref.ref):
     home: Any  # the owner before the first Variable took it; it owns the buffer again after
     # Set once its allocations were read (read with getattr; unset on the per-op path):
     keys: frozenset[tuple[int, int]]  # (device id, address) of each shard, for alias matching
+    # Set once the buffer's own record left while this alias (made in a scope over it, owned
+    # False) still held it (read with getattr): disposing its last Tensor deletes the buffer,
+    # the scope's exit does not (it is not the scope's).
+    heir: bool
 
     def arrays(self) -> list[Any]:
         """The live ``jax.Array`` objects over this buffer."""
@@ -545,7 +549,7 @@ def _free_plain(
             key = id(arr)
             if buffers.get(key) is rec:
                 del buffers[key]
-            if rec.owned:
+            if rec.owned or _heir(rec):
                 arr.delete()
                 out.append(arr)
     return out
@@ -563,8 +567,8 @@ def free(rec: Buffer) -> Any:
             others = [r for r in group if r is not rec]  # the last Tensor disposed: it goes
             _leave_group(rec)
         elif _leave_group(rec):
-            if rec.dead is RELEASED and rec.owned and hasattr(rec.scope, "take"):
-                _hand_on(group)  # its last Tensor disposed: an alias holds the scope's buffer
+            if rec.dead is RELEASED and rec.owned:
+                _hand_on(group, hasattr(rec.scope, "take"))  # an alias holds the buffer now
             _drop(rec)
             return None
     arr = rec()
@@ -575,7 +579,7 @@ def free(rec: Buffer) -> Any:
             key = id(arr)
             if _buffers.get(key) is rec:
                 del _buffers[key]
-            if rec.owned:
+            if rec.owned or _heir(rec):
                 arr.delete()
             else:
                 arr = None
@@ -590,13 +594,24 @@ def free(rec: Buffer) -> Any:
     return arr
 
 
-def _hand_on(group: list[Buffer]) -> None:
-    """A scope's buffer lives on in aliases other scopes made inside it (``owned`` False: they
-    would dispose them as objects only) after its own Tensor was disposed: they own it now, so
-    the scope that made them deletes it unless it hands them out."""
+def _hand_on(group: list[Buffer], scopes: bool) -> None:
+    """A buffer of tidyjax's lives on in aliases scopes made over it (``owned`` False: they
+    would dispose them as objects only) after its own last Tensor was disposed. A scope's
+    buffer (``scopes``) is theirs now: the scope that made them deletes it unless it hands them
+    out. A top-level, kept or Variable's buffer is not theirs to delete at exit (a raw alias
+    may still hold it), but disposing their last Tensor deletes it, as for any buffer."""
     for r in group:
         if not r.owned and r.dead is None and hasattr(r.scope, "take"):
-            r.owned = True
+            if scopes:
+                r.owned = True
+            else:
+                r.heir = True
+
+
+def _heir(rec: Buffer) -> bool:
+    """Whether ``rec``'s buffer goes with it although tidyjax does not own it: its last Tensor
+    was disposed and it inherited a released buffer (`_hand_on`)."""
+    return rec.dead is RELEASED and getattr(rec, "heir", False)
 
 
 def _protects(other: Buffer, rec: Buffer) -> bool:
@@ -613,7 +628,7 @@ def _free_aliased(rec: Buffer) -> Any:
     for alias in rec.arrays():
         if _buffers.get(id(alias)) is rec:
             del _buffers[id(alias)]
-        if rec.owned:
+        if rec.owned or _heir(rec):
             alias.delete()
             arr = alias
     if observers:
