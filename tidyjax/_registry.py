@@ -501,6 +501,9 @@ def free_owned(
             if arr is None:
                 collected += 1
                 continue
+            if not rec.owned and getattr(rec, "heir", False):
+                rest.append(rec)  # `free` lets its Tensors go of the array
+                continue
             rec.dead = why
             key = id(arr)
             if buffers.get(key) is rec:
@@ -552,6 +555,8 @@ def _free_plain(
             if rec.owned or _heir(rec):
                 arr.delete()
                 out.append(arr)
+            elif getattr(rec, "heir", False) and on_drop is not None:
+                on_drop(rec, [arr])  # nobody else frees it: its Tensors let go of it
     return out
 
 
@@ -561,6 +566,8 @@ def free(rec: Buffer) -> Any:
     if suspects:
         resolve()
     others: list[Buffer] = []
+    if _groups and id(rec) in _groups:
+        _vanished(_groups[id(rec)])
     if _groups and id(rec) in _groups:
         group = _groups[id(rec)]
         if rec.dead is RELEASED and rec.owned and not any(_protects(r, rec) for r in group):
@@ -582,6 +589,8 @@ def free(rec: Buffer) -> Any:
             if rec.owned or _heir(rec):
                 arr.delete()
             else:
+                if getattr(rec, "heir", False) and on_drop is not None:
+                    on_drop(rec, [arr])  # nobody else frees it: its Tensors let go of it
                 arr = None
         if observers:
             notify("buffer_freed", rec)
@@ -608,6 +617,16 @@ def _hand_on(group: list[Buffer], scopes: bool) -> None:
                 r.heir = True
 
 
+def _vanished(group: list[Buffer]) -> None:
+    """Take out of ``group`` its records whose array objects all died (collected, not
+    disposed); one that owned the buffer leaves it to the aliases still holding it
+    (`_hand_on`), which would otherwise dispose them as objects only and never free it."""
+    for r in [r for r in group if r.array() is None]:
+        if r.owned and r.dead is None:
+            _hand_on(group, hasattr(r.scope, "take"))
+        _leave_group(r)  # takes the lock
+
+
 def _heir(rec: Buffer) -> bool:
     """Whether ``rec``'s buffer goes with it although tidyjax does not own it: its last Tensor
     was disposed and it inherited a released buffer (`_hand_on`)."""
@@ -625,12 +644,15 @@ def _protects(other: Buffer, rec: Buffer) -> bool:
 def _free_aliased(rec: Buffer) -> Any:
     """``free`` for a record with several array objects over its buffer."""
     arr = None
-    for alias in rec.arrays():
+    arrays = rec.arrays()
+    for alias in arrays:
         if _buffers.get(id(alias)) is rec:
             del _buffers[id(alias)]
         if rec.owned or _heir(rec):
             alias.delete()
             arr = alias
+    if arr is None and arrays and getattr(rec, "heir", False) and on_drop is not None:
+        on_drop(rec, arrays)  # nobody else frees it: its Tensors let go of it
     if observers:
         notify("buffer_freed", rec)
     return arr
@@ -694,8 +716,7 @@ def sweep() -> None:
                 del _buffers[key]
         _sweep_at = max(4096, 2 * len(_buffers))
     for group in list({id(g): g for g in _groups.values()}.values()):
-        for rec in [r for r in group if r.array() is None]:
-            _leave_group(rec)  # takes the lock
+        _vanished(group)
 
 
 def _stale(rec: Buffer) -> bool:
@@ -823,8 +844,13 @@ def _match(wanted: dict[Any, list[Buffer]]) -> None:
         only_orphans = id(arr) in held and other.n <= 0 and sys.getrefcount(arr) <= 3
         for rec in found.values():
             if only_orphans:
-                # Only `orphans` holds ``other``'s object (no group: it goes with it).
-                if rec.n > 0 and not rec.owned:  # an owned one keeps its own owner
+                # Only `orphans` holds ``other``'s object (no group: it goes with it). A
+                # suspect made after it is placed as if it lived, then takes its place.
+                if rec.n <= 0:
+                    continue
+                if id(other) not in new and other.owned:
+                    _made_elsewhere(rec, other, True)
+                if not rec.owned:  # an owned one keeps its own owner
                     _inherit(rec, other)
             else:
                 owned = other.owned
@@ -853,7 +879,13 @@ def _inherit(heir: Buffer, gone: Buffer) -> None:
     """``gone``'s last array object is going (an orphan) while ``heir``, a second object over
     its buffer, is held by a Tensor: ``heir`` takes its place, owned by tidyjax and by
     ``gone``'s owner (else the caller's plain array: counted by no report), unless an owner
-    took ``heir`` already (``keep``, a Variable, a scope's ``keep``): that one frees it."""
+    took ``heir`` already (``keep``, a Variable, a scope's ``keep``): that one frees it. Made
+    in a scope over a buffer from outside every scope, kept or a Variable's, ``heir`` does not
+    make the buffer that scope's (a raw alias made outside may still hold it): disposing its
+    last Tensor deletes it, the scope's exit does not (`_hand_on`'s rule)."""
+    if hasattr(heir.scope, "take") and not hasattr(gone.scope, "take") and not heir.owned:
+        heir.heir = True
+        return
     heir.owned = True
     if heir.scope is not None:
         return
