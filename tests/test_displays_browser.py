@@ -110,7 +110,7 @@ def _local_states() -> dict[str, tuple[str, str]]:
     with tj.check_leaks() as checker:
         pass
     show("LeakReport, empty", checker.report)
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         leaked = tj.tensor([1.0, 2.0, 3.0])
     show("LeakReport, one leak", err.value.report)
 

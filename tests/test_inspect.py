@@ -75,7 +75,7 @@ def test_snapshot_compare_to_sorts_by_size_change_and_round_trips_json(tmp_path)
 
 
 def test_check_leaks_reports_the_right_file_and_line():
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         kept_by_mistake = make_pair()  # SITE:leak_call
     report = err.value.report
     assert len(report) == 1 and report.num_bytes == 8

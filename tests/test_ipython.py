@@ -126,7 +126,7 @@ def test_rich_displays_never_raise_and_show_the_essentials():
     assert "Variable" in v._repr_html_() and "&#x27;w&#x27;" in v._repr_html_()
     p = tj.profile(lambda: t * 2)
     assert "<table" in p._repr_html_() and "mul" in p._repr_html_()
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         leaked = t + 1
     assert "leak" in err.value.report._repr_html_()
     big = tj.tensor([0.0] * 1000)

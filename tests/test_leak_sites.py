@@ -138,7 +138,7 @@ def test_plain_arrays_a_model_makes_are_at_the_users_call_too():
 
 
 def test_a_leak_made_on_the_blocks_own_line_has_no_stack():
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         t = tj.tensor([1.0])  # SITE:own
     (record,) = err.value.report.tensors
     assert record.site is not None and record.site.line == _line("SITE:own")

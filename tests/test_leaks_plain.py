@@ -177,7 +177,7 @@ def test_check_leaks_reports_a_leak_in_a_loop_at_the_users_line(kind):
 
 
 def test_check_leaks_counts_tensors_and_arrays_apart_with_one_allowance():
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks(allowance=1):
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(allowance=1, count_locals=True):
         t = tj.tensor([1.0, 2.0])
         raw = jnp.ones(4)  # SITE:raw
     report = err.value.report
@@ -187,17 +187,17 @@ def test_check_leaks_counts_tensors_and_arrays_apart_with_one_allowance():
         "1 tensor (8 B) and 1 untracked array (16 B) created inside check_leaks() are still"
     )
     assert f"{HERE}:{_line_of('SITE:raw')} in " in str(err.value)
-    with tj.check_leaks(allowance=2):
+    with tj.check_leaks(allowance=2, count_locals=True):
         t2 = tj.tensor([1.0, 2.0])
         raw2 = jnp.ones(4)
-    with tj.check_leaks(arrays=False):  # Tensors only
+    with tj.check_leaks(arrays=False, count_locals=True):  # Tensors only
         raw3 = jnp.ones(4)
     tj.dispose([t, t2])
     del raw, raw2, raw3
 
 
 def test_a_tensors_array_is_counted_once_as_the_tensor():
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         key = tj.random.key(0)  # jax.live_arrays lists its words, not the key
         t = tj.tensor([1.0]) * 2
     assert (len(err.value.report.tensors), len(err.value.report.arrays)) == (2, 0)

@@ -159,7 +159,7 @@ TRAINING = """
 
     # a leak on process 1 only fails the check on every process, naming process 1
     try:
-        with tj.check_leaks(all_processes=True):
+        with tj.check_leaks(all_processes=True, count_locals=True):
             if pid == 1:
                 leak = tj.tensor([1.0, 2.0])
     except tj.LeakError as e:

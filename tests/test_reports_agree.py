@@ -304,7 +304,7 @@ def test_a_buffer_shared_before_a_profile_opens_counts_while_any_of_its_records_
 
 def test_a_same_device_tensor_view_leaks_one_tensor_of_one_buffer():
     t = _ready_tensor()
-    with pytest.raises(tj.LeakError) as err, tj.check_leaks():
+    with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         a = jax.device_put(t, jax.devices()[0])
     report = err.value.report
     assert (len(report.tensors), len(report.arrays)) == (1, 0)  # as a clone: one Tensor

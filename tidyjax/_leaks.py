@@ -7,6 +7,13 @@ and **plain jax.Arrays** made inside and alive at the end that tidyjax does not 
 finds, less those tidyjax records, those allowed, and those with no user frame in their creation
 traceback (JAX's and installed libraries' own: compiled-function constants, caches, PRNG
 internals; a cache filled on a first call *from the user's line* is what a warm-up step removes).
+
+Two kinds of survivor are listed apart and not counted unless asked (`_Split`): a Tensor or
+array whose only references are local names of the frame running a ``with check_leaks()``
+block (the last ``labels`` of ``for x, labels in batches:``; module globals at top level), the
+block's result as a decorated function's return value is; and an array only NumPy views hold
+(``np.asarray`` of a CPU array shares its buffer). Both are decided by reference counts: the
+references the frame's names and the views' buffer exports account for must be all there are.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import collections
 import copy
 import functools
 import gc
+import inspect
 import sys
 import weakref
 from collections.abc import Callable, Iterable
@@ -59,13 +67,30 @@ class LeakReport:
     ``records`` holds both; a plain array's record has id 0 and scope ``"<untracked>"``.
     ``len(report)`` counts both, ``groups`` the Tensors' sites, ``array_groups`` the plain
     arrays' sites (`SiteStat` rows; a site's ``detail`` the library frame that made them).
+
+    Listed apart, not in ``records`` and not counted: ``bound_locals``, the Tensors and arrays
+    whose only references are local names of the function running the ``with check_leaks()``
+    block (``bound_in``; module globals at top level), as ``(names, record)`` pairs (``names``
+    like ``"labels"``, or ``"x, y"`` for one array under two names); ``numpy_views``, the
+    arrays that only NumPy views of their buffer keep alive (``np.asarray(x)`` on CPU).
     """
 
-    __slots__ = ("records", "where")
+    __slots__ = ("bound_in", "bound_locals", "numpy_views", "records", "where")
 
-    def __init__(self, records: Iterable[TensorRecord], where: str = "check_leaks()") -> None:
+    def __init__(
+        self,
+        records: Iterable[TensorRecord],
+        where: str = "check_leaks()",
+        *,
+        bound_locals: Iterable[tuple[str, TensorRecord]] = (),
+        numpy_views: Iterable[TensorRecord] = (),
+        bound_in: str = "",
+    ) -> None:
         self.records = tuple(records)
         self.where = where
+        self.bound_locals = tuple(bound_locals)
+        self.numpy_views = tuple(numpy_views)
+        self.bound_in = bound_in
 
     @property
     def tensors(self) -> tuple[TensorRecord, ...]:
@@ -108,27 +133,80 @@ class LeakReport:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    def __repr__(self) -> str:
+        apart = ""
+        if self.bound_locals:
+            apart += f", bound_locals={[names for names, _ in self.bound_locals]!r}"
+        if self.numpy_views:
+            apart += f", numpy_views={len(self.numpy_views)}"
+        return (
+            f"<LeakReport {self.where}: {count(len(self), 'leak')} "
+            f"({fmt_bytes(self.num_bytes)}){apart}>"
+        )
+
     @_html.never_raises
     def _repr_html_(self) -> str:
+        apart = [_html.line(_html.dim(text)) for text in _apart_lines(self)]
         if not self.records:
-            return _html.box(f"<b>{esc(f'no leaks after {self.where}')}</b>")
+            return _html.box(f"<b>{esc(f'no leaks after {self.where}')}</b>", *apart)
         chains = _chains_of(self)
         return _html.box(
             _html.bad(f"leak: {self._headline()}"),
             site_table(self.groups + self.array_groups,
                        more=lambda g: "".join(_html.dim(f" through {c}") for c in chains(g))),
             _html.line(_html.dim(_advice(self))),
+            *apart,
         )  # fmt: skip
 
     def __str__(self) -> str:
         if not self.records:
-            return f"no leaks: no Tensor or jax array created inside {self.where} is still alive."
+            none = f"no leaks: no Tensor or jax array created inside {self.where} is still alive."
+            return "\n".join([none, *_apart_lines(self)])
         lines = [self._headline() + ":"]
         chains = _chains_of(self)
         for g in self.groups + self.array_groups:
             lines += [f"  {g}", *(f"    through {chain}" for chain in chains(g))]
         lines.append(_advice(self))
-        return "\n".join(lines)
+        return "\n".join(lines + _apart_lines(self))
+
+
+#: The most names a report prints for the values bound to local names.
+NAMES_SHOWN = 8
+
+
+def _what(records: Iterable[TensorRecord]) -> str:
+    """``1 tensor and 2 untracked arrays (1.2 KiB)``."""
+    records = list(records)
+    tensors = [r for r in records if r.scope != UNTRACKED]
+    arrays = [r for r in records if r.scope == UNTRACKED]
+    parts = [count(len(tensors), "tensor")] * bool(tensors)
+    parts += [count(len(arrays), "untracked array")] * bool(arrays)
+    return f"{' and '.join(parts)} ({fmt_bytes(_bytes(tensors) + _bytes(arrays))})"
+
+
+def _apart_lines(report: LeakReport) -> list[str]:
+    """The report's lines for what it lists apart and does not count."""
+    lines = []
+    if report.bound_locals:
+        shown = [f"`{names}` {r.dtype}{list(r.shape)}"
+                 for names, r in report.bound_locals[:NAMES_SHOWN]]  # fmt: skip
+        if len(report.bound_locals) > NAMES_SHOWN:
+            shown.append(f"and {len(report.bound_locals) - NAMES_SHOWN} more")
+        where = f" in `{report.bound_in}`" if report.bound_in else ""
+        lines.append(
+            f"Not counted: {_what(r for _, r in report.bound_locals)} still bound to "
+            f"{', '.join(shown)}{where}: the block's result, as a decorated function's return "
+            "value is (check_leaks(count_locals=True) counts it)."
+        )
+    if report.numpy_views:
+        lines.append(
+            f"Not counted: {_what(report.numpy_views)} held by NumPy views: on CPU "
+            "np.asarray(x) shares x's buffer and keeps x alive (on a GPU it copies). Keep a copy "
+            "instead: np.array(x), float(x) or x.item() "
+            "(check_leaks(count_numpy_views=True) counts them):"
+        )
+        lines += [f"  {g}" for g in statistics(report.numpy_views)]
+    return lines
 
 
 #: The most distinct stacks a leak report shows under one site.
@@ -185,8 +263,9 @@ def leak_error(
 ) -> LeakError | None:
     """The `LeakError` to raise if more than ``allowance`` Tensors and plain arrays
     (together) leaked, or None: returned, so that the frame raising it is the caller's (IPython
-    shows the innermost frame of a traceback)."""
-    report = LeakReport(leaked, where)
+    shows the innermost frame of a traceback). The report lists what ``checker`` set apart."""
+    apart = checker._apart if checker is not None else None
+    report = LeakReport(leaked, where, **(apart.report_fields() if apart is not None else {}))
     if checker is not None:
         checker.report = report
     if not all_processes:
@@ -219,6 +298,7 @@ def plain_leaks(
     mark: ArrayMark,
     allowed: dict[int, Any] | None = None,
     site_of: Callable[[Any], Site | None] = creation_site,
+    apart: _Split | None = None,
 ) -> list[TensorRecord]:
     """A record of each plain jax.Array made since ``mark``, alive, with a user frame in its
     traceback (see the module docstring), that no live Tensor's buffer and no array in
@@ -226,13 +306,147 @@ def plain_leaks(
     oldest object over a buffer stands for it). Plain: not recorded by tidyjax, or a Tensor's
     array that outlived every Tensor on its buffer (``t.array`` kept, ``t`` dropped).
     ``site_of``: how a site is found (`check_leaks` names the outermost user frame inside it).
+    ``apart``: what to list apart instead (local names, NumPy views): its lists get them; a
+    buffer that one counted array holds counts, whatever else holds it.
     """
+    # ``found`` is the only list holding them: `_Split.divide` counts references
     found = [a for a in _candidates(mark, allowed) if _made_by_user(a)]
     if not found:
         return []
+    views: list[Any] = []
+    bound: list[tuple[Any, str]] = []
+    if apart is not None and (apart.frame is not None or apart.views):
+        found, bound, views = apart.divide(found)
     taken = [r() for r in (allowed or {}).values()] + _held_arrays() + _older(mark)
     kept = one_per_buffer(found, taken, wait=True)
-    return sorted((untracked_record(a, site_of) for a in kept), key=lambda r: -r.bytes)
+    if apart is not None and (views or bound):
+        taken += found
+        apart.numpy_views += _by_size(
+            untracked_record(a, site_of) for a in one_per_buffer(views, taken, wait=True)
+        )
+        taken += views
+        names = {id(a): n for a, n in bound}
+        apart.bound_locals += [
+            (names[id(a)], untracked_record(a, site_of))
+            for a in one_per_buffer([a for a, _ in bound], taken, wait=True)
+        ]  # fmt: skip
+    return _by_size(untracked_record(a, site_of) for a in kept)
+
+
+def _by_size(records: Iterable[TensorRecord]) -> list[TensorRecord]:
+    return sorted(records, key=lambda r: -r.bytes)
+
+
+def _buffer_export_type() -> type | None:
+    """The type of the object CPython keeps for a buffer export (``managedbuffer``: what a
+    ``memoryview`` references, and so NumPy's ``np.asarray`` of a CPU jax.Array, whose
+    ``.base`` is such a memoryview): it holds one reference to the exporting object."""
+    kinds = {type(o) for o in gc.get_referents(memoryview(bytearray(1)))}
+    return next((k for k in kinds if k.__name__ == "managedbuffer"), None)
+
+
+_BUFFER_EXPORT = _buffer_export_type()
+
+
+class _Split:
+    """What a leak check lists apart instead of counting, and what it found.
+
+    ``frame``: the frame running the ``with check_leaks()`` block, or None (the decorator, the
+    pytest plugin, ``count_locals=True``): an object only its local names reference (a
+    module's or ``exec``'s namespace at top level) goes to ``bound_locals``. ``views``: an
+    array only buffer exports reference (NumPy views; a memoryview) goes to ``numpy_views``.
+
+    Exact by reference counts: `divide` counts every reference to each object besides its own
+    list's, and sets an object apart only when the frame's names (and the exports, each one
+    reference) are all of them. A name holding a list of arrays holds the list, not an array:
+    each array in it counts as before; so does one a closure's cell holds (a cell variable is
+    not a local name here).
+    """
+
+    __slots__ = ("bound_in", "bound_locals", "frame", "numpy_views", "views")
+
+    def __init__(self, frame: Any, views: bool) -> None:
+        self.frame = frame
+        self.views = views
+        self.bound_in = frame.f_code.co_name if frame is not None else ""
+        self.bound_locals: list[tuple[str, TensorRecord]] = []
+        self.numpy_views: list[TensorRecord] = []
+
+    def report_fields(self) -> dict[str, Any]:
+        return {"bound_locals": self.bound_locals, "numpy_views": self.numpy_views,
+                "bound_in": self.bound_in}  # fmt: skip
+
+    def divide(
+        self, objs: list[Any], views: bool = True
+    ) -> tuple[list[Any], list[tuple[Any, str]], list[Any]]:
+        """``objs`` as (counted, bound to local names with the names, held by views only;
+        ``views=False``: none, as for Tensors, which no buffer export holds). ``objs`` must
+        be the only thing of the caller's holding them."""
+        names = _local_names(self.frame, objs) if self.frame is not None else {}
+        control = [object()]
+        own = sys.getrefcount(control[0])  # its list's reference and the call's argument
+        others = [sys.getrefcount(objs[i]) - own for i in range(len(objs))]
+        bound_refs = [len(names.get(id(o), ())) for o in objs]
+        exports: dict[int, int] = {}
+        if self.views and views:
+            unexplained = [o for o, n, b in zip(objs, others, bound_refs, strict=True) if n > b]
+            if unexplained:
+                exports = _exports(unexplained)
+            del unexplained
+        counted: list[Any] = []
+        bound: list[tuple[Any, str]] = []
+        viewed: list[Any] = []
+        for o, n, b in zip(objs, others, bound_refs, strict=True):
+            e = exports.get(id(o), 0)
+            if e and n == b + e:
+                viewed.append(o)
+            elif b and n == b:
+                bound.append((o, ", ".join(names[id(o)])))
+            else:
+                counted.append(o)
+        return counted, bound, viewed
+
+
+def _local_names(frame: Any, objs: list[Any]) -> dict[int, list[str]]:
+    """The names of ``frame``'s local variables bound to each of ``objs``, by id: in a function
+    its fast locals, not its cell variables (a closure may see those); at top level the
+    namespace (a module's globals)."""
+    code = frame.f_code
+    optimized = bool(code.co_flags & inspect.CO_OPTIMIZED)
+    fast = set(code.co_varnames) - set(code.co_cellvars) if optimized else None
+    wanted = {id(o) for o in objs}
+    names: dict[int, list[str]] = {}
+    namespace = frame.f_locals
+    try:
+        for name, value in namespace.items():
+            if id(value) in wanted and (fast is None or name in fast):
+                names.setdefault(id(value), []).append(name)
+        value = None
+    finally:
+        if optimized and type(namespace) is dict:
+            # Before Python 3.13 ``f_locals`` of a function is a snapshot dict the frame keeps,
+            # refreshed by each reader (``locals()``, a trace function): left full, it would
+            # hold these values after the function rebinds its names, and add references.
+            namespace.clear()
+        namespace = None
+    return names
+
+
+def _exports(objs: list[Any]) -> dict[int, int]:
+    """How many buffer exports (NumPy views, memoryviews) reference each of ``objs``, by id:
+    one walk of the objects the garbage collector tracks (``gc.get_referrers`` compares each
+    reference with every one of ``objs``: for many, a scan of the exports is faster)."""
+    if _BUFFER_EXPORT is None:  # not CPython's: nothing is taken for a view
+        return {}
+    wanted = {id(o) for o in objs}
+    found: dict[int, int] = collections.Counter()
+    holders = gc.get_referrers(*objs) if len(objs) <= 16 else gc.get_objects()
+    for holder in holders:
+        if type(holder) is _BUFFER_EXPORT:
+            for o in gc.get_referents(holder):
+                if id(o) in wanted:
+                    found[id(o)] += 1
+    return dict(found)
 
 
 def _older(mark: ArrayMark) -> list[Any]:
@@ -286,12 +500,21 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
     own caches have none). Run one step before the check so that caches a first call fills
     are full. ``arrays=False`` counts Tensors only.
 
+    Listed apart and not counted: in the ``with`` form, a Tensor or array whose only
+    references are local names of the function running the block (the last ``labels`` of
+    ``for x, labels in batches:``; at top level, the module's globals): the block's result,
+    as the decorator's return value is (``report.bound_locals``). One a list, a dict, a closure
+    or anything else also holds counts. And an array only NumPy views hold
+    (``losses.append(np.asarray(loss))`` on CPU: ``report.numpy_views``).
+
     Args:
         allowance: how many leaks (Tensors and plain arrays together) to tolerate.
         allow_returned: in the decorator form, Tensors and arrays in the return value are not
             leaks.
         allow_kept: Tensors marked with [`tidyjax.keep`][tidyjax.keep] are not leaks.
         arrays: also count plain jax.Arrays (default True).
+        count_locals: also count what only the block's local names hold (the ``with`` form).
+        count_numpy_views: also count the arrays only NumPy views hold.
         all_processes: a collective over every process of a ``jax.distributed`` job (each
             must run the check): a leak beyond ``allowance`` on any process fails every
             process, and the report names the process.
@@ -314,12 +537,16 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         allow_returned: bool = True,
         allow_kept: bool = False,
         arrays: bool = True,
+        count_locals: bool = False,
+        count_numpy_views: bool = False,
         all_processes: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.allow_returned = check_flag(allow_returned, "allow_returned", "check_leaks()")
         self.allow_kept = check_flag(allow_kept, "allow_kept", "check_leaks()")
         self.arrays = check_flag(arrays, "arrays", "check_leaks()")
+        self.count_locals = check_flag(count_locals, "count_locals", "check_leaks()")
+        self.count_numpy_views = check_flag(count_numpy_views, "count_numpy_views", "check_leaks()")
         self.all_processes = check_flag(all_processes, "all_processes", "check_leaks()")
         self.allowance = check_count(allowance, "allowance", "check_leaks()")
         self.timeout = check_seconds(timeout, "timeout", "check_leaks()")
@@ -328,6 +555,8 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         self._allowed: set[int] = set()
         self._allowed_arrays: dict[int, Any] = {}
         self._entry: Entry | None = None
+        self._frame: Any = None  # the frame running the block, held while it runs
+        self._apart: _Split | None = None
         self.report: LeakReport | None = None
 
     def allow(self, *values: Any) -> None:
@@ -346,23 +575,32 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         self._allowed_arrays = {}
         self.report = None
         self._mark = ArrayMark() if self.arrays else None
-        self._entry = Entry(sys._getframe(1))  # the frame the block runs in (see sites)
+        frame = sys._getframe(1)  # the frame the block runs in
+        self._entry = Entry(frame)  # (see sites)
+        # tidyjax's own frames (the decorator's wrapper, the pytest plugin) have no user names
+        user = not frame.f_code.co_filename.startswith(LIBRARY_FOLDERS)
+        self._frame = frame if user and not self.count_locals else None
         self._start = next(_ids)
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         __tracebackhide__ = True
-        if exc_type is None and (error := self._error()) is not None:
-            raise error
+        try:
+            if exc_type is None and (error := self._error()) is not None:
+                raise error
+        finally:
+            self._frame = None  # held no longer: it holds this checker if a name does
 
     def leaked(self) -> list[TensorRecord]:
         """The Tensors, then the plain arrays, made since entering that are alive and not
         allowed (with none made, one walk of the newest arrays and no garbage collection).
         Each record's ``site`` is the outermost user frame inside the checked block, its
-        ``site.stack`` the user frames further in.
+        ``site.stack`` the user frames further in. What is listed apart (local names of the
+        block's frame while it runs, NumPy views) is not returned: the next report lists it.
         """
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
+        apart = self._apart = _Split(self._frame, views=not self.count_numpy_views)
         made_tensors = next(_ids) > self._start + 1  # ids only grow: none made, none leaked
         mark = self._mark
         if not made_tensors and (mark is None or not _candidates(mark, self._allowed_arrays)):
@@ -370,13 +608,26 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         gc.collect()
         entry = self._entry
         site_of = creation_site if entry is None else functools.partial(entry.site, cache={})
-        out = [
-            r
-            for r in tensor_records(self._start, site_of=site_of, holding=self._holding())
-            if r.id not in self._allowed and not (self.allow_kept and r.kept)
-        ] if made_tensors else []  # fmt: skip
+        out: list[TensorRecord] = []
+        if made_tensors:
+            holding = self._holding()
+            out = [
+                r
+                for r in tensor_records(self._start, site_of=site_of, holding=holding)
+                if r.id not in self._allowed and not (self.allow_kept and r.kept)
+            ]
+            ids = {r.id for r in out} if apart.frame is not None else set()
+            tensors = [t for _, ts in holding for t in ts if t._id in ids]
+            del holding  # ``tensors`` the only list holding them: `_Split.divide` counts
+            if tensors:
+                _, bound, _ = apart.divide(tensors, views=False)
+                del tensors
+                names = {t._id: n for t, n in bound}
+                del bound
+                apart.bound_locals += [(names[r.id], r) for r in out if r.id in names]
+                out = [r for r in out if r.id not in names]
         if mark is not None:
-            out += plain_leaks(mark, self._allowed_arrays, site_of)
+            out += plain_leaks(mark, self._allowed_arrays, site_of, apart)
         return out
 
     def _holding(self) -> list[tuple[Any, list[Any]]]:
