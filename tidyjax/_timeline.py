@@ -5,7 +5,9 @@ one listens): each buffer added, freed or collected and each scope entered or ex
 `TimelineEvent`; replaying them (``live_at``) gives the tidyjax bytes ``memory()`` reports then.
 Plain ``jax.Array`` objects are seen through an ``_newarrays.ArrayMark`` at each scope event,
 ``mark()`` and stop (nothing per op), as allocations of scope ``"<untracked>"`` freed by a weak
-reference's callback (or found deleted at a look).
+reference's callback (or found deleted at a look). While a timeline records with ``sample`` on
+(the default), a `_Sampler` thread looks too, every few milliseconds, feeding the same books
+(``Timeline._sampled``): a program that never calls ``mark()`` is seen all the same.
 
 One device buffer is one allocation: the records over one buffer (a raw ``jax.device_put`` of a
 Tensor to where it is) share one entry, decided before the next event (`Timeline._settle`;
@@ -16,11 +18,14 @@ at the next ``mark()``, stop or read.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import collections
 import contextlib
 import functools
 import itertools
+import math
+import numbers
 import os
 import pathlib
 import threading
@@ -76,6 +81,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 # runs a finalizer (a Tensor's __del__, a weak reference's callback) inside a handler.
 _lock = threading.RLock()
 _recording: list[Timeline] = []  # open timelines, in the order they started
+
+#: The sampler's interval by default, in seconds (``timeline(sample=...)``).
+SAMPLE = 0.005
+#: The intervals ``sample`` may take (0 or None: off), in seconds.
+_SAMPLE_RANGE = (1e-4, 60.0)
+#: The sampler waits at least this many times as long as its last look took, so that it never
+#: takes more than about 1/20 of the time (of the GIL) however many arrays live.
+_DUTY = 20
 
 #: The most frames of a site's stack: the first frames outside tidyjax and JAX, innermost first.
 STACK_FRAMES = 4
@@ -196,6 +209,127 @@ def _record(ev: TimelineEvent) -> TensorRecord:
     )
 
 
+def _check_sample(sample: object, where: str) -> float | None:
+    """``sample`` as an interval in seconds, or None for off (None or 0)."""
+    if sample is None:
+        return None
+    if isinstance(sample, bool) or not isinstance(sample, numbers.Real):
+        raise TidyjaxTypeError(
+            f"{where}'s sample must be a number of seconds, or None (no sampling), got "
+            f"{type(sample).__name__} {sample!r}."
+        )
+    seconds = float(sample)
+    if seconds == 0:
+        return None
+    low, high = _SAMPLE_RANGE
+    if not (low <= seconds <= high) or math.isnan(seconds):
+        raise TidyjaxValueError(
+            f"{where}'s sample must be an interval from {low} to {high:g} seconds, or 0 or None "
+            f"(no sampling), got {sample!r}. The default, {SAMPLE}, sees every plain array "
+            "alive for 10 ms."
+        )
+    return seconds
+
+
+def _usable(arr: Any) -> bool | None:
+    """Whether the sampler may record ``arr``: True when its buffer is ready and its allocation
+    did not fail, None while it is being computed (ask again later), False when deleted,
+    failed or not an array tidyjax reads. Never waits (a ready buffer's wait returns at once)."""
+    base = base_array(arr)
+    if type(base) not in CONCRETE:
+        return False
+    try:
+        if base.is_deleted():
+            return False
+        if not base.is_ready():
+            return None
+    except Exception:  # deleted meanwhile
+        return False
+    return not failed(base)
+
+
+#: The samplers running, stopped at interpreter exit (a timeline never exited: a daemon thread
+#: must not call into JAX while the runtime shuts down).
+_samplers: weakref.WeakSet[_Sampler] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_samplers() -> None:
+    for sampler in list(_samplers):
+        sampler.stop.set()
+        if sampler.thread.is_alive():
+            sampler.thread.join(timeout=1.0)
+
+
+class _Sampler:
+    """The thread that looks at the plain jax.Arrays every ``interval`` seconds while its
+    timeline records (``timeline(sample=...)``), so that no ``mark()`` is needed.
+
+    Each look lists the arrays made since the last (its own `ArrayMark`, read outside the
+    timeline's lock: the main thread may run JAX meanwhile, and a weak reference's callback on
+    it takes that lock) and records, under the lock, those seen at the previous look that are
+    still alive, ready and not failed (``Timeline._sampled``: the books ``mark()`` feeds). An
+    array is recorded at its second sighting: a Tensor's array, which an op makes just before
+    the registry hears of it, is the registry's by then, and a temporary is gone. One that is
+    still being computed waits for a later look; a failed one is never read.
+
+    The thread holds no array while it waits, and drops those it holds outside the lock: a
+    weak reference's callback it runs (the last reference dropped here) takes the lock itself.
+    """
+
+    def __init__(self, tl: Timeline, interval: float) -> None:
+        self.tl = tl
+        self.interval = interval
+        self.stop = threading.Event()
+        self.mark = ArrayMark()  # made now, on the caller's thread: arrays made from now on
+        self.seen: list[weakref.ref[Any]] = []  # seen once, oldest first: recorded next look
+        self.thread = threading.Thread(
+            target=self._run, name=f"tidyjax timeline sampler {id(tl):#x}", daemon=True
+        )
+        _samplers.add(self)
+
+    def _run(self) -> None:
+        wait = self.interval
+        try:
+            while not self.stop.wait(wait):
+                began = time.perf_counter()
+                if not self._look():
+                    return
+                wait = max(self.interval, _DUTY * (time.perf_counter() - began))
+        except Exception as e:  # a thread must not raise: the timeline says sampling stopped
+            with _lock:
+                self.tl._sample_error = f"{type(e).__name__}: {e}"
+
+    def _look(self) -> bool:
+        """One look; False once the timeline stopped (or resumed with another sampler)."""
+        fresh = self.mark.advance()  # newest first
+        ready: list[Any] = []
+        later: list[weakref.ref[Any]] = []
+        for ref in self.seen:
+            arr = ref()
+            if arr is None:
+                continue
+            usable = _usable(arr)
+            if usable:
+                ready.append(arr)
+            elif usable is None:  # still being computed
+                later.append(ref)
+        # (jax.Arrays are weakly referenceable) Not the 0-d ones: JAX makes one of each Python
+        # number an op takes, alive while the op compiles (a first call), a few bytes each.
+        self.seen = later + [weakref.ref(a) for a in reversed(fresh) if a.ndim]
+        del fresh
+        while not _lock.acquire(timeout=0.05):  # never stuck while the timeline stops
+            if self.stop.is_set():
+                return False
+        try:
+            if self.stop.is_set() or self.tl._sampler is not self:
+                return False
+            self.tl._sampled(ready)
+        finally:
+            _lock.release()
+        return True  # ``ready`` goes now, outside the lock
+
+
 class Timeline:
     """Every allocation, free and scope of device memory while it recorded.
 
@@ -205,13 +339,17 @@ class Timeline:
     them) and the replay starts from what they left alive.
 
     Plain ``jax.Array`` objects no Tensor holds (``arrays=True``, the default) are seen at the
-    next scope event, [`mark`][tidyjax.Timeline.mark] or stop after they were made, with the scope
+    next scope event, [`mark`][tidyjax.Timeline.mark] or stop after they were made, and by a
+    thread that samples them every ``sample`` seconds while it records, with the scope
     ``"<untracked>"`` (``"<watched>"`` when a watched object holds one); their frees are
-    recorded when Python drops them.
+    recorded when Python drops them. Where they could not be seen (``sample=None`` and no
+    ``mark()``, or ``arrays=False``), [`unseen`][tidyjax.Timeline.unseen] says so, and so do the
+    ``repr`` and the page.
 
     Attributes:
         max_events: the most events kept.
         arrays: whether plain jax.Arrays made while recording are recorded too.
+        sample: the sampler's interval in seconds, or None when no thread samples them.
         dropped: how many older events were dropped.
         peak_bytes: the most tidyjax bytes alive at any moment while recording (all devices).
         peak_time: when that peak was first reached (``time.perf_counter()``'s clock).
@@ -222,10 +360,17 @@ class Timeline:
     #: Whether ``active()`` lists it while it records (not a profile's recorder, ``_profile``).
     _listed = True
 
-    def __init__(self, max_events: int = 1_000_000, arrays: bool = True) -> None:
+    def __init__(
+        self, max_events: int = 1_000_000, arrays: bool = True, sample: float | None = SAMPLE
+    ) -> None:
         self.max_events = max_events
         self.arrays = check_flag(arrays, "arrays", "Timeline()")
+        self.sample = _check_sample(sample, "Timeline()")
         self._array_mark: ArrayMark | None = None  # while recording plain arrays
+        self._sampler: _Sampler | None = None  # while recording plain arrays with ``sample``
+        self._marked = False  # whether the user called mark() while recording
+        self._sample_error: str | None = None  # why a sampler stopped early
+        self._unseen_note: str | None = None  # a loaded timeline's `unseen`
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()  # see _KIND
         self.dropped = 0
         self._base: dict[int, tuple[Any, ...]] = {}  # alive before the first kept event
@@ -296,6 +441,27 @@ class Timeline:
         """Whether the timeline is recording now."""
         return self._depth > 0
 
+    @property
+    def unseen(self) -> str | None:
+        """Why plain jax.Arrays may be missing from the recording, or None when they were
+        sampled (or marked with [`mark`][tidyjax.Timeline.mark]): the ``repr`` and the page
+        show it beside the peak, which then counts only the arrays seen.
+
+        ``"plain arrays not sampled: sample=None and no tl.mark()"`` (seen only at scope
+        events and the stop), ``"plain arrays not recorded: arrays=False"``, or the sampler's
+        failure. Saved by `dump`.
+        """
+        if self._loaded:
+            return self._unseen_note
+        if not self.arrays:
+            return "plain arrays not recorded: arrays=False"
+        with _lock:
+            if self._sample_error is not None:
+                return f"plain arrays sampled until the sampler failed ({self._sample_error})"
+            if self.sample is None and not self._marked:
+                return "plain arrays not sampled: sample=None and no tl.mark()"
+        return None
+
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
         """What dropped events left alive, and the events kept: together, the whole replay
         (while recording, caught up first)."""
@@ -345,14 +511,11 @@ class Timeline:
                 lost.append((ev[_BYTES], ev[_BUFFER]))
         if not amended:
             return
-        self._events = collections.deque(amended.get(id(e), e) for e in self._events)
-        self._base = {k: amended.get(id(e), e) for k, e in self._base.items()}
+        self._amend(amended)
         self._base_bytes = sum(e[_BYTES] for e in self._base.values())
         if (older := self._dropped_best) is not None:  # a live buffer made by then was alive then
             cut = sum(b for b, buffer in lost if buffer <= older[3])
             self._dropped_best = (older[0] - cut, *older[1:])
-        if self._peak_live is not None:
-            self._peak_live = [amended.get(id(e), e) for e in self._peak_live]
         self._repeak()
 
     def _repeak(self) -> None:
@@ -415,9 +578,11 @@ class Timeline:
         at = ""
         if self.start_time is not None and self.peak_bytes:
             at = f" at {_timeline_html.elapsed(self.peak_time - self.start_time)}"
+        unseen = self.unseen
+        note = f" ({unseen})" if unseen else ""
         return (
             f"<tidyjax.Timeline {len(self._events)} events ({self.dropped} dropped), "
-            f"peak {fmt_bytes(self.peak_bytes)}{at}, {state}>"
+            f"peak {fmt_bytes(self.peak_bytes)}{at}{note}, {state}>"
         )
 
     # -- the page ---------------------------------------------------------------------------
@@ -460,9 +625,13 @@ class Timeline:
         base, events = self._window()
         header = {k: getattr(self, k) for k in _timeline_format.HEADER}
         peak_live = None if self._peak_live is None else self._public(self._peak_live)
-        return _timeline_format.encode(
+        data = _timeline_format.encode(
             header, base, events, peak_live, self._stacks, self._names, self.annotations
         )
+        unseen = self.unseen
+        if unseen is not None:
+            data["unseen"] = unseen
+        return data
 
     def dump(self, path: str | os.PathLike[str]) -> None:
         """Write the timeline as JSON (read it back with `load`, or draw it with
@@ -504,6 +673,7 @@ class Timeline:
                     setattr(tl, key, data[key])
                 tl.peak_time = float(tl.peak_time)
                 tl._stacks, tl._names, tl._marks = _timeline_format.decode_extras(data, codec)
+                tl._unseen_note = data.get("unseen")  # checked (`check`): a str or null
         except TidyjaxValueError:
             raise
         except KeyError as e:
@@ -553,9 +723,12 @@ class Timeline:
                 self.start_time = self.peak_time = self._last = time.perf_counter()
             self.stop_time = None
             before = list(self._live)
+            sampler = None
             if self.arrays:
                 self._array_mark = ArrayMark()
                 self._check_deleted()  # the plain arrays dropped or deleted while stopped
+                if self.sample is not None:
+                    sampler = self._sampler = _Sampler(self, self.sample)
             if self._listed:
                 _recording.append(self)
             _registry.observers.append(self)
@@ -575,31 +748,50 @@ class Timeline:
                 self._reconcile(before, found)
                 self._forget_failed()  # a buffer that failed before: not counted from the start
                 self._name_variables()
+            if sampler is not None:
+                sampler.thread.start()
         except BaseException:  # (a KeyboardInterrupt, a MemoryError) not left recording
             self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with _lock:
-            if self._depth == 0:
-                raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
-            if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
-                self.mark()  # a last look
-                self._array_mark = None
-                self._name_variables()
-                for scope, number in list(self._scopes.values()):
-                    self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
-                self._scopes.clear()
-            self._depth -= 1
-            if self._depth:
-                return
-            if self in _recording:
-                _recording.remove(self)
-            if self in _registry.observers:
-                _registry.observers.remove(self)
-            self.stop_time = time.perf_counter()
-            self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
+        sampler = None
+        try:
+            with _lock:
+                sampler = self._exit()
+        finally:
+            # The sampler's thread ends: it sees the stop at its next wait or lock, and never
+            # records after it (joined outside the lock, which it may be waiting for).
+            thread = sampler.thread if sampler is not None else threading.current_thread()
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout=10.0)
+
+    def _exit(self) -> _Sampler | None:
+        """`__exit__` under the lock; the sampler stopped, to be joined."""
+        sampler = None
+        if self._depth == 0:
+            raise TidyjaxTypeError("this Timeline is not recording; exit it once per entry.")
+        if self._depth == 1:  # scopes still open end with the recording (resuming reopens)
+            sampler, self._sampler = self._sampler, None
+            if sampler is not None:
+                sampler.stop.set()
+            self._look()  # a last look
+            self._array_mark = None
+            self._name_variables()
+            for scope, number in list(self._scopes.values()):
+                self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
+            self._scopes.clear()
+        self._depth -= 1
+        if self._depth:
+            return sampler
+        if self in _recording:
+            _recording.remove(self)
+        if self in _registry.observers:
+            _registry.observers.remove(self)
+        self.stop_time = time.perf_counter()
+        self._forget_failed()  # so that peak_bytes, read now, counts no failed allocation
+        return sampler
 
     async def __aenter__(self) -> Timeline:
         return self.__enter__()
@@ -683,18 +875,25 @@ class Timeline:
 
     def mark(self) -> None:
         """Look now at the plain jax.Arrays: record those made since the last scope event or
-        mark and still alive, and the frees of those found deleted. Call it once per step of
-        a loop without scopes; it costs O(arrays made since the last look), plus one check of
-        each plain array alive. With ``arrays=False`` it only settles tidyjax's own buffers
+        mark and still alive, and the frees of those found deleted. The sampler (``sample``)
+        does this on its own every few milliseconds; with ``sample=None`` call it once per step
+        of a loop without scopes. It costs O(arrays made since the last look), plus one check
+        of each plain array alive. With ``arrays=False`` it only settles tidyjax's own buffers
         (records just added, buffers deleted behind tidyjax's back); while not recording it
         does nothing."""
         with _lock:
-            if self._depth:  # also the buffers just added or deleted behind tidyjax's back
-                self._settle()
-                self._check_deleted_buffers()
-                if self._array_mark is not None:
-                    self._see_arrays()
-                    self._check_deleted()
+            if self._depth:
+                self._marked = True
+            self._look()
+
+    def _look(self) -> None:
+        """`mark`'s look (under ``_lock``)."""
+        if self._depth:  # also the buffers just added or deleted behind tidyjax's back
+            self._settle()
+            self._check_deleted_buffers()
+            if self._array_mark is not None:
+                self._see_arrays()
+                self._check_deleted()
 
     def _alive(self) -> list[tuple[Any, Any]]:
         """The records counted now, each with the Tensors holding it (their ids are recorded)."""
@@ -1098,16 +1297,46 @@ class Timeline:
         """Record the plain arrays made since the last look and still alive."""
         self._settle()
         arrays = self._array_mark.advance() if self._array_mark is not None else None
-        if not arrays:
+        if arrays:
+            self._feed(arrays[::-1])  # oldest first: buffer numbers in creation order
+
+    def _sampled(self, arrays: list[Any]) -> None:
+        """The sampler's look (under ``_lock``): ``arrays`` (oldest first, ready, not failed)
+        recorded as a mark records what it finds, and the frees of plain arrays deleted."""
+        if not self._depth or self._array_mark is None:
             return
+        self._settle()
+        if arrays:
+            self._feed(arrays)
+        self._check_deleted()
+
+    def _feed(self, arrays: list[Any]) -> None:
+        """Record ``arrays`` (oldest first) unless known: each a plain array's allocation, or a
+        view of a recorded buffer."""
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
-        for arr in reversed(arrays):  # oldest first: buffer numbers in creation order
+        named: dict[int, tuple[Any, ...]] = {}
+        for arr in arrays:
             entry = None if _registry.lookup(arr) is not None else self._find(arr)
             if entry is None or (len(entry) == 2 and entry[0]() is arr):  # or the array itself
-                self._add_plain(arr, now, WATCHED if id(arr) in held else UNTRACKED)
+                scope = WATCHED if id(arr) in held else UNTRACKED
+                entry = self._add_plain(arr, now, scope)
+                if entry is not None and entry[1][_SCOPE] != scope == WATCHED:
+                    # Seen (sampled) before watch() named it: watched from its allocation, as
+                    # a look after the watch would have recorded it (the same bytes).
+                    a = entry[1]
+                    entry[1] = named[id(a)] = (*a[:_SCOPE], WATCHED, *a[_SCOPE + 1 :])
             else:  # a raw object over a recorded buffer (a raw device_put, a cached shard view)
                 self._add_view(entry, arr)
+        if named:
+            self._amend(named)
+
+    def _amend(self, amended: dict[int, tuple[Any, ...]]) -> None:
+        """Replace recorded events: ``amended`` maps the id of each to its new version."""
+        self._events = collections.deque(amended.get(id(e), e) for e in self._events)
+        self._base = {k: amended.get(id(e), e) for k, e in self._base.items()}
+        if self._peak_live is not None:
+            self._peak_live = [amended.get(id(e), e) for e in self._peak_live]
 
     def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
         """Record ``arr``'s allocation unless it is known, deleted or a Tensor's; its entry, or
@@ -1213,13 +1442,27 @@ Timeline.__module__ = "tidyjax"
 
 @overload
 def timeline(
-    fn: None = None, /, *, max_events: int = 1_000_000, arrays: bool = True
+    fn: None = None,
+    /,
+    *,
+    max_events: int = 1_000_000,
+    arrays: bool = True,
+    sample: float | None = SAMPLE,
 ) -> Timeline: ...
 @overload
-def timeline(fn: F, /, *, max_events: int = 1_000_000, arrays: bool = True) -> F: ...
+def timeline(
+    fn: F, /, *, max_events: int = 1_000_000, arrays: bool = True, sample: float | None = SAMPLE
+) -> F: ...
 
 
-def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = True) -> Any:
+def timeline(
+    fn: Any = None,
+    /,
+    *,
+    max_events: int = 1_000_000,
+    arrays: bool = True,
+    sample: float | None = SAMPLE,
+) -> Any:
     """Record every allocation, free and scope of device memory, with its time.
 
     Every form:
@@ -1244,17 +1487,24 @@ def timeline(fn: Any = None, /, *, max_events: int = 1_000_000, arrays: bool = T
     default) also the plain jax.Arrays no Tensor holds (an NNX or Equinox program's), as
     `Timeline` describes. ``arrays=False`` records tidyjax's buffers only.
 
+    JAX tells nobody when it makes an array, so while the timeline records, a thread looks at
+    the live arrays every ``sample`` seconds (5 ms by default; None or 0: no thread), and an
+    array alive for two intervals is seen without any [`mark`][tidyjax.Timeline.mark] call
+    (only ready buffers, each once). With ``sample=None`` they are seen only at scope events,
+    ``mark()`` and the stop, and ``tl.unseen``, the ``repr`` and the page say so.
+
     Raises:
-        TidyjaxTypeError: ``max_events`` is not an int, ``arrays`` not a bool, or ``fn`` is
-            not a function.
-        TidyjaxValueError: ``max_events`` is below 1.
+        TidyjaxTypeError: ``max_events`` is not an int, ``arrays`` not a bool, ``sample`` not
+            a number or None, or ``fn`` is not a function.
+        TidyjaxValueError: ``max_events`` is below 1, or ``sample`` outside 0.0001 to 60
+            seconds (and not 0).
     """
     if isinstance(max_events, bool) or not isinstance(max_events, int):
         raise TidyjaxTypeError(f"max_events must be an int, got {type(max_events).__name__}.")
     if max_events < 1:
         raise TidyjaxValueError(f"max_events must be at least 1, got {max_events}.")
     arrays = check_flag(arrays, "arrays", "timeline()")
-    tl = Timeline(max_events, arrays)
+    tl = Timeline(max_events, arrays, _check_sample(sample, "timeline()"))
     return tl if fn is None else tl(fn)
 
 

@@ -465,6 +465,7 @@ _HEADER: dict[str, tuple[Any, str]] = {
     "events": (lambda x: type(x) is dict, "an object of columns"),
     "base": (lambda x: type(x) is dict, "an object of columns"),
     "peak_live": (_or_none(lambda x: type(x) is dict), "null or an object of columns"),
+    "unseen": (_or_none(_is_str), "null or a str"),  # Timeline.unseen; older files lack it
 }
 #: The timeline's own numbers, which `encode` writes first, in this order.
 HEADER = tuple(_HEADER)[:7]

@@ -454,6 +454,9 @@ def _subtitle(tl: Any, ch: _Chart) -> str:
     elif len(ch.devices) > 1:
         each = fmt_bytes(hi) if lo == hi else f"{fmt_bytes(lo)}\u2013{fmt_bytes(hi)}"
         sub[1] = f"peak per device {each} ({peak} over {len(ch.devices)} devices together)"
+    unseen = getattr(tl, "unseen", None)  # plain arrays not sampled: never a bare peak
+    if unseen and not ch.moment:
+        sub[1] += f" ({unseen})"
     if tl.dropped:
         sub.append(f"{tl.dropped:,} older events dropped (max_events): the page starts after them")
     return f'<p class="tj-sub">{esc(" · ".join(sub))}{esc(when)}.</p>'

@@ -1,0 +1,202 @@
+"""timeline()'s sampler: plain jax.Arrays seen without mark(), on a thread that stops with it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tidyjax as tj
+from tidyjax import _registry, tidy
+from tidyjax import _timeline as tlm
+
+INTERVAL = 0.005  # the default
+STEP = 20 * INTERVAL  # each step keeps its arrays alive for 20 sampling intervals
+MB4 = (1024, 1024)  # float32: 4 MiB
+
+
+@pytest.fixture(autouse=True)
+def _no_timeline_left_open():
+    yield
+    assert tlm.active() is None
+    assert not _registry.observers, "a test left an observer registered"
+    assert not _samplers(), "a sampler thread outlived its timeline"
+
+
+def _samplers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tidyjax timeline sampler")]
+
+
+@jax.jit
+def _step(x):
+    return jnp.tanh(x) * 2.0, x + 1.0
+
+
+def _live_bytes(before: set[int]) -> int:
+    """The bytes of the live jax.Arrays made since ``before`` (ids), each buffer once."""
+    seen: dict[int, int] = {}
+    for a in jax.live_arrays():
+        if id(a) not in before and not a.is_deleted():
+            seen[a.unsafe_buffer_pointer()] = a.nbytes
+    return sum(seen.values())
+
+
+def _plain_loop(steps: int = 3, before: set[int] | None = None) -> int:
+    """Raw JAX steps, each making three 4 MiB arrays that die at the step's end; the true peak
+    (live bytes at each step's peak, measured here)."""
+    true = 0
+    for i in range(steps):
+        x = jnp.full(MB4, float(i), jnp.float32)
+        y, z = _step(x)
+        jax.block_until_ready((y, z))
+        if before is not None:
+            true = max(true, _live_bytes(before))
+        time.sleep(STEP)  # alive for 20 intervals: the sampler sees them
+        del x, y, z
+    return true
+
+
+def test_a_plain_loop_without_mark_shows_its_peak():
+    _step(jnp.full(MB4, 0.5, jnp.float32))  # compiled before (its operands live meanwhile)
+    before = {id(a) for a in jax.live_arrays()}
+    with tj.timeline() as tl:
+        true = _plain_loop(3, before)
+    assert true >= 3 * 4 * 2**20
+    assert tl.peak_bytes >= 0.9 * true, (tl.peak_bytes, true)
+    assert tl.peak_bytes <= true  # each buffer once
+    assert tl.unseen is None and "not sampled" not in repr(tl)
+    assert tl.sample == INTERVAL
+    plain = [e for e in tl.events if e.kind == "alloc" and e.shape == MB4]
+    assert len(plain) == 3 * 3  # x, y, z of each step, each once
+    assert all(e.scope == "<untracked>" for e in plain)
+    assert all(e.site is not None and e.site.file == __file__ for e in plain)
+    # every array died before the stop: all freed, through the weak references
+    assert sum(r.bytes for r in tl.live_at(tl.stop_time)) == 0
+    assert tl.live_at(tl.peak_time) and all(
+        r.scope == "<untracked>" for r in tl.live_at(tl.peak_time)
+    )
+
+
+def test_the_decorator_form_around_main_reports_the_peak():
+    @tj.timeline
+    def main():
+        _plain_loop(2)
+
+    main()
+    assert main.timeline.peak_bytes >= 3 * 4 * 2**20
+    assert not _samplers()
+    main()  # a second call resumes it, with a new sampler
+    assert main.timeline.peak_bytes >= 3 * 4 * 2**20
+    assert not _samplers()
+
+
+def test_the_sampler_runs_only_while_recording_and_stops_on_an_exception():
+    tl = tj.timeline()
+    with tl:
+        (thread,) = _samplers()
+        assert thread.daemon
+        with tl:  # nested: still one thread
+            assert _samplers() == [thread]
+    assert not thread.is_alive()
+    with pytest.raises(KeyError), tl:
+        assert len(_samplers()) == 1
+        _plain_loop(1)
+        raise KeyError("inside")
+    assert not _samplers() and not tl.recording
+    assert tl.peak_bytes >= 3 * 4 * 2**20
+    with tl.section("In[1]"):  # a notebook cell: resumed, then stopped
+        assert len(_samplers()) == 1
+    assert not _samplers()
+
+
+def test_no_sampling_says_so_in_the_repr_the_page_and_the_file(tmp_path):
+    with tj.timeline(sample=None) as tl:
+        assert not _samplers()
+        _plain_loop(1)
+    assert tl.peak_bytes == 0  # what today's timeline reports for the same loop
+    note = "plain arrays not sampled: sample=None and no tl.mark()"
+    assert tl.unseen == note
+    assert f"peak 0 B ({note})" in repr(tl)
+    assert note in tl.to_html()
+    tl.dump(tmp_path / "t.json")
+    back = tj.Timeline.load(tmp_path / "t.json")
+    assert back.unseen == note and note in repr(back)
+    with tj.timeline(sample=0) as off:
+        off.mark()  # a mark: the user looks, no note
+    assert off.sample is None and off.unseen is None
+    with tj.timeline(arrays=False) as none:
+        pass
+    assert none.unseen == "plain arrays not recorded: arrays=False"
+    assert "(plain arrays not recorded: arrays=False)" in repr(none)
+
+
+@pytest.mark.parametrize(
+    ("sample", "error", "match"),
+    [
+        ("5ms", tj.TidyjaxTypeError, "sample must be a number of seconds, or None"),
+        (True, tj.TidyjaxTypeError, "sample must be a number of seconds"),
+        (-0.01, tj.TidyjaxValueError, "sample must be an interval from 0.0001 to 60 seconds"),
+        (float("nan"), tj.TidyjaxValueError, "got nan"),
+        (float("inf"), tj.TidyjaxValueError, "got inf"),
+        (1e-6, tj.TidyjaxValueError, "or 0 or None"),
+    ],
+)
+def test_a_bad_sample_is_refused(sample, error, match):
+    with pytest.raises(error, match=match):
+        tj.timeline(sample=sample)
+    with pytest.raises(error, match=match):
+        tj.Timeline(sample=sample)
+
+
+def test_tensors_replay_as_before_with_the_sampler_running():
+    with tj.timeline() as tl:
+        a = tj.tensor(np.ones((2, 3), np.float32))  # no plain array: NumPy's
+        with tidy("outer"), tidy("inner"):
+            b = a * 2
+            time.sleep(4 * INTERVAL)  # the sampler looks meanwhile
+            c = b.clone()
+            time.sleep(4 * INTERVAL)
+    kinds = [(e.kind, e.scope) for e in tl.events]
+    assert kinds == [
+        ("alloc", ""),
+        ("scope_enter", "outer"),
+        ("scope_enter", "outer/inner"),
+        ("alloc", "outer/inner"),
+        ("free", "outer/inner"),
+        ("scope_exit", "outer/inner"),
+        ("scope_exit", "outer"),
+    ]
+    assert tl.peak_bytes == 2 * 24
+    assert set(tl.events[4].tensors) == {b.id, c.id}
+    a.dispose()
+
+
+def test_an_array_made_before_each_look_is_recorded_once():
+    x = None
+    with tj.timeline() as tl:
+        x = jnp.ones(1000, jnp.float32)
+        time.sleep(6 * INTERVAL)  # sampled a few times
+        tl.mark()  # and marked
+        time.sleep(6 * INTERVAL)
+    allocs = [e for e in tl.events if e.kind == "alloc" and e.shape == (1000,)]
+    assert [(e.bytes, e.scope) for e in allocs] == [(4000, "<untracked>")]
+    assert 4000 <= tl.peak_bytes <= 4000 + 64  # (and a scalar jnp.ones may leave alive)
+    del x
+
+
+def test_an_array_sampled_before_watch_named_it_is_recorded_watched():
+    with tj.timeline() as tl:
+        params = {"w": jnp.ones((16, 16), jnp.float32)}
+        time.sleep(6 * INTERVAL)  # sampled: untracked so far
+        assert [e.scope for e in tl.events if e.kind == "alloc"] == ["<untracked>"]
+        tj.watch(params, "model")
+        tl.mark()  # the next look finds it watched: from its allocation on
+        peak = tl.top_sites()
+    assert [e.scope for e in tl.events if e.shape == (16, 16)] == ["<watched>"]
+    assert [(s.kind, s.bytes) for s in peak] == [("watched", 1024)]
+    tj.unwatch(params)
+    del params
