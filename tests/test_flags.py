@@ -36,6 +36,15 @@ FLAGS: dict[tuple[str, str], tuple[str, Call]] = {
         "check_leaks()", lambda v, _: tj.check_leaks(allow_kept=v).allow_kept,
     ),
     ("check_leaks", "arrays"): ("check_leaks()", lambda v, _: tj.check_leaks(arrays=v).arrays),
+    ("budget", "per_device"): (
+        "tidyjax.budget()", lambda v, _: tj.budget(2**30, per_device=v).per_device,
+    ),
+    ("check_leaks", "count_locals"): (
+        "check_leaks()", lambda v, _: tj.check_leaks(count_locals=v).count_locals,
+    ),
+    ("check_leaks", "count_numpy_views"): (
+        "check_leaks()", lambda v, _: tj.check_leaks(count_numpy_views=v).count_numpy_views,
+    ),
     ("check_leaks", "all_processes"): (
         "check_leaks()", lambda v, _: tj.check_leaks(all_processes=v).all_processes,
     ),

@@ -8,10 +8,12 @@ from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from . import _interop, _oom
+from ._budget import budget as budget
 from ._census import Site as Site
 from ._census import SiteStat as SiteStat
 from ._census import TensorRecord as TensorRecord
 from ._census import live_tensors as live_tensors
+from ._errors import BudgetError as BudgetError
 from ._errors import CollectiveError as CollectiveError
 from ._errors import DisposedError as DisposedError
 from ._errors import LeakError as LeakError
@@ -84,13 +86,13 @@ __all__ = [
     "ProfileInfo", "KernelRecord", "live_tensors", "TensorRecord", "Site", "snapshot", "Snapshot",
     "SiteStat", "SiteDiff", "check_leaks", "LeakReport", "timeline", "Timeline", "oom_report",
     "OOMReport",
-    # a plan before running
-    "plan", "MemoryPlan", "largest_fitting",
+    # a plan before running, a budget
+    "plan", "MemoryPlan", "largest_fitting", "budget",
     # notebooks
     "load_ipython_extension", "unload_ipython_extension",
     # errors
     "TidyjaxError", "DisposedError", "ScopeError", "CollectiveError", "LeakError",
-    "OutOfMemoryError", "TidyjaxTypeError", "TidyjaxValueError",
+    "OutOfMemoryError", "BudgetError", "TidyjaxTypeError", "TidyjaxValueError",
 ]  # fmt: skip
 
 # Public classes print and pickle as ``tidyjax.X``, not by the private module that defines them.

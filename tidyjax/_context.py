@@ -131,6 +131,35 @@ TRACING: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
     "tidyjax_tracing", default=()
 )
 
+#: The active device-memory budgets (``tidyjax.budget``), outermost first; None when there is
+#: none, so a ``tidyjax.jit`` call outside every budget pays one ``.get()``. ``_budget`` owns
+#: the entries and installs the check each call makes inside one (`set_budget_check`).
+BUDGETS: contextvars.ContextVar[tuple[Any, ...] | None] = contextvars.ContextVar(
+    "tidyjax_budgets", default=None
+)
+
+
+def budget_limit() -> int | None:
+    """The tightest per-device budget active here, in bytes; None outside every budget."""
+    state = BUDGETS.get()
+    limits = [e.limit for e in state or () if e.per_device]
+    return min(limits) if limits else None
+
+
+def _no_budget_check(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """No budget module installed: nothing is checked."""
+
+
+#: Called by a ``tidyjax.jit`` call (``fn`` with ``args``, ``kwargs``) while `BUDGETS` holds a
+#: budget, before it runs; raises ``BudgetError`` when the call would cross one.
+check_budget: Callable[[Any, tuple[Any, ...], dict[str, Any]], None] = _no_budget_check
+
+
+def set_budget_check(check: Callable[[Any, tuple[Any, ...], dict[str, Any]], None]) -> None:
+    """Make ``check`` what `check_budget` runs (``_budget`` at package import)."""
+    global check_budget
+    check_budget = check
+
 
 # -- JAX's runtime errors ----------------------------------------------------------------------
 

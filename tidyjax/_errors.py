@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import reprlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from jax.errors import JaxRuntimeError
 
 __all__ = [
+    "BudgetError",
     "CollectiveError",
     "Reason",
     "DisposedError",
@@ -139,6 +140,58 @@ class OutOfMemoryError(TidyjaxError, MemoryError, JaxRuntimeError):
         return self.message
 
 
+class BudgetError(OutOfMemoryError):
+    """A call tidyjax was about to make would cross a [`tidyjax.budget`][tidyjax.budget]: raised
+    before the call ran, so nothing was allocated, donated or freed.
+
+    The message names the call, the device, the budget, what is live there (what was made
+    before the budget apart), what the call would add and how to make it fit. As data:
+
+    Attributes:
+        report: the call's [`tidyjax.MemoryPlan`][tidyjax.MemoryPlan] against the devices as
+            they were (its ``holders``: the largest live holders by creation site).
+        function: the call's function, by ``__qualname__``.
+        device: the device over its budget (``"cpu:0"``), or ``"all devices"`` for a budget
+            with ``per_device=False``.
+        budget_bytes: the budget crossed, in bytes.
+        live_bytes: what was live there, every ``jax.Array``, each buffer once.
+        before_bytes: the part of ``live_bytes`` made before the budget was entered.
+        new_bytes: what the call would add: its outputs + temporaries - donated (aliased)
+            bytes, + its arguments not on the device yet.
+        peak_bytes: ``live_bytes + new_bytes``, the peak the call would reach there.
+
+    Pickles with its message and every attribute (a worker's error travels to its parent).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        report: object = None,
+        *,
+        function: str = "",
+        device: str = "",
+        budget_bytes: int = 0,
+        live_bytes: int = 0,
+        before_bytes: int = 0,
+        new_bytes: int = 0,
+    ) -> None:
+        super().__init__(message, report)
+        self.function = function
+        self.device = device
+        self.budget_bytes = budget_bytes
+        self.live_bytes = live_bytes
+        self.before_bytes = before_bytes
+        self.new_bytes = new_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.live_bytes + self.new_bytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the figures are keyword-only: they travel as the state, with any notes added
+        return (BudgetError, (self.message, self.report), dict(self.__dict__))
+
+
 class Reason(NamedTuple):
     """Why a Tensor is disposed, and how to avoid it: the closed set is built below."""
 
@@ -179,6 +232,7 @@ def variable_disposed(label: str) -> Reason:
 
 
 for _cls in (
+    BudgetError,
     CollectiveError,
     DisposedError,
     ScopeError,

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _registry
+from . import _context, _registry
 from ._arrays import CONCRETE, Tracer
-from ._context import TRACING, on_jax_error
+from ._context import BUDGETS, TRACING, on_jax_error
 from ._decorating import check_callable
 from ._errors import donated
 from ._jaxdoors import (
@@ -329,6 +329,9 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
     one raises ``DisposedError`` naming the function. A donation XLA could not use leaves the
     argument alive (JAX warns).
 
+    Inside a [`tidyjax.budget`][tidyjax.budget], each call is planned first and raises
+    ``BudgetError``, before it runs, when it would cross the budget.
+
     Works as ``@tidyjax.jit``, ``@tidyjax.jit(static_argnums=…)`` or ``tidyjax.jit(fn, …)``.
     """
     if fn is None:
@@ -341,6 +344,8 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if BUDGETS.get() is not None:  # outside every budget, this look-up is the cost
+                _context.check_budget(call, args, kwargs)
             return wrap_arrays(_call(jitted, args, kwargs))
 
         call.lower = jitted.lower  # type: ignore[attr-defined]
@@ -352,6 +357,8 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
 
     @functools.wraps(fn)
     def call_donating(*args: Any, **kwargs: Any) -> Any:
+        if BUDGETS.get() is not None:
+            _context.check_budget(call_donating, args, kwargs)
         donated = [args[i] for i in donate_nums if -len(args) <= i < len(args)]
         donated += [kwargs[n] for n in donate_names if n in kwargs]
         for n in donate_names:  # a donated name passed positionally

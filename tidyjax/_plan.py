@@ -25,6 +25,7 @@ from jax.errors import JaxRuntimeError
 from . import _html
 from ._arrays import is_concrete, shard_bytes
 from ._census import SiteStat, site_table
+from ._context import budget_limit
 from ._decorating import check_callable
 from ._errors import (
     OutOfMemoryError,
@@ -37,7 +38,10 @@ from ._format import count, describe, esc, fmt_bytes
 from ._memory import MemoryInfo, memory
 from ._trees import arrays, is_tensor
 
-__all__ = ["MemoryPlan", "largest_fitting", "plan"]
+__all__ = [
+    "CallFigures", "MemoryPlan", "call_figures", "call_leaves", "largest_fitting", "new_per_device",
+    "plan", "plan_now",
+]  # fmt: skip
 
 #: How each kind of ``fn`` was compiled, as ``MemoryPlan.jitted`` names it and its text says.
 JITTED = {
@@ -113,7 +117,8 @@ class MemoryPlan:
         live_bytes: every live ``jax.Array`` on the device now, each buffer once (tidyjax's,
             watched and untracked: ``memory().total_per_device``).
         limit_bytes: the smallest of the device's ``memory_stats()["bytes_limit"]`` (none on
-            CPU) and the ``limit=`` given; None when neither is known.
+            CPU), the ``limit=`` given and every enclosing per-device
+            [`budget`][tidyjax.budget]; None when none is known.
         fits: ``live_bytes + new_bytes <= limit_bytes`` on every device; None when a limit or
             a figure is unknown (and no device is known not to fit).
         per_device: each figure above on each device: ``plan.per_device["live_bytes"]`` is
@@ -154,6 +159,12 @@ class MemoryPlan:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A mappingproxy does not pickle: per_device travels as dicts (a BudgetError's report)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["per_device"] = {f: dict(v) for f, v in self.per_device.items()}
+        return (_unpickle, (fields,))
 
     def __str__(self) -> str:
         lines = [_headline(self), f"  compiled: {JITTED.get(self.jitted, self.jitted)}"]
@@ -203,6 +214,12 @@ class MemoryPlan:
         out["per_device"] = {f: dict(v) for f, v in self.per_device.items()}
         out["holders"] = [h.to_json() for h in self.holders]
         return out
+
+
+def _unpickle(fields: dict[str, Any]) -> MemoryPlan:
+    per = fields["per_device"]
+    fields["per_device"] = MappingProxyType({f: MappingProxyType(v) for f, v in per.items()})
+    return MemoryPlan(**fields)
 
 
 _LABELS = (
@@ -302,7 +319,8 @@ def plan(
         **kwargs: its keyword arguments (``limit`` is this function's own: pass a keyword of
             ``fn`` named ``limit`` through ``functools.partial``).
         limit: bytes per device to plan against, where the backend reports no limit (CPU) or
-            a smaller one is wanted; ``fits`` is None with no limit known.
+            a smaller one is wanted; ``fits`` is None with no limit known. Inside a
+            [`tidyjax.budget`][tidyjax.budget] (per device), the smaller of the two.
 
     Returns:
         A [`MemoryPlan`][tidyjax.MemoryPlan].
@@ -331,7 +349,10 @@ def plan(
 
 
 def _check_limit(limit: object, where: str) -> int | None:
-    return None if limit is None else check_count(limit, "limit", where)
+    """``limit=`` as given, or the tightest enclosing per-device budget where smaller."""
+    given = None if limit is None else check_count(limit, "limit", where)
+    known = [b for b in (given, budget_limit()) if b is not None]
+    return min(known) if known else None
 
 
 def _lowering(fn: Callable[..., Any]) -> tuple[str, Callable[..., Any]]:
@@ -441,11 +462,40 @@ def _plan(
     stacklevel: int,
     warn: bool = True,
 ) -> MemoryPlan:
+    call = call_figures(fn, args, kwargs, stacklevel=stacklevel + 1, warn=warn)
+    return plan_now(call, args, kwargs, memory(), limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallFigures:
+    """What XLA says of one compiled call, the same at every call with the same signature (a
+    budget keeps it per signature): the function's name, how it was compiled (``JITTED``'s
+    key), its devices, ``memory_analysis()``'s figures (None where unknown) and the notes."""
+
+    name: str
+    jitted: str
+    devices: tuple[Any, ...]
+    figures: Mapping[str, int | None]
+    notes: tuple[str, ...] = ()
+
+
+def call_figures(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    stacklevel: int,
+    warn: bool = True,
+) -> CallFigures:
+    """Compile the call ``fn(*args, **kwargs)`` (JAX caches it) and read XLA's figures.
+
+    Raises:
+        TidyjaxTypeError: a tracer among the arguments, or the call cannot be lowered.
+        OutOfMemoryError: XLA ran out of memory compiling it.
+    """
     jitted, lower = _lowering(fn)
     name = _name(fn)
-    leaves = [
-        arrays(x) if is_tensor(x) else x for x in jax.tree.leaves((args, kwargs), is_leaf=is_tensor)
-    ]
+    leaves = call_leaves(args, kwargs)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         raise TidyjaxTypeError(
             f"{_WHERE} got a traced value for {name}: it plans a call from outside any "
@@ -456,8 +506,42 @@ def _plan(
     figures, notes = _xla_figures(lowered, compiled)
     devices = _devices_of(compiled)
     notes += _sharding_notes(leaves, devices, name, warn, stacklevel + 1)
-    info = memory()
-    return _assemble(name, jitted, devices, figures, _live_arguments(leaves), info, limit, notes)
+    return CallFigures(name, jitted, tuple(devices), MappingProxyType(figures), tuple(notes))
+
+
+def call_leaves(args: Any, kwargs: Any) -> list[Any]:
+    """The call's leaves, a Tensor as its array."""
+    return [
+        arrays(x) if is_tensor(x) else x for x in jax.tree.leaves((args, kwargs), is_leaf=is_tensor)
+    ]
+
+
+def new_per_device(call: CallFigures, args: Any, kwargs: Any) -> dict[Any, int | None]:
+    """What the call would add on each of its devices now (`MemoryPlan.new_bytes`): the
+    arguments not live there yet + outputs + temporaries - aliases; None where unknown."""
+    live_args = _live_arguments(call_leaves(args, kwargs))
+    return {dev: _new_bytes(call.figures, live_args.get(dev, 0)) for dev in call.devices}
+
+
+def _new_bytes(figures: Mapping[str, int | None], live_args: int) -> int | None:
+    a, o, t, al = (
+        figures[f] for f in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")
+    )
+    if a is None or o is None or t is None or al is None:
+        return None
+    return max(0, a - live_args) + o + t - al
+
+
+def plan_now(
+    call: CallFigures, args: Any, kwargs: Any, info: MemoryInfo, limit: int | None
+) -> MemoryPlan:
+    """The plan of ``call`` against the devices as ``info`` saw them, under ``limit``."""
+    live_args = _live_arguments(call_leaves(args, kwargs))
+    figures = dict(call.figures)
+    devices = list(call.devices)
+    return _assemble(
+        call.name, call.jitted, devices, figures, live_args, info, limit, list(call.notes)
+    )
 
 
 def _live_arguments(leaves: Iterable[Any]) -> dict[Any, int]:
@@ -508,9 +592,6 @@ def _assemble(
 ) -> MemoryPlan:
     """The plan: XLA's figures on each device, and each device's state now."""
     total = info.total_per_device
-    a, o, t, al = (
-        figures[f] for f in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")
-    )
     per: dict[str, dict[str, Any]] = {f: {} for f in PER_DEVICE}
     unknown_limits = []
     for dev in devices:
@@ -518,10 +599,7 @@ def _assemble(
         for f, v in figures.items():
             per[f][d] = v
         live = total.get(dev, 0)
-        new = None
-        if None not in (a, o, t, al):
-            pending = max(0, a - live_args.get(dev, 0))  # type: ignore[operator]
-            new = pending + o + t - al  # type: ignore[operator]
+        new = _new_bytes(figures, live_args.get(dev, 0))
         known = [b for b in (info.device_stats.get(dev, {}).get("bytes_limit"), limit) if b]
         lim = min(known) if known else None
         if lim is None:
@@ -582,7 +660,8 @@ def largest_fitting(
             (``jax.ShapeDtypeStruct``s allocate nothing).
         lo: the smallest ``n`` to try; it must fit.
         hi: the largest ``n`` to try.
-        limit: bytes per device, as for `plan`; needed where the backend reports no limit (CPU).
+        limit: bytes per device, as for `plan`; needed where the backend reports no limit (CPU)
+            and no [`budget`][tidyjax.budget] is active.
 
     Returns:
         ``(n, plan, compiles)``: the largest fitting ``n``, its plan, how many compiles it took.

@@ -1,4 +1,5 @@
-"""pytest plugin: fail tests that leave Tensors or plain jax.Arrays alive; a fresh-scope fixture.
+"""pytest plugin: fail tests that leave Tensors or plain jax.Arrays alive, or cross a device
+memory limit; a fresh-scope fixture.
 
 Registered through the ``pytest11`` entry point, so it is active wherever tidyjax is installed.
 
@@ -10,6 +11,11 @@ Registered through the ``pytest11`` entry point, so it is active wherever tidyja
   ``--tidyjax-leak-allowance=N`` (ini: ``tidyjax_leak_allowance``) sets the default allowance.
   ``tidyjax_leak_arrays = false`` (ini) counts Tensors only, in every checked test.
   A bad value of any is one usage error at the start of the session.
+* ``@pytest.mark.limit_device_memory("2 GiB")`` (bytes or a string as ``tidyjax.budget``
+  takes): the test body runs inside ``tidyjax.budget(limit)``; a ``tidyjax.jit`` call that
+  would take a device past it fails the test before it runs, saying the peak, the budget, the
+  call and the largest holders. ``--tidyjax-device-memory-limit=LIMIT`` (ini:
+  ``tidyjax_device_memory_limit = 2 GiB``) does it for every test; a marker overrides it.
 * ``tidy_scope`` fixture: the test body runs in a fresh ``tidy("test")`` scope, exited (and its
   Tensors freed) at teardown.
 
@@ -24,6 +30,8 @@ from typing import Any
 import pytest
 
 _MARKER = "no_tensor_leaks"
+_LIMIT_MARKER = "limit_device_memory"
+_LIMIT_INI = "tidyjax_device_memory_limit"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,10 +55,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "tidyjax_leak_arrays", "leak checks count plain jax arrays too", "bool", default=True
     )
+    group.addoption(
+        "--tidyjax-device-memory-limit",
+        default=None,
+        metavar="LIMIT",
+        help="run every test inside tidyjax.budget(LIMIT): bytes, or e.g. '2 GiB', '512 MB'",
+    )
+    parser.addini(_LIMIT_INI, "run every test inside tidyjax.budget(this), e.g. 2 GiB", default="")
 
 
 # (check every test, default allowance, count plain arrays), read once at session start.
 _OPTIONS = pytest.StashKey[tuple[bool, int, bool]]()
+# Every test's device memory limit, in bytes, with where it was set; None when unset.
+_LIMIT = pytest.StashKey["tuple[int, str] | None"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,7 +76,13 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{_MARKER}(allowance=0, arrays=True): fail the test if Tensors or plain jax arrays it "
         "created are still alive at its end",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{_LIMIT_MARKER}(limit): run the test inside tidyjax.budget(limit) ('2 GiB', bytes): "
+        "fail it when a tidyjax.jit call would take a device past the limit",
+    )
     config.stash[_OPTIONS] = _options(config)
+    config.stash[_LIMIT] = _session_limit(config)
 
 
 def _options(config: pytest.Config) -> tuple[bool, int, bool]:
@@ -124,6 +147,70 @@ def _allowance(value: Any, where: str) -> int:
             pytrace=False,
         )
     return n
+
+
+def _session_limit(config: pytest.Config) -> tuple[int, str] | None:
+    """Every test's limit, or one usage error naming the option and the forms it takes."""
+    value, where = (
+        config.getoption("--tidyjax-device-memory-limit"),
+        "--tidyjax-device-memory-limit",
+    )
+    if value is None:
+        value, where = config.getini(_LIMIT_INI), f"ini option {_LIMIT_INI}"
+    if not value:
+        return None
+    from ._budget import parse_limit  # imports tidyjax, and JAX: only when a limit is set
+    from ._errors import TidyjaxError
+
+    try:
+        return parse_limit(value, where), where
+    except TidyjaxError as e:
+        raise pytest.UsageError(f"tidyjax: {e}") from None
+
+
+def _limit(item: pytest.Item) -> tuple[int, str] | None:
+    """The limit ``item`` runs under, with where it was set, or None."""
+    marker = item.get_closest_marker(_LIMIT_MARKER)
+    if marker is None:
+        return item.config.stash.get(_LIMIT, None)
+    where = f"@pytest.mark.{_LIMIT_MARKER}"
+    if len(marker.args) + len(marker.kwargs) != 1 or set(marker.kwargs) - {"limit"}:
+        pytest.fail(
+            f"tidyjax: {where} takes one limit, bytes or a string such as '2 GiB'; got "
+            f"args {marker.args!r}, kwargs {marker.kwargs!r}.",
+            pytrace=False,
+        )
+    value = marker.args[0] if marker.args else marker.kwargs["limit"]
+    from ._budget import parse_limit
+    from ._errors import TidyjaxError
+
+    try:
+        return parse_limit(value, f"{where}'s limit"), f"{where}({value!r})"
+    except TidyjaxError as e:
+        pytest.fail(f"tidyjax: {e}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, Any, Any]:
+    found = _limit(pyfuncitem)
+    if found is None:
+        return (yield)
+    limit, where = found
+    from ._budget import budget
+    from ._errors import BudgetError
+    from ._format import fmt_bytes
+
+    try:
+        with budget(limit):  # around the test body, in the context it runs in
+            return (yield)
+    except BudgetError as e:
+        error = e
+    # failed outside the except block: the report is printed once, not chained to itself
+    pytest.fail(
+        f"tidyjax: test {pyfuncitem.name} would cross its device memory limit of "
+        f"{fmt_bytes(limit)} ({where}):\n{error}",
+        pytrace=False,
+    )
 
 
 @pytest.hookimpl(wrapper=True)
