@@ -3,6 +3,8 @@ that assign, and a buffer a Variable lets go returning to the scope that made it
 
 from __future__ import annotations
 
+import gc
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -139,7 +141,7 @@ def test_in_place_operators_assign_a_variable_and_keep_it_a_variable():
     w.dispose()
 
 
-@pytest.mark.parametrize("let_go", ["assign", "dispose"])
+@pytest.mark.parametrize("let_go", ["assign", "dispose", "collected"])
 def test_a_buffer_a_variable_lets_go_is_its_creating_scopes_again(let_go):
     with tj.tidy():
         t = tj.tensor([1.0, 2.0])
@@ -147,8 +149,12 @@ def test_a_buffer_a_variable_lets_go_is_its_creating_scopes_again(let_go):
         v = tj.Variable(t)
         if let_go == "assign":
             v.assign(tj.tensor([3.0, 4.0]))
-        else:
+        elif let_go == "dispose":
             v.dispose()
+        else:  # the garbage collector takes the Variable: it protects nothing any more
+            del v
+            gc.collect()
     assert raw.is_deleted()  # the scope made it and nothing kept it
     assert counts()[:2] == ((1, 1) if let_go == "assign" else (0, 0))
-    v.dispose()
+    if let_go != "collected":
+        v.dispose()

@@ -119,6 +119,7 @@ class Tensor:
         _registry: Any = _registry,
         _UNTRACKED: Any = _UNTRACKED,  # noqa: N803
         _Batch: Any = _Batch,  # noqa: N803
+        _VARIABLE: Any = VARIABLE,  # noqa: N803
     ) -> None:
         # The one place a collected Tensor is noticed: its record has one holder fewer. The
         # buffer is not freed here; its owner (or JAX, when the last array reference goes) does.
@@ -138,6 +139,11 @@ class Tensor:
                 return
         if rec is not None and rec is not _UNTRACKED:
             rec.n -= 1
+            if rec.scope is _VARIABLE and rec.dead is None and getattr(self, "_var", None):
+                try:  # a collected Variable holds its buffer no more
+                    _registry.let_go(rec)
+                except Exception:  # at interpreter exit, with the module's globals gone
+                    pass
             if _registry.suspects and rec.n <= 0 and rec.owned and rec.dead is None:
                 _registry.orphan(self._array)  # a suspect may be its buffer's next holder
             if _registry.observers and rec.dead is None:
