@@ -16,7 +16,7 @@ import pytest
 
 import tidyjax as tj
 from tidyjax._context import CURRENT
-from tidyjax._trees import _gather
+from tidyjax._trees import gather_values
 
 
 class DictSub(dict):  # type: ignore[type-arg]
@@ -64,7 +64,7 @@ CONTAINERS: dict[str, Callable[[tj.Tensor], Any]] = {
 
 def _first(c: Any) -> tj.Tensor:
     tensors: list[tj.Tensor] = []
-    _gather(c, tensors, None)  # the walker scopes, keep and dispose use
+    gather_values(c, tensors, None)  # the walker scopes, keep and dispose use
     assert len(tensors) == 1
     return tensors[0]
 

@@ -52,8 +52,8 @@ from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
 from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site
-from ._tensor import _ids
-from ._trees import _gather
+from ._tensor import tensor_ids
+from ._trees import gather_values
 
 __all__ = ["UNTRACKED", "LeakReport", "check_leaks", "leak_error", "plain_leaks"]
 
@@ -564,7 +564,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         them) as leaks."""
         tensors: list[Any] = []
         raws: list[Any] = []
-        _gather(values, tensors, raws)
+        gather_values(values, tensors, raws)
         self._allowed.update(t._id for t in tensors)
         for arr in raws:
             for a in (arr, base_array(arr)):  # jax.live_arrays lists a typed key's words
@@ -580,7 +580,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         # tidyjax's own frames (the decorator's wrapper, the pytest plugin) have no user names
         user = not frame.f_code.co_filename.startswith(LIBRARY_FOLDERS)
         self._frame = frame if user and not self.count_locals else None
-        self._start = next(_ids)
+        self._start = next(tensor_ids)
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
@@ -601,7 +601,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         if self._start is None:
             raise TidyjaxTypeError("check_leaks: enter it (with-block) before checking.")
         apart = self._apart = _Split(self._frame, views=not self.count_numpy_views)
-        made_tensors = next(_ids) > self._start + 1  # ids only grow: none made, none leaked
+        made_tensors = next(tensor_ids) > self._start + 1  # ids only grow: none made, none leaked
         mark = self._mark
         if not made_tensors and (mark is None or not _candidates(mark, self._allowed_arrays)):
             return []

@@ -15,7 +15,7 @@ Tensor objects are still alive, and whatever else references the raw array.
 
 Concurrency: a new record is private to the thread that made it until it is published by one
 ``dict`` store, so the per-op path takes no lock. Joining an existing record, releasing, deleting
-and sweeping take ``_lock``. A Tensor's ``__del__`` decrements ``n`` without the lock (it may run
+and sweeping take ``lock``. A Tensor's ``__del__`` decrements ``n`` without the lock (it may run
 inside the lock's holder during garbage collection); under the GIL that update is not split by
 another thread, and a decrement lost to a nested finalizer only delays a free, never causes one.
 """
@@ -160,7 +160,7 @@ class Batch:
 
 def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
     """Leaf ``i`` of ``b`` leaves the batch for a record of its own, held by ``n`` Tensors and
-    owned by ``scope`` (default: the batch's owner, whose list it joins). Under ``_lock`` or
+    owned by ``scope`` (default: the batch's owner, whose list it joins). Under ``lock`` or
     with the batch private to the caller."""
     arr = b.arrays[i]
     owner = b.scope if scope is _Marker else scope
@@ -169,7 +169,7 @@ def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
     b.arrays[i] = rec
     b.live -= 1
     b.nsplit += 1
-    _buffers[id(arr)] = rec
+    by_array[id(arr)] = rec
     if scope is _Marker and hasattr(owner, "take"):
         owner.take(rec)
     return rec
@@ -182,7 +182,7 @@ def rebatch(b: Batch, tensors: list[Any]) -> Batch:
     then moves whole and the rest goes with ``b``."""
     out = Batch(b.scope)
     arrays = out.arrays
-    with _lock:
+    with lock:
         held = b.arrays
         for t in tensors:
             i = t._i
@@ -191,7 +191,7 @@ def rebatch(b: Batch, tensors: list[Any]) -> Batch:
             t._i = len(arrays)
             t._r = out
             arrays.append(arr)
-            _buffers[id(arr)] = out
+            by_array[id(arr)] = out
         out.live = len(arrays)
         b.live -= len(arrays)
     return out
@@ -218,7 +218,7 @@ def leaf_of(b: Batch, arr: Any) -> int:
 def split_stale(b: Batch, i: int) -> Buffer:
     """Split leaf ``i`` out without its Tensor at hand: the Tensor keeps pointing at the batch
     and finds its record there (``Tensor._rec``) until then."""
-    with _lock:
+    with lock:
         x = b.arrays[i]
         if type(x) is Buffer:
             return x
@@ -239,7 +239,7 @@ def own_record(b: Batch, t: Any) -> Any:
         t._r = rec
         return rec
     i = t._i
-    with _lock:
+    with lock:
         x = b.arrays[i]
         if type(x) is Buffer:
             if b.stale is not None:
@@ -282,8 +282,8 @@ def leave_batch(b: Batch, t: Any) -> Buffer | None:
     if sys.getrefcount(x) <= 4:
         b.arrays[i] = None
         b.live -= 1
-        if _buffers.get(id(x)) is b:
-            del _buffers[id(x)]
+        if by_array.get(id(x)) is b:
+            del by_array[id(x)]
         if hasattr(b.scope, "collected_early"):
             b.scope.collected_early()  # its array goes with this Tensor
         return None
@@ -294,7 +294,7 @@ def leave_batch(b: Batch, t: Any) -> Buffer | None:
 def materialize_all() -> None:
     """Split every batch's leaves into records of their own (before an observer starts, or a
     report or alias check that reads records one by one)."""
-    batches: list[Any] = [b for b in list(_buffers.values()) if type(b) is Batch]
+    batches: list[Any] = [b for b in list(by_array.values()) if type(b) is Batch]
     for b in {id(b): b for b in batches}.values():
         split_all(b)
 
@@ -310,8 +310,8 @@ def delete_batch(b: Batch, why: Reason) -> list[Any]:
     """Delete the arrays ``b`` holds and mark it dead: every Tensor still on it is disposed.
     Returns the deleted arrays. A stale Tensor's record loses that holder."""
     out = []
-    buffers = _buffers
-    with _lock:
+    buffers = by_array
+    with lock:
         b.dead = why
         for i, a in enumerate(b.arrays):
             if a is None:
@@ -331,9 +331,9 @@ def delete_batch(b: Batch, why: Reason) -> list[Any]:
     return out
 
 
-_lock = threading.Lock()
-_buffers: dict[int, Any] = {}  # a Buffer, or the Batch holding the array
-_sweep_at = 4096
+lock = threading.Lock()
+by_array: dict[int, Any] = {}  # a Buffer, or the Batch holding the array
+sweep_at = 4096
 
 
 def fresh(arr: Any, scope: Any, callback: Any = None) -> Buffer:
@@ -355,8 +355,8 @@ def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
     watching = bool(observers)  # then the record reports its array's collection too
     rec = fresh(arr, scope, _collected if watching else None)
     rec.owned = owned
-    _buffers[id(arr)] = rec
-    if len(_buffers) > _sweep_at:
+    by_array[id(arr)] = rec
+    if len(by_array) > sweep_at:
         sweep()
     if watching:
         for o in list(observers):
@@ -387,7 +387,7 @@ def orphan(arr: Any) -> None:
 
 def lookup(arr: Any) -> Buffer | None:
     """The record of ``arr`` (this very object, or an alias object joined to it), or None."""
-    rec = _buffers.get(id(arr))
+    rec = by_array.get(id(arr))
     if rec is None:
         return None
     if type(rec) is Batch:  # a leaf of a batch: it gets a record of its own
@@ -402,7 +402,7 @@ def lookup(arr: Any) -> Buffer | None:
 
 def join(rec: Buffer) -> None:
     """One more live Tensor holds ``rec``."""
-    with _lock:
+    with lock:
         rec.n += 1
 
 
@@ -413,11 +413,11 @@ def add_alias(rec: Buffer, arr: Any) -> None:
     if other is not None and other is not rec and other.dead is None:
         _join_group(rec, other)  # ``arr`` has a live record of its own: one buffer, one group
         return
-    with _lock:
+    with lock:
         if rec.more is None:
             rec.more = []
         rec.more.append(weakref.ref(arr))
-        _buffers[id(arr)] = rec
+        by_array[id(arr)] = rec
 
 
 def unhold(rec: Buffer) -> None:
@@ -426,7 +426,7 @@ def unhold(rec: Buffer) -> None:
     (``owned`` False, no owner) leaves the books with its last holder."""
     if suspects:
         resolve()
-    with _lock:
+    with lock:
         rec.n -= 1
         last = rec.n <= 0 and not rec.owned and rec.scope is None and rec.dead is None
         if last:
@@ -442,7 +442,7 @@ def release(rec: Buffer) -> bool:
     tidyjax owns it; returns whether it did."""
     if suspects:
         resolve()
-    with _lock:
+    with lock:
         rec.n -= 1
         last = rec.n <= 0 and rec.dead is None
         if last:
@@ -463,11 +463,11 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
         resolve()  # before any record is dead: a dead record is never grouped
     if not (observers or _groups or suspects):
         aliased: list[Buffer] = []  # freed after the lock: `_free_aliased` may notify
-        with _lock:
+        with lock:
             out = _free_plain(recs, why, aliased)
         return out + free_all(aliased) if aliased else out
     done = []
-    with _lock:
+    with lock:
         for rec in recs:
             if rec.dead is None:
                 rec.dead = why
@@ -489,8 +489,8 @@ def free_owned(
     out: list[Any] = []
     rest: list[Any] = []
     collected = 0
-    buffers = _buffers
-    with _lock:
+    buffers = by_array
+    with lock:
         for rec in recs:
             if rec.dead is not None:
                 continue
@@ -535,7 +535,7 @@ def _free_plain(
     each record not dead yet is marked dead first (a dead one is skipped). Returns the deleted
     arrays. ``aliased``: records with several array objects go there instead of being freed."""
     out = []
-    buffers = _buffers
+    buffers = by_array
     for rec in recs:
         if why is not None:
             if rec.dead is not None:
@@ -584,8 +584,8 @@ def free(rec: Buffer) -> Any:
     else:
         if arr is not None:
             key = id(arr)
-            if _buffers.get(key) is rec:
-                del _buffers[key]
+            if by_array.get(key) is rec:
+                del by_array[key]
             if rec.owned or _heir(rec):
                 arr.delete()
             else:
@@ -646,8 +646,8 @@ def _free_aliased(rec: Buffer) -> Any:
     arr = None
     arrays = rec.arrays()
     for alias in arrays:
-        if _buffers.get(id(alias)) is rec:
-            del _buffers[id(alias)]
+        if by_array.get(id(alias)) is rec:
+            del by_array[id(alias)]
         if rec.owned or _heir(rec):
             alias.delete()
             arr = alias
@@ -667,8 +667,8 @@ def _drop(rec: Buffer) -> None:
     """Forget a dead record whose buffer lives on in another record of its group."""
     arrays = rec.arrays()
     for alias in arrays:
-        if _buffers.get(id(alias)) is rec:
-            del _buffers[id(alias)]
+        if by_array.get(id(alias)) is rec:
+            del by_array[id(alias)]
     if on_drop is not None and arrays:
         on_drop(rec, arrays)
     if observers:
@@ -680,7 +680,7 @@ def kill(rec: Buffer, why: Reason) -> None:
     record sharing an allocation with it whose array JAX deleted with it goes the same way."""
     if suspects:
         resolve()
-    with _lock:
+    with lock:
         if rec.dead is not None:
             return
         rec.dead = why
@@ -688,7 +688,7 @@ def kill(rec: Buffer, why: Reason) -> None:
     for other in others:
         arr = other.array()
         if arr is not None and arr.is_deleted():
-            with _lock:
+            with lock:
                 other.dead = why
             free(other)
     free(rec)
@@ -706,15 +706,15 @@ def check(rec: Buffer) -> None:
 
 def sweep() -> None:
     """Drop records whose array objects are all gone; amortized O(1) per new record."""
-    global _sweep_at
-    with _lock:
-        for key, rec in list(_buffers.items()):
+    global sweep_at
+    with lock:
+        for key, rec in list(by_array.items()):
             if type(rec) is Batch:
                 continue  # its entries leave with its leaves
             gone = (rec() is None and not rec.more) or (rec.dead is not None and _stale(rec))
-            if gone and _buffers.get(key) is rec:
-                del _buffers[key]
-        _sweep_at = max(4096, 2 * len(_buffers))
+            if gone and by_array.get(key) is rec:
+                del by_array[key]
+        sweep_at = max(4096, 2 * len(by_array))
     for group in list({id(g): g for g in _groups.values()}.values()):
         _vanished(group)
 
@@ -735,7 +735,7 @@ def live() -> tuple[list[Buffer], list[Buffer]]:
     sweep()
     seen: set[int] = set()
     alive, deleted = [], []
-    for rec in list(_buffers.values()):
+    for rec in list(by_array.values()):
         if id(rec) in seen:
             continue
         seen.add(id(rec))
@@ -796,7 +796,7 @@ def resolve() -> None:
     buffers (an alias is ready exactly when the allocation is)."""
     if not suspects:
         return
-    with _lock:
+    with lock:
         pending = suspects[:]
         suspects.clear()
         twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
@@ -835,7 +835,7 @@ def _match(wanted: dict[Any, list[Buffer]]) -> None:
     only `orphans` holds it, leaves its place to the suspect (`_inherit`)."""
     held = {id(a) for a in orphans}
     new = {id(r) for recs in wanted.values() for r in recs}
-    for other, keys in _sharing(_buffers.values(), wanted):
+    for other, keys in _sharing(by_array.values(), wanted):
         arr = other.array()
         if arr is None:
             continue
@@ -955,7 +955,7 @@ def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list
     if not wanted:
         return []
     found: list[Buffer] = []
-    for rec, keys in _sharing(among if among is not None else _buffers.values(), wanted):
+    for rec, keys in _sharing(among if among is not None else by_array.values(), wanted):
         twin = rec.array()
         hits = {id(a): a for k in keys for a in wanted.get(k, ()) if a is not twin}
         for arr in hits.values():
@@ -1008,7 +1008,7 @@ def has_groups() -> bool:
 def _join_group(a: Buffer, b: Buffer, merge: bool = True) -> None:
     """Put ``a`` and ``b`` in one group; ``merge``: every record of it is tidyjax's if one is
     (else `_made_elsewhere` decides, or each keeps its own)."""
-    with _lock:
+    with lock:
         ga = _groups.get(id(a)) or [a]
         gb = _groups.get(id(b)) or [b]
         if ga is gb:
@@ -1023,7 +1023,7 @@ def _join_group(a: Buffer, b: Buffer, merge: bool = True) -> None:
 
 def _leave_group(rec: Buffer) -> bool:
     """Take ``rec`` out of its group; whether another live record still holds the buffer."""
-    with _lock:
+    with lock:
         group = _groups.pop(id(rec), None)
         if group is None:
             return False

@@ -35,8 +35,8 @@ from ._lift import add_structure_hint
 from ._newarrays import ArrayMark
 from ._registry import KEPT, VARIABLE, Batch, Buffer
 from ._sites import creation_site
-from ._tensor import Tensor, _ids, dispose_many, forget_array
-from ._trees import _gather, is_container, records_in
+from ._tensor import Tensor, dispose_many, forget_array, tensor_ids
+from ._trees import gather_values, is_container, records_in
 
 __all__ = [
     "Scope", "close_scope", "close_through", "dispose", "keep", "open_scope", "owned_records",
@@ -190,7 +190,7 @@ class Scope(Tracker):
                 self._frame = frame
                 self._owned = _Redirect(self, "_owned")
                 self._aliases = _Redirect(self, "_aliases")
-        self._first_id = next(_ids)
+        self._first_id = next(tensor_ids)
         if _log.isEnabledFor(logging.DEBUG):
             self._debug_mark = ArrayMark()
         self._token = CURRENT.set(self)
@@ -871,7 +871,7 @@ def _check_found(x: Any, recs: list[Any], tensors: list[Any], what: str) -> None
     if recs or tensors or is_container(x) or type(x) in CONCRETE:
         return
     found: list[Any] = []
-    _gather(x, found, None)
+    gather_values(x, found, None)
     if not found:
         raise TidyjaxTypeError(
             f"{what} takes Tensors, jax.Arrays or pytrees holding them; got "
@@ -1218,7 +1218,7 @@ def dispose(x: Any) -> None:
     """
     tensors: list[Any] = []
     raws: list[Any] = []
-    _gather(x, tensors, raws)
+    gather_values(x, tensors, raws)
     escaped: list[_registry.Buffer] = []  # recorded buffers no Tensor holds (returned raw)
     unknown = []
     for arr in raws:

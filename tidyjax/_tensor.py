@@ -7,6 +7,7 @@ class by ``_ops.install_tensor_methods()``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -55,13 +56,13 @@ if TYPE_CHECKING:  # for the declarations at the end of class Tensor
 
 __all__ = ["Tensor", "adopt", "tensor"]
 
-_ids = itertools.count(1)
+tensor_ids = itertools.count(1)
 _ABSENT: Any = object()
 #: ``[rebuild]``: what ``Tensor(array=child)`` returns, the Tensor node JAX rebuilds over
 #: ``child`` in ``tree_unflatten`` (``_lift._unflatten``, set at import).
 REBUILD: list[Callable[[Any], Any]] = []
 _new = object.__new__
-_buffers = _registry._buffers
+_buffers = _registry.by_array
 _UNTRACKED = _registry.UNTRACKED
 _fresh = _registry.fresh
 _Batch = _registry.Batch
@@ -120,6 +121,7 @@ class Tensor:
         _UNTRACKED: Any = _UNTRACKED,  # noqa: N803
         _Batch: Any = _Batch,  # noqa: N803
         _VARIABLE: Any = VARIABLE,  # noqa: N803
+        _suppress: Any = contextlib.suppress,
     ) -> None:
         # The one place a collected Tensor is noticed: its record has one holder fewer. The
         # buffer is not freed here; its owner (or JAX, when the last array reference goes) does.
@@ -140,10 +142,8 @@ class Tensor:
         if rec is not None and rec is not _UNTRACKED:
             rec.n -= 1
             if rec.scope is _VARIABLE and rec.dead is None and getattr(self, "_var", None):
-                try:  # a collected Variable holds its buffer no more
-                    _registry.let_go(rec)
-                except Exception:  # at interpreter exit, with the module's globals gone
-                    pass
+                with _suppress(Exception):  # at interpreter exit the globals are gone
+                    _registry.let_go(rec)  # a collected Variable holds its buffer no more
             if _registry.suspects and rec.n <= 0 and rec.owned and rec.dead is None:
                 _registry.orphan(self._array)  # a suspect may be its buffer's next holder
             if _registry.observers and rec.dead is None:
@@ -773,7 +773,7 @@ def wrap(arr: Any) -> Any:
     if type(arr) is ArrayImpl or type(arr) is PRNGKeyArray:
         t = _new(Tensor)
         t._array = arr
-        t._id = next(_ids)
+        t._id = next(tensor_ids)
         rec = _buffers.get(id(arr))
         if rec is not None:
             if type(rec) is _Batch:  # an array a batch holds: its leaf gets a record of its own
@@ -787,7 +787,7 @@ def wrap(arr: Any) -> Any:
             else:  # `_registry.new` without the observers
                 rec = _fresh(arr, scope)
                 _buffers[id(arr)] = rec
-                if len(_buffers) > _registry._sweep_at:
+                if len(_buffers) > _registry.sweep_at:
                     _registry.sweep()
             t._r = rec
             if scope is not None:
@@ -817,7 +817,7 @@ def shell(value: Any) -> Tensor:
         return value
     t = _new(Tensor)
     t._array = value
-    t._id = next(_ids)
+    t._id = next(tensor_ids)
     t._r = _UNTRACKED
     return t
 
@@ -857,7 +857,7 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         return [wrap(a) for a in arrays]
     buffers = _buffers
     get = buffers.get
-    ids = _ids
+    ids = tensor_ids
     Buffer = _registry.Buffer  # noqa: N806
     b = _Batch(scope) if scope is not None else None
     held = b.arrays if b is not None else []
@@ -897,7 +897,7 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
         scope._extra += len(held) - 1  # one entry, len(held) buffers made: num_created
         if len(owned) > scope._compact_at:
             scope._compact()
-    if len(buffers) > _registry._sweep_at:
+    if len(buffers) > _registry.sweep_at:
         _registry.sweep()
     return out
 
@@ -926,7 +926,7 @@ def _wrap_unowned(arr: Any) -> Tensor:
     """A Tensor on an array tidyjax must never delete; a scope disposes only the object."""
     t = _new(Tensor)
     t._array = arr
-    t._id = next(_ids)
+    t._id = next(tensor_ids)
     t._r = _registry.new(arr, None, owned=False, tensor=t._id)
     scope = CURRENT.get()
     if scope is not None:
@@ -988,7 +988,7 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
     released: list[_registry.Buffer] | None = [] if _registry.observers else None
     batched: list[Any] = []  # arrays batches held, deleted after the lock
     pop = _buffers.pop
-    with _registry._lock:
+    with _registry.lock:
         for t in tensors:
             rec = t._r
             if rec is None:
@@ -1225,7 +1225,7 @@ def _placement(arr: Any) -> str:
 # -- construction ------------------------------------------------------------------------------
 
 
-def _copy_in(data: Any, dtype: Any, device: Any) -> Any:
+def copy_in(data: Any, dtype: Any, device: Any) -> Any:
     """A new jax.Array holding a copy of ``data``, or a tidyjax error that says what was wrong."""
     if isinstance(data, Tensor):
         data = data._value()
@@ -1325,7 +1325,7 @@ def tensor(data: Any, dtype: Any = None, *, device: Any = None) -> Tensor:
             ``device``.
         DisposedError: ``data`` is a disposed Tensor.
     """
-    arr = _copy_in(data, dtype, device)
+    arr = copy_in(data, dtype, device)
     return wrap(arr) if type(arr) in CONCRETE else shell(arr)  # a traced copy: an untracked shell
 
 

@@ -249,7 +249,7 @@ def wrap_arrays(out: Any) -> Any:
 def tensors_in(x: Any) -> list[Tensor]:
     """Every Tensor (and Variable) in the pytree ``x``, in order."""
     out: list[Tensor] = []
-    _gather(x, out, None)
+    gather_values(x, out, None)
     return out
 
 
@@ -273,7 +273,7 @@ _OPAQUE = (
 )  # fmt: skip
 
 
-def _gather(
+def gather_values(
     x: Any, tensors: list[Tensor], raws: list[Any] | None, seen: set[int] | None = None
 ) -> None:
     """Append the Tensors in ``x`` to ``tensors`` and, with ``raws``, its raw jax.Arrays.
@@ -315,8 +315,8 @@ def _gather(
 
 
 def _children(x: Any) -> list[Any]:
-    """What `_gather` walks inside an object that is not a plain container: a registered pytree
-    node's leaves, a container's items, a bound method's object, a partial's function and
+    """What `gather_values` walks inside an object that is not a plain container: a registered
+    pytree node's leaves, a container's items, a bound method's object, a partial's function and
     arguments, or an object's attributes."""
     if isinstance(x, types.MethodType):
         return [x.__self__]
@@ -370,7 +370,7 @@ def records_in(
         _registry.resolve()  # this keep or return decided what leaves (it must decide last)
     tensors: list[Tensor] = []
     raws: list[Any] = []
-    _gather(x, tensors, raws)
+    gather_values(x, tensors, raws)
     untracked = _registry.UNTRACKED
     recs = []
     live = []

@@ -16,7 +16,7 @@ from ._errors import (
     check_flag,
     variable_disposed,
 )
-from ._tensor import Tensor, _copy_in, _ids, dispose_tensor, variable_info
+from ._tensor import Tensor, copy_in, dispose_tensor, tensor_ids, variable_info
 
 __all__ = ["Variable", "dispose_variables"]
 
@@ -89,7 +89,7 @@ class Variable(Tensor, metaclass=_VariableType):
         arr = _value_of(value, "Variable()")
         v = object.__new__(Tensor)
         v._array = arr
-        v._id = next(_ids)
+        v._id = next(tensor_ids)
         v._rec = _hold(arr, value, v._id)
         v._var = _VarInfo(name, bool(trainable))
         with _variables_lock:
@@ -198,7 +198,7 @@ def _value_of(value: Any, what: str) -> Any:
                 "outside the transformed function."
             )
         return arr
-    return _copy_in(value, None, None)
+    return copy_in(value, None, None)
 
 
 def dispose_variables() -> int:
