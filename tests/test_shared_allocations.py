@@ -369,6 +369,26 @@ def test_disposing_the_last_tensor_deletes_the_buffer_under_a_seen_raw_alias() -
     _empty()
 
 
+def test_a_kept_raw_alias_outlives_a_dispose_of_the_last_tensor() -> None:
+    x = tj.tensor(np.arange(1, dtype=np.float32)) * 1
+    raw = jax.device_put(x.array, DEVS[0])
+    with tj.tidy():
+        tj.keep(raw)  # protects the buffer from every scope, and from a dispose of its Tensors
+    tj.dispose(x)
+    assert x.is_disposed and not raw.is_deleted()
+    np.testing.assert_array_equal(np.asarray(raw), [0.0])
+    assert tj.memory(scan_untracked=False).num_data_buffers == 1  # kept: tidyjax's books
+    del raw
+    gc.collect()
+    _empty()
+    t = tj.keep(tj.tensor([1.0]) * 1)  # TF.js: keep(t) then dispose(t) frees t
+    first = t.array
+    tj.dispose(t)
+    assert first.is_deleted()
+    del t, first, x
+    _empty()
+
+
 def test_an_alias_of_the_callers_array_leaves_it_the_callers() -> None:
     mine = jax.device_put(np.arange(3, dtype=np.float32), DEVS[0])
     (w,) = tj.tensors([mine])

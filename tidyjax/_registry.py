@@ -518,7 +518,7 @@ def free_all(recs: list[Buffer]) -> list[Any]:
     """`free` each dead record; returns the deleted arrays. With no observer, no group and no
     suspect (the usual case), `free` of a record with one array object is inlined: a call per
     record was a third of a dispose."""
-    if not (observers or _groups or suspects):
+    if not (observers or _groups or suspects or _kept_raw):
         return _free_plain(recs, None)
     out = []
     for rec in recs:
@@ -566,6 +566,11 @@ def free(rec: Buffer) -> Any:
     if suspects:
         resolve()
     others: list[Buffer] = []
+    if rec.dead is RELEASED and _kept_raw and _kept_raw_alive(rec):
+        rec.dead = None  # its last Tensor disposed: a kept raw array holds the buffer now
+        if on_drop is not None:
+            on_drop(rec, rec.arrays())  # the disposed Tensors let go of their array objects
+        return None
     if _groups and id(rec) in _groups:
         _vanished(_groups[id(rec)])
     if _groups and id(rec) in _groups:
@@ -631,6 +636,29 @@ def _heir(rec: Buffer) -> bool:
     """Whether ``rec``'s buffer goes with it although tidyjax does not own it: its last Tensor
     was disposed and it inherited a released buffer (`_hand_on`)."""
     return rec.dead is RELEASED and getattr(rec, "heir", False)
+
+
+#: Raw array objects passed to `tidyjax.keep`, by id (weakly): a dispose of the last Tensor
+#: over their buffer leaves it to them (TF.js's keep of the Tensor itself does not protect it).
+_kept_raw: dict[int, weakref.ref[Any]] = {}
+
+
+def keep_raw(arr: Any) -> None:
+    """``arr``, a raw array the books know, was kept: its buffer outlives its Tensors."""
+    key = id(arr)
+    _kept_raw[key] = weakref.ref(arr, lambda _r: _kept_raw.pop(key, None))
+
+
+def _kept_raw_alive(rec: Buffer) -> bool:
+    """Whether a kept raw array over ``rec``'s buffer (its own object or a group's) lives."""
+    if not _kept_raw:
+        return False
+    for r in grouped(rec) or [rec]:
+        for a in r.arrays():
+            ref = _kept_raw.get(id(a))
+            if ref is not None and ref() is a and a is not None and not a.is_deleted():
+                return True
+    return False
 
 
 def _protects(other: Buffer, rec: Buffer) -> bool:

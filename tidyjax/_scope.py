@@ -1170,10 +1170,13 @@ def keep(x: T) -> T:
     does nothing. Returns ``x``.
     """
     batched: list[Tensor] = []
-    recs, tensors = records_in(x, None, batched)
+    raw: list[Any] = []
+    recs, tensors = records_in(x, None, batched, raw)
     _check_found(x, recs, tensors, "keep()")
     if batched:
         recs += _keep_batches(batched)
+    for arr in raw:  # a kept raw array holds its buffer against a dispose of its Tensors too
+        _registry.keep_raw(arr)
     for rec in recs:
         if rec.scope is VARIABLE:  # a Variable's buffer is never scope-freed anyway...
             rec.home = KEPT  # ...and kept once no Variable holds it

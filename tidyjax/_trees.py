@@ -358,14 +358,15 @@ def _items(v: Any) -> Any:
 
 
 def records_in(
-    x: Any, among: Any = None, batched: list[Tensor] | None = None
+    x: Any, among: Any = None, batched: list[Tensor] | None = None, raw: list[Any] | None = None
 ) -> tuple[list[_registry.Buffer], list[Tensor]]:
     """The live buffer records reached from ``x`` (its Tensors, and its raw jax.Arrays: those
     tidyjax records, and other array objects over a recorded buffer, looked for ``among`` the
     given records or else all), and the live Tensors among its leaves.
 
     A Tensor on a leaf a `Batch` holds goes to ``batched`` when given (the caller acts on
-    whole batches), else its leaf gets a record of its own."""
+    whole batches), else its leaf gets a record of its own. ``raw``, when given, gets the raw
+    arrays reached that the books know (a kept one protects its buffer from a dispose)."""
     if _registry.suspects:  # an alias found later would take a dropped Tensor's owner after
         _registry.resolve()  # this keep or return decided what leaves (it must decide last)
     tensors: list[Tensor] = []
@@ -397,4 +398,6 @@ def records_in(
             recs.append(rec)
     if unknown:  # a raw device_put of a recorded buffer to where it is: the same buffer
         recs += _registry.aliases_of(unknown, among)
+    if raw is not None:  # ``raw``: the raw arrays reached that the books know
+        raw += [a for a in raws if _registry.lookup(a) is not None]
     return recs, live
