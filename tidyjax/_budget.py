@@ -7,7 +7,8 @@ starts with none; an asyncio task sees the budgets of the code that created it.
 
 Inside a budget, each call of a ``tidyjax.jit`` object is planned first: XLA's figures of the
 call (`_plan.call_figures`, a compile JAX caches) are kept per function and signature (the
-tree, each array's shape, dtype, weak type and sharding, each other leaf's value), so a repeated
+tree, each array's shape, dtype, weak type and sharding, each other leaf's value:
+`_plan.kept_call_figures`, whose cache the profile and timeline observers share), so a repeated
 call neither lowers nor compiles again; what is live is counted by one census, which reads no
 creation site. Only when the call would cross a budget does the error path read the full
 ``memory()`` and build the plan the error carries.
@@ -15,25 +16,19 @@ creation site. Only when the call would cross a budget does the error path read 
 
 from __future__ import annotations
 
-import collections
 import decimal
 import re
 import reprlib
-import threading
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-import jax
 import numpy as np
 
-from ._arrays import Tracer
 from ._census import Census, census, summed
 from ._context import BUDGETS, budget_limit, set_budget_check
 from ._decorating import decorate
 from ._errors import (
     BudgetError,
-    OutOfMemoryError,
     ScopeError,
     TidyjaxTypeError,
     TidyjaxValueError,
@@ -42,7 +37,16 @@ from ._errors import (
 from ._format import fmt_bytes
 from ._memory import memory
 from ._newarrays import ArrayMark
-from ._plan import CallFigures, MemoryPlan, call_figures, new_per_device, plan_now
+from ._plan import (
+    CACHE_SIZE,
+    TRACED,
+    CallFigures,
+    MemoryPlan,
+    call_figures,
+    kept_call_figures,
+    new_per_device,
+    plan_now,
+)
 
 __all__ = [
     "ALL_DEVICES", "BUDGETS", "CACHE_SIZE", "budget", "budget_limit", "check_call", "parse_limit",
@@ -63,9 +67,6 @@ FORMS = (
     "a number of bytes (an int >= 0, e.g. 2 * 2**30) or a string such as '2 GiB', '512 MiB', "
     "'2 GB' or '1.5GB' (B; KiB, MiB, GiB, TiB: powers of 1024; KB, MB, GB, TB: powers of 1000)"
 )
-
-#: How many signatures of one function a budget keeps the figures of (the oldest goes first).
-CACHE_SIZE = 64
 
 #: The kinds of census rows that hold device memory: every live jax.Array, each buffer once.
 _KINDS = ("tensor", "escaped", "watched", "untracked")
@@ -187,65 +188,6 @@ class budget:  # noqa: N801 - used like a function, as a context manager and dec
 
 # -- the check of one call ---------------------------------------------------------------------
 
-_CACHE: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Any, CallFigures]] = (
-    weakref.WeakKeyDictionary()
-)
-_LOCK = threading.Lock()
-_TRACED = object()
-
-
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """What decides the compiled call: the tree, each array's shape, dtype, weak type and
-    sharding, each other leaf's type and value; `_TRACED` inside a trace; None when a leaf is
-    not hashable (the call is planned, not kept)."""
-    leaves, tree = jax.tree.flatten((args, kwargs))
-    parts: list[Any] = [tree]
-    for x in leaves:
-        if isinstance(x, Tracer):
-            return _TRACED
-        if isinstance(x, jax.Array):
-            parts.append((x.shape, x.dtype, x.weak_type, x.sharding))
-        elif isinstance(x, np.ndarray):
-            parts.append((np.ndarray, x.shape, x.dtype))
-        else:
-            parts.append((type(x), x))
-    key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _figures(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The call's `CallFigures` (kept per signature), or None where it cannot be planned (in
-    a trace, where the outer call was checked; arguments the call itself refuses)."""
-    try:
-        key = _signature(args, kwargs)
-    except Exception:  # a disposed Tensor, a deleted array: the call raises its own error
-        return None
-    if key is _TRACED:
-        return None
-    with _LOCK:
-        kept = _CACHE.get(fn)
-        found = None if kept is None or key is None else kept.get(key)
-        if found is not None:
-            kept.move_to_end(key)  # type: ignore[union-attr]
-            return found
-    try:
-        call = call_figures(fn, args, kwargs, stacklevel=2, warn=False)
-    except OutOfMemoryError:  # XLA cannot compile it to fit (TPU): the call could not run
-        raise
-    except Exception:  # the call raises its own error, which is the one to see
-        return None
-    if key is not None:
-        with _LOCK:
-            kept = _CACHE.setdefault(fn, collections.OrderedDict())
-            kept[key] = call
-            while len(kept) > CACHE_SIZE:
-                kept.popitem(last=False)
-    return call
-
 
 def check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Raise `BudgetError` if the call ``fn(*args, **kwargs)`` of a ``tidyjax.jit`` object
@@ -258,8 +200,8 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     state = BUDGETS.get()
     if not state:
         return
-    call = _figures(fn, args, kwargs)
-    if call is None:
+    call = kept_call_figures(fn, args, kwargs, call_figures)  # kept per signature
+    if call is None or call is TRACED:  # cannot be planned, or in a trace: the outer is checked
         return
     new = new_per_device(call, args, kwargs)
     if any(b is None for b in new.values()):  # XLA gave no figures: nothing to check

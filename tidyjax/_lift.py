@@ -55,7 +55,10 @@ from ._trees import is_tensor, tensors_in, unwrap, wrap_arrays
 _leaves = jax.tree_util.tree_leaves
 _ShapedArray = jax.core.ShapedArray
 
-__all__ = ["grad", "jit", "lifted_namespace", "value_and_grad", "vmap"]
+__all__ = [
+    "grad", "jit", "lifted_namespace", "observe_call", "set_call_observer", "value_and_grad",
+    "vmap",
+]  # fmt: skip
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -346,6 +349,10 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             if BUDGETS.get() is not None:  # outside every budget, this look-up is the cost
                 _context.check_budget(call, args, kwargs)
+            if _registry.observers:  # a profile or timeline hears of the call's XLA figures
+                return observe_call(
+                    call, args, kwargs, lambda: wrap_arrays(_call(jitted, args, kwargs))
+                )
             return wrap_arrays(_call(jitted, args, kwargs))
 
         call.lower = jitted.lower  # type: ignore[attr-defined]
@@ -367,12 +374,52 @@ def jit(fn: Callable[..., Any] | None = None, /, **jit_kwargs: Any) -> Any:
                 donated.append(args[i])
         if _registry.suspects:  # an alias of a donated buffer is found while it is readable
             _registry.resolve()
+        if _registry.observers:  # as in `call`; figures read before the donation
+            return observe_call(
+                call_donating,
+                args,
+                kwargs,
+                lambda: _run_donating(jitted, args, kwargs, donated, name),
+            )
         out = _call(jitted, args, kwargs)
         _mark_donated(donated, name)
         return wrap_arrays(out)
 
     call_donating.lower = jitted.lower  # type: ignore[attr-defined]
     return call_donating
+
+
+def _run_donating(
+    jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[Any], name: str
+) -> Any:
+    """A donating call's run, as ``call_donating`` makes it, for `observe_call`."""
+    out = _call(jitted, args, kwargs)
+    _mark_donated(donated, name)
+    return wrap_arrays(out)
+
+
+def _observe_nothing(
+    fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any]
+) -> Any:
+    """No report module installed: the call just runs."""
+    return run()
+
+
+#: Runs a ``tidyjax.jit`` call (``run()``, of ``fn`` with ``args``, ``kwargs``) while
+#: ``_registry.observers`` is non-empty, and hands its XLA figures to the observers that take
+#: them; installed by ``_plan`` (`set_call_observer`), so the core imports no report. With no
+#: observer, a call pays one truthiness test of the list.
+observe_call: Callable[[Any, tuple[Any, ...], dict[str, Any], Callable[[], Any]], Any] = (
+    _observe_nothing
+)
+
+
+def set_call_observer(
+    hook: Callable[[Any, tuple[Any, ...], dict[str, Any], Callable[[], Any]], Any],
+) -> None:
+    """Make ``hook`` what `observe_call` runs (``_plan`` at package import)."""
+    global observe_call
+    observe_call = hook
 
 
 def _as_tuple(v: Any) -> tuple[Any, ...]:

@@ -11,19 +11,23 @@ those of its tightest device (``MemoryPlan.device``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import math
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import jax
+import numpy as np
 from jax.errors import JaxRuntimeError
 
-from . import _html
-from ._arrays import is_concrete, shard_bytes
+from . import _html, _lift, _registry
+from ._arrays import Tracer, is_concrete, shard_bytes
 from ._census import SiteStat, site_table
 from ._context import budget_limit
 from ._decorating import check_callable
@@ -39,8 +43,8 @@ from ._memory import MemoryInfo, memory
 from ._trees import arrays, is_tensor
 
 __all__ = [
-    "CallFigures", "MemoryPlan", "call_figures", "call_leaves", "largest_fitting", "new_per_device",
-    "plan", "plan_now",
+    "CACHE_SIZE", "TRACED", "CallFigures", "MemoryPlan", "call_figures", "call_leaves",
+    "kept_call_figures", "largest_fitting", "new_per_device", "observe_call", "plan", "plan_now",
 ]  # fmt: skip
 
 #: How each kind of ``fn`` was compiled, as ``MemoryPlan.jitted`` names it and its text says.
@@ -478,6 +482,17 @@ class CallFigures:
     figures: Mapping[str, int | None]
     notes: tuple[str, ...] = ()
 
+    def temporaries(self) -> dict[str, int] | None:
+        """XLA's temporaries on each of the call's devices (by ``str(device)``: the same
+        figure on each); None where unknown: no analysis, or no argument or output bytes
+        reported for a call that has them (then no figure of it is trusted). 0 is a real
+        answer."""
+        f = self.figures
+        temp = f.get("temp_bytes")
+        if temp is None or f.get("argument_bytes") is None or f.get("output_bytes") is None:
+            return None
+        return {str(d): temp for d in self.devices}
+
 
 def call_figures(
     fn: Callable[..., Any],
@@ -744,3 +759,158 @@ def largest_fitting(
         else:
             bad = mid
     return good, best, compiles
+
+
+# -- XLA's figures kept per signature: budgets and observers share them ------------------------
+
+#: How many signatures of one function the figures are kept for (the oldest goes first).
+CACHE_SIZE = 64
+
+_CACHE: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Any, CallFigures]] = (
+    weakref.WeakKeyDictionary()
+)
+_LOCK = threading.Lock()
+
+#: What `kept_call_figures` returns for a call made inside a JAX trace (an outer call's
+#: figures hold it): nothing to plan or report.
+TRACED = CallFigures("<traced>", "traced", (), MappingProxyType({}))
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What decides the compiled call: the tree, each array's shape, dtype, weak type and
+    sharding, each other leaf's type and value; `TRACED` inside a trace; None when a leaf is
+    not hashable (the call is planned, not kept)."""
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    parts: list[Any] = [tree]
+    for x in leaves:
+        if isinstance(x, Tracer):
+            return TRACED
+        if isinstance(x, jax.Array):
+            parts.append((x.shape, x.dtype, x.weak_type, x.sharding))
+        elif isinstance(x, np.ndarray):
+            parts.append((np.ndarray, x.shape, x.dtype))
+        else:
+            parts.append((type(x), x))
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def kept_call_figures(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    read: Callable[..., CallFigures] | None = None,
+) -> CallFigures | None:
+    """The `CallFigures` of the call ``fn(*args, **kwargs)`` of a ``tidyjax.jit`` object, read
+    once per signature (``read``, `call_figures` by default, compiles it) and kept per function
+    (`CACHE_SIZE` signatures); `TRACED` inside a trace; None where it cannot be planned
+    (arguments the call itself refuses, a disposed Tensor).
+
+    Raises:
+        OutOfMemoryError: XLA ran out of memory compiling it (TPU): the call could not run.
+    """
+    try:
+        key = _signature(args, kwargs)
+    except Exception:  # a disposed Tensor, a deleted array: the call raises its own error
+        return None
+    if key is TRACED:
+        return TRACED
+    found = _kept(fn, key) if key is not None else None
+    if found is not None:
+        return found
+    try:
+        call = (read or call_figures)(fn, args, kwargs, stacklevel=2, warn=False)
+    except OutOfMemoryError:
+        raise
+    except Exception:  # the call raises its own error, which is the one to see
+        return None
+    if key is not None:
+        _keep(fn, key, call)
+    return call
+
+
+def _unknown(fn: Callable[..., Any]) -> CallFigures:
+    """The figures of a call that could not be planned: every one unknown."""
+    return CallFigures(_name(fn), "tidyjax.jit", (), MappingProxyType(dict.fromkeys(_XLA_FIELDS)))
+
+
+def observe_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any]
+) -> Any:
+    """A ``tidyjax.jit`` call (``run()``) while something observes (``_registry.observers``:
+    a profile, a timeline): the call runs, then each observer with a ``call(name, figures)``
+    method hears of its figures (kept per signature). A signature not seen yet is read after
+    the call from the arguments' shapes taken before it (a donation may consume them): JAX's
+    caches then hold the trace, so the user's function is not traced twice (its Python side
+    effects run once). Reading never hides the call's own error (a failure to plan makes the
+    figures unknown)."""
+    try:
+        key = _signature(args, kwargs)
+    except Exception:  # a disposed Tensor, a deleted array: the call raises its own error
+        key = None
+    if key is TRACED:
+        return run()
+    call = _kept(fn, key) if key is not None else None
+    shapes = None
+    if call is None:
+        try:
+            shapes = _shapes(args, kwargs)
+        except Exception:
+            shapes = None
+    out = run()
+    if call is None and shapes is not None:
+        try:
+            call = call_figures(fn, shapes[0], shapes[1], stacklevel=2, warn=False)
+        except Exception:  # out of memory compiling, or not plannable: unknown
+            call = None
+        if call is not None and key is not None:
+            _keep(fn, key, call)
+    if call is None:
+        call = _unknown(fn)
+    for o in list(_registry.observers):
+        hear = getattr(o, "call", None)
+        if hear is not None:
+            hear(call.name, call)
+    return out
+
+
+def _kept(fn: Callable[..., Any], key: Any) -> CallFigures | None:
+    """The figures kept for ``fn``'s signature ``key``, or None."""
+    with _LOCK:
+        kept = _CACHE.get(fn)
+        found = None if kept is None else kept.get(key)
+        if found is not None:
+            kept.move_to_end(key)  # type: ignore[union-attr]
+        return found
+
+
+def _keep(fn: Callable[..., Any], key: Any, call: CallFigures) -> None:
+    """Keep ``call``, the figures of ``fn``'s signature ``key`` (`CACHE_SIZE` per function)."""
+    with _LOCK:
+        kept = _CACHE.setdefault(fn, collections.OrderedDict())
+        kept[key] = call
+        while len(kept) > CACHE_SIZE:
+            kept.popitem(last=False)
+
+
+def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(args, kwargs)`` with each Tensor and array as its ``ShapeDtypeStruct`` (sharding and
+    weak type kept): what lowering needs, readable after a donation."""
+
+    def shape(x: Any) -> Any:
+        a = x.array if is_tensor(x) else x
+        if isinstance(a, jax.Array):
+            return jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=a.sharding, weak_type=a.weak_type
+            )
+        return x
+
+    out: tuple[Any, Any] = jax.tree.map(shape, (args, kwargs), is_leaf=is_tensor)
+    return out
+
+
+_lift.set_call_observer(observe_call)  # every tidyjax.jit call while something observes

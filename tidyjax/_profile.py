@@ -92,8 +92,19 @@ class ProfileInfo:
         new_bytes: tidyjax bytes at the end minus at the start (the net change: what the block
             left alive less what it freed of what was there).
         new_tensors: the same for the number of Tensors.
+        device_peak_bytes: the device's peak counted with XLA's temporaries: the largest, over
+            the [`tidyjax.jit`][tidyjax.jit] calls that ran, of the array bytes live when the
+            call returned (its arguments and outputs among them) plus that call's temporaries
+            (on all its devices), and at least ``peak_bytes``. None when XLA gave no figures
+            for a call (``memory_analysis()`` is None, or reports no argument or output bytes
+            for a call that has them). Raw ``jax.jit`` calls and eager ops are not seen per call:
+            use [`tidyjax.plan`][tidyjax.plan] for those. On CPU, XLA:CPU's temporaries.
+        temp_bytes: the largest XLA temporaries of one ``tidyjax.jit`` call (all its devices
+            together; 0 when no call ran, and 0 is a real answer), None when unknown (as above).
+        temp_call: the function name of that call, or None when no call ran.
         peak_bytes: the most tidyjax bytes at any moment of the profile, including its start
-            (so correct even when no op ran): ``bytes_before + peak_bytes_during``.
+            (so correct even when no op ran): ``bytes_before + peak_bytes_during``. The array
+            bytes only, as ``tf.profile`` means it (see ``device_peak_bytes``).
         bytes_before: tidyjax bytes alive when the profile started (the peak's baseline).
         peak_bytes_during: how far the peak rose above ``bytes_before``.
         bytes_allocated: bytes of the new device buffers the ops made, all ops together.
@@ -104,10 +115,14 @@ class ProfileInfo:
     """
 
     __slots__ = (
+        "_call_peak",
         "_kernels",
         "_live_end",
         "_outs",
         "_start_tensors",
+        "_temp",
+        "_temp_call",
+        "_unknown_call",
         "bytes_before",
         "new_bytes",
         "new_tensors",
@@ -122,6 +137,36 @@ class ProfileInfo:
         self.bytes_before = self._start_tensors = 0
         self.new_bytes = self.new_tensors = self.peak_bytes = 0
         self.result: Any = None
+        # the tidyjax.jit calls seen: the most array bytes + temporaries at one, the largest
+        # temporaries and their call, the first call whose figures are unknown
+        self._call_peak = self._temp = 0
+        self._temp_call: str | None = None
+        self._unknown_call: str | None = None
+
+    def _heard_call(self, name: str, temps: int | None, live: int) -> None:
+        """A ``tidyjax.jit`` call of ``name`` returned with ``live`` array bytes alive; its
+        temporaries on all its devices (None: unknown)."""
+        if temps is None:
+            if self._unknown_call is None:
+                self._unknown_call = name
+            return
+        self._call_peak = max(self._call_peak, live + temps)
+        if temps > self._temp or self._temp_call is None:
+            self._temp, self._temp_call = max(temps, self._temp), name
+
+    @property
+    def device_peak_bytes(self) -> int | None:
+        if self._unknown_call is not None:
+            return None
+        return max(self.peak_bytes, self._call_peak)
+
+    @property
+    def temp_bytes(self) -> int | None:
+        return None if self._unknown_call is not None else self._temp
+
+    @property
+    def temp_call(self) -> str | None:
+        return self._unknown_call if self._unknown_call is not None else self._temp_call
 
     @property
     def kernels(self) -> list[KernelRecord]:
@@ -145,8 +190,10 @@ class ProfileInfo:
 
     def __repr__(self) -> str:
         return (
-            f"ProfileInfo(new_bytes={self.new_bytes}, new_tensors={self.new_tensors}, "
-            f"peak_bytes={self.peak_bytes}, bytes_before={self.bytes_before}, "
+            f"ProfileInfo(device_peak_bytes={self.device_peak_bytes}, temp_bytes="
+            f"{self.temp_bytes}, temp_call={self.temp_call!r}, new_bytes={self.new_bytes}, "
+            f"new_tensors={self.new_tensors}, peak_bytes={self.peak_bytes}, bytes_before="
+            f"{self.bytes_before}, "
             f"bytes_allocated={self.bytes_allocated}, kernels={len(self._kernels)}, "
             f"kernel_names={self.kernel_names})"
         )
@@ -183,8 +230,10 @@ class ProfileInfo:
     @_html.never_raises
     def _repr_html_(self) -> str:
         """A summary per kernel; the per-op log folded, at most ``2 * LOG_EDGE`` rows."""
-        first, second = _headline(self).split("\n")
-        head = _html.line("<b>profile</b>: ", esc(first)) + _html.line(esc(second))
+        first, *rest = _headline(self).split("\n")
+        head = _html.line("<b>profile</b>: ", esc(first)) + "".join(
+            _html.line(esc(r)) for r in rest
+        )
         stats = _per_kernel(self)
         if not stats:
             return _html.box(head)
@@ -300,14 +349,32 @@ def _ms(ms: float) -> str:
     return f"{ms:.3f} ms"
 
 
+def _device_peak(p: ProfileInfo) -> str:
+    """The device peak's line: with XLA's temporaries, the largest call's named."""
+    if p._unknown_call is not None:
+        return (
+            f"device peak unknown: XLA gave no memory figures for {p._unknown_call} "
+            f"(array peak {_fmt_bytes(p.peak_bytes)})"
+        )
+    dp = p.device_peak_bytes or 0
+    if p._temp_call is None:
+        return f"device peak {_fmt_bytes(dp)}: no tidyjax.jit call ran, no XLA temporaries counted"
+    return (
+        f"device peak {_fmt_bytes(dp)} with XLA temporaries (the largest: "
+        f"{_fmt_bytes(p._temp)} of {p._temp_call})"
+    )
+
+
 def _headline(p: ProfileInfo) -> str:
-    """Two lines: what the ops allocated and kept; the peak as its baseline plus the rise."""
+    """Three lines: what the ops allocated and kept; the device peak, with XLA's temporaries;
+    the array peak as its baseline plus the rise."""
     ops = f"{count(len(p._kernels), 'op')} of {count(len(p.kernel_names), 'kernel')}"
     n_new = sum(k.buffers_allocated for k in p._kernels)
     return (
         f"{ops} allocated {_fmt_bytes(p.bytes_allocated)} in {count(n_new, 'buffer')}, "
         f"{_fmt_bytes(p.bytes_live_at_end)} of it still live at the end\n"
-        f"peak {_fmt_bytes(p.peak_bytes)} = {_fmt_bytes(p.bytes_before)} before + "
+        f"{_device_peak(p)}\n"
+        f"array peak {_fmt_bytes(p.peak_bytes)} = {_fmt_bytes(p.bytes_before)} before + "
         f"{_fmt_bytes(p.peak_bytes_during)} during; net change "
         f"{signed_bytes(p.new_bytes)}, {p.new_tensors:+d} "
         f"{'tensor' if abs(p.new_tensors) == 1 else 'tensors'}"
@@ -364,6 +431,12 @@ class _Recorder(Timeline):
 
     def _scope(self, kind: str, scope: Any) -> None:
         """No band is drawn: a scope's event only settled what came before it (``event``)."""
+
+    def _heard(self, total: int, when: float, name: str, temps: int | None) -> None:
+        """A ``tidyjax.jit`` call returned (``Timeline.call``, its outputs settled): each open
+        profile weighs its temporaries (None: unknown) against ``total`` array bytes."""
+        for p in self.profiles:
+            p._heard_call(name, temps, total)
 
     def _site(self, arr: Any) -> int:
         """No page: no creation site is read (0: none)."""

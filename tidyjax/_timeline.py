@@ -66,9 +66,12 @@ from ._timeline_format import (
     FREE,
     SCOPE_ENTER,
     SCOPE_EXIT,
+    TEMPORARIES,
     Codec,
     Mark,
     TimelineEvent,
+    merge_temporaries,
+    split_temporaries,
 )
 from ._watch import watched
 
@@ -418,6 +421,9 @@ class Timeline:
         # found as events drop (``_base_bytes``: the bytes of ``_base``)
         self._dropped_best: tuple[int, float, int, int] | None = None
         self._base_bytes = 0
+        # the device peak of the tidyjax.jit calls: (array bytes + temporaries, time, function,
+        # temporaries) at the largest; None before any call (see `call`)
+        self._call_peak: tuple[int, float, str, int] | None = None
         self.started_at: float | None = None
         self.start_time: float | None = None
         self.stop_time: float | None = None
@@ -435,6 +441,54 @@ class Timeline:
         a named tuple ``(time, label, bytes)``."""
         with _lock:
             return list(self._marks)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The peak counted with XLA's temporaries: the most, over the moments the
+        [`tidyjax.jit`][tidyjax.jit] calls returned, of the bytes alive then plus that call's
+        temporaries (a ``"temporaries"`` event each), and at least `peak_bytes` (the array
+        peak). Raw ``jax.jit`` calls and eager ops are not seen per call, and a call whose
+        figures XLA does not give records no event; on CPU, XLA:CPU's temporaries."""
+        best = self._call_peak
+        return self.peak_bytes if best is None else max(self.peak_bytes, best[0])
+
+    @property
+    def device_peak_time(self) -> float:
+        """When `device_peak_bytes` was reached: the call's moment, or `peak_time`."""
+        best = self._call_peak
+        return best[1] if best is not None and best[0] > self.peak_bytes else self.peak_time
+
+    @property
+    def device_peak_call(self) -> str | None:
+        """The function whose temporaries make `device_peak_bytes` (None: the array peak is
+        the device peak)."""
+        best = self._call_peak
+        return best[2] if best is not None and best[0] > self.peak_bytes else None
+
+    def _heard(self, total: int, when: float, name: str, temps: int | None) -> None:
+        """A call's temporaries (None: unknown) at a moment with ``total`` bytes alive."""
+        best = self._call_peak
+        if temps is not None and (best is None or total + temps > best[0]):
+            self._call_peak = (total + temps, when, name, temps)
+
+    def call(self, name: str, figures: Any) -> None:
+        """A ``tidyjax.jit`` call of ``name`` returned (``_plan.observe_call``; ``figures``: its
+        ``CallFigures``): its temporaries, an event of their own, weighed against what is
+        alive now (its outputs settled first). Unknown figures record no event."""
+        temps = figures.temporaries()
+        total = sum(temps.values()) if temps else None  # None: unknown (or no device)
+        with _lock:
+            if not self._depth:
+                return
+            self._settle()
+            now = max(time.perf_counter(), self._last)
+            if temps and total is not None:
+                device = ",".join(temps)
+                per_device = None if len(temps) == 1 else tuple(sorted(temps.items()))
+                scope = scope_path(CURRENT.get())
+                ev = (TEMPORARIES, now, total, device, 0, scope, (), "", 0, 0, name, per_device)
+                self._append(ev, 0)
+            self._heard(self._bytes, now, name, total)
 
     @property
     def recording(self) -> bool:
@@ -580,6 +634,13 @@ class Timeline:
             at = f" at {_timeline_html.elapsed(self.peak_time - self.start_time)}"
         unseen = self.unseen
         note = f" ({unseen})" if unseen else ""
+        call = self.device_peak_call
+        if call is not None and self.start_time is not None:
+            when = _timeline_html.elapsed(self.device_peak_time - self.start_time)
+            note += (
+                f", device peak {fmt_bytes(self.device_peak_bytes)} at {when} with the XLA "
+                f"temporaries of {call}"
+            )
         return (
             f"<tidyjax.Timeline {len(self._events)} events ({self.dropped} dropped), "
             f"peak {fmt_bytes(self.peak_bytes)}{at}{note}, {state}>"
@@ -625,9 +686,12 @@ class Timeline:
         base, events = self._window()
         header = {k: getattr(self, k) for k in _timeline_format.HEADER}
         peak_live = None if self._peak_live is None else self._public(self._peak_live)
+        events, temporaries = split_temporaries(events)
         data = _timeline_format.encode(
             header, base, events, peak_live, self._stacks, self._names, self.annotations
         )
+        if temporaries:  # a table of its own: an older tidyjax reads the file without them
+            data["temporaries"] = temporaries
         unseen = self.unseen
         if unseen is not None:
             data["unseen"] = unseen
@@ -665,8 +729,10 @@ class Timeline:
                 codec = Codec.read(data)
                 tl = cls(int(data["max_events"]))
                 tl._loaded = True  # its events are TimelineEvents (see _public)
-                tl._events.extend(codec.decode(data["events"], where, "event"))
+                events = codec.decode(data["events"], where, "event")
+                tl._events.extend(merge_temporaries(data, events, where))
                 tl._base = {ev.buffer: ev for ev in codec.decode(data["base"], where, "base event")}
+                tl._replay_calls()
                 if data.get("peak_live") is not None:
                     tl._peak_live = codec.decode(data["peak_live"], where, "peak event")
                 for key in _timeline_format.HEADER:
@@ -681,6 +747,17 @@ class Timeline:
         except (TypeError, ValueError, IndexError, AttributeError) as e:
             raise TidyjaxValueError(f"{where} is a malformed tidyjax timeline ({e}).") from e
         return tl
+
+    def _replay_calls(self) -> None:
+        """A loaded timeline's device peak, from its ``"temporaries"`` events."""
+        running = sum(ev.bytes for ev in self._public(self._base.values()))
+        for ev in self._public(self._events):
+            if ev.kind == ALLOC:
+                running += ev.bytes
+            elif ev.kind == FREE:
+                running -= ev.bytes
+            elif ev.kind == TEMPORARIES:
+                self._heard(running, ev.time, ev.name, ev.bytes)
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> Timeline:

@@ -34,13 +34,16 @@ from ._format import describe, fmt_bytes
 from ._sites import Site
 
 __all__ = [
-    "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "Codec", "Mark",
-    "TimelineEvent", "check", "check_file", "chrome_trace", "decode_extras", "encode",
-    "is_clock", "is_count", "is_unix_time", "read", "short", "write", "write_chrome_trace",
+    "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "TEMPORARIES", "Codec",
+    "Mark", "TimelineEvent", "check", "check_file", "chrome_trace", "decode_extras", "encode",
+    "is_clock", "is_count", "is_unix_time", "merge_temporaries", "read", "short",
+    "split_temporaries", "write", "write_chrome_trace",
 ]  # fmt: skip
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
-KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)
+#: A ``tidyjax.jit`` call's XLA temporaries, held while it ran: no array (a replay skips it).
+TEMPORARIES = "temporaries"
+KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)  # the kinds of the event columns
 _SIGNED = (ALLOC, FREE)
 FORMAT, VERSION = "tidyjax.timeline", 1
 #: Counts (bytes, buffer numbers, ids, line numbers) are ints from 0 below this (64 bits).
@@ -122,7 +125,11 @@ class TimelineEvent(NamedTuple):
     """One change to device memory, as a `Timeline` records it (immutable).
 
     Attributes:
-        kind: ``"alloc"``, ``"free"``, ``"scope_enter"`` or ``"scope_exit"``.
+        kind: ``"alloc"``, ``"free"``, ``"scope_enter"``, ``"scope_exit"`` or
+            ``"temporaries"``: the XLA temporaries of a ``tidyjax.jit`` call, held while it ran
+            (``name`` the function, ``bytes`` on all its devices, ``per_device`` each one's,
+            ``scope`` the scope it ran in, at the moment the call returned); no array, so a
+            replay of the arrays skips it.
         time: seconds on ``time.perf_counter()``'s clock (monotonic).
         bytes: the buffer's logical bytes, as ``memory().num_bytes`` counts them (0 for scopes,
             and for a buffer whose allocation failed: JAX says so only once the array is
@@ -661,3 +668,67 @@ def write_chrome_trace(
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(gzip.compress(data) if target.name.endswith(".gz") else data)
     return target
+
+
+# -- XLA temporaries: a table of their own -----------------------------------------------------
+#
+# A ``"temporaries"`` event is written apart from the event columns, in the optional table
+# ``"temporaries"``: ``[position, time, bytes, device, scope, name, [[device, bytes], ...]]``,
+# ``position`` how many events of the columns come before it. A file without the table (older)
+# reads as before, and an older tidyjax reads a newer file, without the temporaries: the format
+# version stays 1.
+
+_TEMP_ROW = "[position, time, bytes, device, scope, name, [[device, bytes], ...]]"
+
+
+def split_temporaries(events: list[TimelineEvent]) -> tuple[list[TimelineEvent], list[Any]]:
+    """The events of the columns, and the rows of the ``"temporaries"`` table."""
+    kept: list[TimelineEvent] = []
+    rows: list[Any] = []
+    for ev in events:
+        if ev.kind == TEMPORARIES:
+            pairs = [[d, b] for d, b in ev.per_device]
+            rows.append([len(kept), ev.time, ev.bytes, ev.device, ev.scope, ev.name, pairs])
+        else:
+            kept.append(ev)
+    return kept, rows
+
+
+def _is_temp_row(r: Any) -> bool:
+    return (
+        type(r) in _SEQ
+        and len(r) == 7
+        and is_count(r[0])
+        and is_clock(r[1])
+        and is_count(r[2])
+        and all(type(x) is str for x in (r[3], r[4], r[5]))
+        and type(r[6]) in _SEQ
+        and all(type(p) in _SEQ and len(p) == 2 and type(p[0]) is str and is_count(p[1])
+                for p in r[6])
+    )  # fmt: skip
+
+
+def merge_temporaries(data: Any, events: list[Any], where: str) -> list[Any]:
+    """``events`` (decoded from the columns) with the ``"temporaries"`` table's events put
+    back where they were recorded.
+
+    Raises:
+        TidyjaxValueError: the table is not a list of such rows.
+    """
+    rows = data.get("temporaries")
+    if rows is None:
+        return events
+    if type(rows) not in _SEQ or not all(map(_is_temp_row, rows)):
+        raise TidyjaxValueError(
+            f'{where} is a malformed tidyjax timeline: its "temporaries" is not a list of '
+            f"{_TEMP_ROW}."
+        )
+    out: list[Any] = []
+    done = 0
+    for pos, t, b, device, scope, name, pairs in sorted(rows, key=lambda r: r[0]):
+        out += events[done:pos]
+        done = max(done, pos)
+        per = tuple((d, int(n)) for d, n in pairs)
+        out.append(TimelineEvent(TEMPORARIES, float(t), b, device, None, scope, (), "", (), 0,
+                                 name, per))  # fmt: skip
+    return out + events[done:]

@@ -26,6 +26,7 @@ from typing import Any
 
 from ._census import UNTRACKED, WATCHED, site_label
 from ._format import describe, esc, fmt_bytes
+from ._timeline_format import TEMPORARIES
 
 __all__ = ["alive_after", "elapsed", "fragment", "page"]
 
@@ -185,6 +186,9 @@ class _Chart:
         self.times = [(events[0].time if n else self.t0) - self.t0]
         best, best_vec, column = tot[:], [v[:] for v in vec], 0
         peak, peak_at = tot[:], [-1] * nd
+        # each device's peak with the XLA temporaries of a call ("temporaries" events)
+        self.call_peak, self.call_at = tot[:], [-1] * nd
+        self.call_ev: list[Any] = [None] * nd
         # what the events dropped left alive first (``base``: allocations, at negative positions)
         for i, ev in enumerate((*base, *events), -len(base)):
             if i > 0 and i * c // n != column:
@@ -195,6 +199,12 @@ class _Chart:
                 best, best_vec = tot[:], [v[:] for v in vec]
             sign = _SIGN.get(ev.kind)
             if sign is None:
+                if ev.kind == TEMPORARIES:
+                    for d, b in ev.per_device or ((ev.device, ev.bytes),):
+                        k = dindex.get(d)
+                        if k is not None and tot[k] + b > self.call_peak[k]:
+                            self.call_peak[k], self.call_at[k] = tot[k] + b, i
+                            self.call_ev[k] = ev
                 continue
             s = slot[sites.index(ev)]
             for d, b in ev.per_device or ((ev.device, ev.bytes),):
@@ -222,8 +232,15 @@ class _Chart:
         self.marks = [] if self.moment else [(bisect.bisect_right(times, m.time), m) for m in marks]
         self.at = None if self.moment else at
         self.peak_times = [events[i].time if i >= 0 else self.t0 for i in self.peak_index]
+        # where a call's temporaries make the device's peak, what was alive then, and them
+        self.temps = [ev if ev is not None and self.call_peak[j] > self.device_peak[j] else None
+                      for j, ev in enumerate(self.call_ev)]  # fmt: skip
         if self.at is None:
-            self.live = alive_after(base, events, self.peak_index)
+            moments = [
+                self.call_at[j] if ev is not None else i
+                for j, (i, ev) in enumerate(zip(self.peak_index, self.temps, strict=True))
+            ]
+            self.live = alive_after(base, events, moments)  # fmt: skip
         else:
             before = bisect.bisect_right(times, at.time) - 1
             self.live = alive_after(base, events, [before]) * len(self.devices)
@@ -362,6 +379,12 @@ def _peak_table(ch: _Chart, j: int) -> str:
                device if several else ev.device)  # fmt: skip
         g = groups.setdefault(key, [0, 0])
         g[0], g[1] = g[0] + (nbytes if several else ev.bytes), g[1] + 1
+    temps = ch.temps[j] if ch.at is None else None
+    if temps is not None:  # the device peak falls in a call: its temporaries are alive too
+        b = dict(temps.per_device or ((temps.device, temps.bytes),)).get(device, 0)
+        key = (f"XLA temporaries of {temps.name}", "(while the call ran)",
+               temps.scope or "(no scope)", device if several else temps.device)  # fmt: skip
+        groups[key] = [b, 1]
     rows = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     body = "".join(
         f"<tr>{_num(fmt_bytes(b))}{_num(n)}<td{_LEFT}>{esc(shape)}</td>"
@@ -388,6 +411,14 @@ def _caption(ch: _Chart, j: int, groups: list[list[int]]) -> tuple[str, str]:
     device, at = ch.devices[j], ch.at
     if ch.moment:
         return "Alive in the snapshot, largest first", ""
+    temps = ch.temps[j] if at is None else None
+    if temps is not None:
+        where = f" on {device}" if len(ch.devices) > 1 else ""
+        return esc(
+            f"Alive at the device peak{where} ({fmt_bytes(ch.call_peak[j])}: the arrays and the "
+            f"XLA temporaries of {temps.name}, while it ran; the array peak "
+            f"{fmt_bytes(ch.device_peak[j])}), largest first"
+        ), ""
     if at is None and len(ch.devices) > 1:
         most = fmt_bytes(ch.device_peak[j])
         return esc(f"Alive at {device}'s peak ({most}), largest first, in bytes on {device}"), ""
@@ -454,6 +485,11 @@ def _subtitle(tl: Any, ch: _Chart) -> str:
     elif len(ch.devices) > 1:
         each = fmt_bytes(hi) if lo == hi else f"{fmt_bytes(lo)}\u2013{fmt_bytes(hi)}"
         sub[1] = f"peak per device {each} ({peak} over {len(ch.devices)} devices together)"
+    call = getattr(tl, "device_peak_call", None)
+    if call is not None and not ch.moment:  # beside the array peak
+        at = elapsed(max(0.0, tl.device_peak_time - ch.t0))
+        sub[1] = (f"device peak {fmt_bytes(tl.device_peak_bytes)} at {at} with the XLA "
+                  f"temporaries of {call} · array {sub[1]}")  # fmt: skip
     unseen = getattr(tl, "unseen", None)  # plain arrays not sampled: never a bare peak
     if unseen and not ch.moment:
         sub[1] += f" ({unseen})"
