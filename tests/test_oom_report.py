@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import pathlib
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -546,3 +547,27 @@ def test_an_asynchronous_failure_is_an_oom_error_not_an_abort():
     assert "caught 4000000000000" in out, out
     assert "Untracked (jax arrays tidyjax does not own): 12 B in 1 array" in out, out
     assert out.strip().endswith("alive"), out
+
+
+def test_a_failed_jit_call_states_its_xla_figures():
+    def step(x):
+        return jnp.zeros(HUGE) + x
+
+    t = tj.tensor(1.0).block_until_ready()
+    try:
+        with pytest.raises(tj.OutOfMemoryError) as info:
+            tj.jit(step)(t)
+        err = check_oom(info)
+        report = err.report
+        expected = tj.plan(jax.jit(step), jax.ShapeDtypeStruct((), jnp.float32))
+        assert report.call is not None
+        assert report.call["output_bytes"] == expected.output_bytes  # compiled, not run
+        assert report.call["temp_bytes"] == expected.temp_bytes
+        assert "The call needs (XLA's figures, per device)" in str(report)
+        assert "The call needs" in report._repr_html_()
+        assert pickle.loads(pickle.dumps(err)).report.call == report.call
+        with pytest.raises(tj.OutOfMemoryError) as info:  # an eager op: no compiled call
+            tj.lift(lambda x: jnp.zeros(HUGE) + x)(t)
+        assert check_oom(info).report.call is None
+    finally:
+        t.dispose()

@@ -163,11 +163,15 @@ def set_budget_check(check: Callable[[Any, tuple[Any, ...], dict[str, Any]], Non
 
 # -- JAX's runtime errors ----------------------------------------------------------------------
 
-JaxErrorHook = Callable[..., None]  # (err, what, operands, method=False) -> None
+JaxErrorHook = Callable[..., None]  # (err, what, operands, method=False, call=None) -> None
 
 
 def _pass_through(
-    err: BaseException, what: str, operands: tuple[Any, ...], method: bool = False
+    err: BaseException,
+    what: str,
+    operands: tuple[Any, ...],
+    method: bool = False,
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> None:
     """No handler installed: every error passes through untouched."""
 
@@ -176,7 +180,11 @@ _jax_error_hook: JaxErrorHook = _pass_through
 
 
 def on_jax_error(
-    err: BaseException, what: str, operands: tuple[Any, ...] = (), method: bool = False
+    err: BaseException,
+    what: str,
+    operands: tuple[Any, ...] = (),
+    method: bool = False,
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> None:
     """Raise tidyjax's error for JAX's runtime error ``err``, raised by ``what`` (an op, a lifted
     function, ``tensor()``) on ``operands``; return for any other, and the caller re-raises it
@@ -193,9 +201,11 @@ def on_jax_error(
     ``method``: ``what`` is the name of a Tensor method that waits for (or moves) the buffer of
     ``operands[0]``, the Tensor (``numpy``, ``item``, ``to``...). The handler is installed at
     package import (``_oom.install``: out of memory, a buffer deleted behind tidyjax's back);
-    only the error path pays.
+    only the error path pays. ``call``: a compiled call that failed (``tidyjax.jit``'s jitted
+    function, its arguments and keyword arguments): an out-of-memory report states its XLA
+    figures.
     """
-    _jax_error_hook(err, what, operands, method)
+    _jax_error_hook(err, what, operands, method, call)
 
 
 def set_jax_error_hook(hook: JaxErrorHook) -> None:

@@ -269,7 +269,8 @@ def _call(transformed: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     try:
         return transformed(*unwrap(args), **unwrap(kwargs))
     except RuntimeError as e:  # out of memory: name the holders; else untouched
-        on_jax_error(e, _user_name(transformed), args)
+        call = (transformed, args, kwargs) if hasattr(transformed, "lower") else None
+        on_jax_error(e, _user_name(transformed), args, call=call)
         raise
     except (TypeError, ValueError) as e:
         add_structure_hint(e)

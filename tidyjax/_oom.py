@@ -36,6 +36,7 @@ from ._decorating import decorate
 from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
 from ._memory import device_stats
+from ._plan import call_figures, call_shapes
 from ._tensor import disposed_error
 from ._trees import tensors_in
 
@@ -68,14 +69,20 @@ def install() -> None:
 
 
 def raise_for(
-    err: BaseException, what: str, operands: tuple[Any, ...] = (), method: bool = False
+    err: BaseException,
+    what: str,
+    operands: tuple[Any, ...] = (),
+    method: bool = False,
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> None:
     """Raise tidyjax's error for JAX's runtime error ``err`` in an op, else return (the caller
     re-raises it): out of memory, `OutOfMemoryError` (after a Tensor method waited, ``method``,
     naming the method, the Tensor and where it was computed); an operand Tensor whose buffer
     was deleted behind tidyjax's back (``t.array.delete()``), `DisposedError` saying so."""
     if is_oom(err):
-        _raise(err, *((_waited_text(operands[0], what), ()) if method else (what, operands)))
+        if method:
+            _raise(err, _waited_text(operands[0], what), ())
+        _raise(err, what, operands, call)
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
             rec = t._rec
@@ -84,9 +91,16 @@ def raise_for(
                 raise disposed_error(t) from err
 
 
-def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn:
+def _raise(
+    err: BaseException,
+    what: str,
+    operands: tuple[Any, ...],
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None,
+) -> NoReturn:
     """Raise `OutOfMemoryError` with the report for ``err``; a report that itself fails still
-    gives the request and says why."""
+    gives the request and says why. ``call``: the compiled call that failed, whose XLA figures
+    the report states."""
+    figures = _call_figures(call)  # before `_consumed`: a donated argument's shape is read
     donated = _consumed(operands, what)  # a transformation's `what`: its function's __qualname__
     what, called_at, message = _call_text(what, operands), _call_site(err), str(err)
     requested = requested_bytes(message)
@@ -101,9 +115,24 @@ def _raise(err: BaseException, what: str, operands: tuple[Any, ...]) -> NoReturn
         _reporting.reset(token)
     report = dataclasses.replace(
         report, what=what, requested=requested, files=files, jax_message=message,
-        problems=problems, called_at=called_at, donated=donated,
+        problems=problems, called_at=called_at, donated=donated, call=figures,
     )  # fmt: skip
     raise OutOfMemoryError(str(report), report, getattr(err, "error_code", None)) from err
+
+
+def _call_figures(
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]] | None,
+) -> Mapping[str, int | None] | None:
+    """XLA's figures of the failed call (`_plan.call_figures`, from its arguments' shapes:
+    compiled, not run), or None; a failure to plan never hides the out-of-memory error."""
+    if call is None:
+        return None
+    fn, args, kwargs = call
+    try:
+        shapes = call_shapes(args, kwargs)
+        return dict(call_figures(fn, shapes[0], shapes[1], stacklevel=2, warn=False).figures)
+    except Exception:
+        return None
 
 
 def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
@@ -177,6 +206,9 @@ class OOMReport:
         donated: the arguments donated to the failed call (``donate_argnums``) that it
             consumed anyway, described: JAX deletes a donated buffer when the call starts, so
             they are gone (their Tensors are disposed, naming the function).
+        call: for a failed ``tidyjax.jit`` call, XLA's figures of it (compiled, not run):
+            ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` (each None
+            where XLA reports none); None for an eager op or when it could not be planned.
     """
 
     what: str
@@ -195,6 +227,7 @@ class OOMReport:
     watched: tuple[WatchedUsage, ...] = ()
     called_at: str | None = None
     donated: tuple[str, ...] = ()
+    call: Mapping[str, int | None] | None = None
 
     @property
     def tensors(self) -> int:
@@ -217,6 +250,7 @@ class OOMReport:
             f"Out of memory: {self.what}{_asked(self)}{at}. JAX said: {self.jax_message.strip()}"
         ]
         lines += _device_line(self)
+        lines += _call_line(self)
         lines += _section(
             f"tidyjax holds {_held(self.tracked_bytes, self.tensors, 'tensor')}",
             "; the largest, by creation site and scope:", [h for h in self.holders if h.tracked],
@@ -255,7 +289,8 @@ class OOMReport:
         after = [*(f"Watched {w}" for w in self.watched), *_notes(self)]
         return _html.box(
             _html.line(_html.bad("Out of memory"), f": <code>{esc(self.what)}</code>", asked, at),
-            *(_html.line(esc(text)) for text in (*_device_line(self), "; ".join(held) + ".")),
+            *(_html.line(esc(text)) for text in (*_device_line(self), *_call_line(self))),
+            _html.line(esc("; ".join(held) + ".")),
             _holders_table(self.holders),
             *(_html.line(esc(text)) for text in after),
             _html.line(_html.dim("To fit: free the largest holders above, wrap untracked arrays "
@@ -274,6 +309,22 @@ def _asked(r: OOMReport) -> str:
     if "RESOURCE_EXHAUSTED" not in r.jax_message:  # an op read an array that had failed
         asked += " (an earlier computation it depends on failed)"
     return asked
+
+
+def _call_line(r: OOMReport) -> list[str]:
+    """What the failed compiled call needs, as XLA figures it (none for an eager op)."""
+    if r.call is None:
+        return []
+
+    def b(key: str) -> str:
+        n = r.call.get(key) if r.call is not None else None
+        return "unknown" if n is None else fmt_bytes(n)
+
+    return [
+        f"The call needs (XLA's figures, per device): arguments {b('argument_bytes')}, outputs "
+        f"{b('output_bytes')}, temporaries {b('temp_bytes')}, donated and reused "
+        f"{b('alias_bytes')}."
+    ]
 
 
 def _device_line(r: OOMReport) -> list[str]:

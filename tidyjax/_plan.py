@@ -858,7 +858,7 @@ def observe_call(
     shapes = None
     if call is None:
         try:
-            shapes = _shapes(args, kwargs)
+            shapes = call_shapes(args, kwargs)
         except Exception:
             shapes = None
     out = run()
@@ -897,7 +897,7 @@ def _keep(fn: Callable[..., Any], key: Any, call: CallFigures) -> None:
             kept.popitem(last=False)
 
 
-def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def call_shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """``(args, kwargs)`` with each Tensor and array as its ``ShapeDtypeStruct`` (sharding and
     weak type kept): what lowering needs, readable after a donation."""
 
