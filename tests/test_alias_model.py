@@ -287,7 +287,7 @@ class Program:
         return all(self.origin.get(k) == "user" for k in h.keys)
 
     def protected(self, h: Holder, opened: set[int]) -> bool:
-        if h.dead:
+        if h.dead or (h.tensor and h.disposed):  # a disposed Tensor holds nothing (TF.js)
             return False
         if h.owner in opened or h.owner in (KEPT, USER):
             return True

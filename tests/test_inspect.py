@@ -61,7 +61,7 @@ def test_snapshot_compare_to_sorts_by_size_change_and_round_trips_json(tmp_path)
     path = tmp_path / "snap.json"
     after.dump(path)
     data = json.loads(path.read_text())
-    assert data["format"] == "tidyjax.snapshot" and data["version"] == 1
+    assert data["format"] == "tidyjax.snapshot" and data["version"] == 2
     assert {"id", "shape", "dtype", "bytes", "devices", "scope", "site", "kept", "variable"} <= set(
         data["tensors"][0]
     )
@@ -83,7 +83,9 @@ def test_check_leaks_reports_the_right_file_and_line():
     # the outermost user frame inside the block; the helper that made it is its stack
     name = "test_check_leaks_reports_the_right_file_and_line"
     assert str(group.site) == f"{HERE}:{_line_of('SITE:leak_call')} in {name}"
-    assert f"through {HERE}:{_line_of('SITE:make_pair')} in make_pair" in str(report)
+    # grouped by the chain of user frames, outer to inner (issue 41)
+    chain = f"{HERE}:{_line_of('SITE:leak_call')} in {name} → {HERE}:{_line_of('SITE:make_pair')}"
+    assert f"{chain} in make_pair: 1 tensor" in str(report)
     assert group.count == 1 and group.shapes == {"float32[2]": 1}
     assert "1 tensor (8 B) created inside check_leaks() is still alive" in str(err.value)
     assert isinstance(err.value, AssertionError)
@@ -175,8 +177,8 @@ def test_plugin_marker_fails_a_leaking_test_with_a_grouped_report(pytester):
         [
             "*test_leaky*",
             "*1 tensor (12 B) created inside test test_leaky is still alive:*",
-            "*test_leaks.py:11 in test_leaky: 1 tensor, 12 B [[]float32[[]3[]][]]*",
-            "*through test_leaks.py:7 in make",
+            "*test_leaks.py:11 in test_leaky → test_leaks.py:7 in make: "
+            "1 tensor, 12 B [[]float32[[]3[]][]]*",
         ]
     )
 

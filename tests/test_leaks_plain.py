@@ -171,9 +171,9 @@ def test_check_leaks_reports_a_leak_in_a_loop_at_the_users_line(kind):
     assert group.count == 3 and group.bytes == 3 * LEAKS[0].nbytes
     text = str(err.value)
     assert text.startswith("3 untracked arrays (")
-    assert f"{call}: 3 untracked arrays" in text
-    assert f"through {HERE}:{line} in {kind}_loop" in text
-    assert f"{call} (untracked)" in report._repr_html_()
+    # grouped by the chain of user frames, outer to inner (issue 41)
+    assert f"{call} → {HERE}:{line} in {kind}_loop: 3 untracked arrays" in text
+    assert f"{HERE}:{line} in {kind}_loop (untracked)" in report._repr_html_()
 
 
 def test_check_leaks_counts_tensors_and_arrays_apart_with_one_allowance():
@@ -307,8 +307,8 @@ def test_plugin_reports_plain_array_leaks_at_the_test_files_line(pytester):
         result.stdout.fnmatch_lines(
             [
                 f"*3 untracked arrays (*) created inside test test_{kind}_leak are still alive:*",
-                f"*test_loops.py:{call} in test_{kind}_leak: 3 untracked arrays*",
-                f"*through test_loops.py:{line} in {kind}_loop*",
+                f"*test_loops.py:{call} in test_{kind}_leak → test_loops.py:{line} in {kind}_loop: "
+                "3 untracked arrays*",
             ]
         )
     for name in ("tensors_only", "allowed", "plain_clean", "eqx_clean", "nnx_clean"):

@@ -138,13 +138,16 @@ def test_live_tensors_lists_untracked_arrays_only_when_asked():
 
 def test_a_diff_shows_the_plain_arrays_that_grew_at_a_user_line(tmp_path):
     before = tj.snapshot()
-    grown = make_raw(4)
+    grown = make_raw(4)  # SITE:grown
     t = tj.tensor([0.0] * 10)  # SITE:tensor_in_diff
     after = tj.snapshot()
     assert len(after.untracked) == len(before.untracked) + 4
     assert [r for r in after.records if r.scope == "<untracked>"] == []
     diffs = after.compare_to(before)
-    key = f"{HERE}:{_line_of('SITE:make_raw')} in make_raw (untracked)"
+    # a row per chain of user frames (issue 41): this test's line, then make_raw's
+    made = f"{HERE}:{_line_of('SITE:make_raw')} in make_raw"
+    test = "test_a_diff_shows_the_plain_arrays_that_grew_at_a_user_line"
+    key = f"{HERE}:{_line_of('SITE:grown')} in {test} → {made} (untracked)"
     (raw_diff,) = [d for d in diffs if d.label == key]
     assert raw_diff.untracked and (raw_diff.count, raw_diff.count_diff) == (4, 4)
     assert (raw_diff.bytes, raw_diff.bytes_diff) == (4000, 4000)

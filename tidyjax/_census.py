@@ -65,6 +65,7 @@ __all__ = [
     "one_per_buffer",
     "released",
     "scope_path",
+    "site_key",
     "site_label",
     "site_table",
     "statistics",
@@ -374,7 +375,8 @@ class SiteStat:
 
     Attributes:
         site: the user's line that made them (a [`Site`][tidyjax.Site]; its ``detail`` the
-            library frame, such as ``flax/nnx/...``), or None where JAX kept no traceback or
+            library frame, such as ``flax/nnx/...``; its ``chain`` the user frames that led
+            there, outer to inner: one row per chain), or None where JAX kept no traceback or
             the row is a watched object's.
         kind: ``"tensor"`` (Tensors), ``"escaped"`` (tidyjax's buffers only raw arrays hold),
             ``"watched"`` (arrays only a watched object holds) or ``"untracked"`` (jax arrays
@@ -440,9 +442,21 @@ class SiteStat:
 
 
 def site_label(site: Site | None, kind: str = "tensor") -> str:
-    """``train.py:3 in step``, and `` (untracked)`` (or the row's other kind) unless Tensors."""
-    text = str(site) if site is not None else "<unknown site>"
+    """``train.py:3 in step``, the site's chain of user frames, outer to inner (``train.py:9
+    in main → train.py:3 in step``, `Site.label`), and `` (untracked)`` (or the row's other
+    kind) unless Tensors."""
+    text = site.label if isinstance(site, Site) else str(site)  # the timeline's: also a str
+    if site is None:
+        text = "<unknown site>"
     return text if kind == "tensor" else f"{text} ({kind})"
+
+
+def site_key(site: Site | None) -> tuple[Any, ...] | None:
+    """What the reports group by: the site's own frame and its whole chain of user frames,
+    none elided (read from the fields: no path is shortened per row)."""
+    if site is None:
+        return None
+    return (site.file, site.line, site.function, *((f.file, f.line) for f in site.chain))
 
 
 _SCOPES = {"": ", outside every scope", "<kept>": ", kept", "<variable>": ", a Variable"}
@@ -534,7 +548,7 @@ def _kind(it: Any) -> str:
 
 def _field(it: Any, field: str, device: Any) -> Any:
     if field == "site":
-        return str(it.site) if it.site is not None else None
+        return site_key(it.site)
     if field == "device":
         return str(device)
     return getattr(it, field)
@@ -609,14 +623,20 @@ def _site_json(site: Site) -> dict[str, Any]:
         out["detail"] = _site_json(site.detail)
     if site.stack:  # a leak site's user frames further in
         out["stack"] = [_site_json(f) for f in site.stack]
+    if site.chain:  # the chain of user frames, outer to inner
+        out["chain"] = [_site_json(f) for f in site.chain]
     return out
 
 
 def _site_from_json(s: dict[str, Any] | None) -> Site | None:
+    """A site from `_site_json`; one written before chains (snapshot format 1) is a chain of
+    one frame."""
     if s is None:
         return None
     stack = tuple(Site(f["file"], f["line"], f["function"]) for f in s.get("stack", ()))
-    return Site(s["file"], s["line"], s["function"], _site_from_json(s.get("detail")), stack)
+    chain = tuple(Site(f["file"], f["line"], f["function"]) for f in s.get("chain", ()))
+    return Site(s["file"], s["line"], s["function"], _site_from_json(s.get("detail")), stack,
+                chain if len(chain) > 1 else ())  # fmt: skip
 
 
 def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[Tensor]]]:

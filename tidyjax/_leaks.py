@@ -39,7 +39,6 @@ from ._census import (
     held,
     live_holders,
     one_per_buffer,
-    site_label,
     site_table,
     statistics,
     tensor_records,
@@ -51,7 +50,7 @@ from ._format import count, esc, fmt_bytes
 from ._jaxdoors import base_array
 from ._newarrays import ArrayMark
 from ._processes import DEFAULT_TIMEOUT, gather
-from ._sites import INSTALLED_FOLDERS, LIBRARY_FOLDERS, Entry, Site, creation_site
+from ._sites import LIBRARY_FOLDERS, Entry, Site, creation_site, is_user_file
 from ._tensor import tensor_ids
 from ._trees import gather_values
 
@@ -62,7 +61,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class LeakReport:
     """What a leak check found alive: Tensors (tracked) and plain jax.Arrays (untracked),
-    each grouped by creation site.
+    each grouped by creation site: by the whole chain of user frames from the checked block's
+    line inward (``site.chain``, shown ``train.py:9 in main → model.py:3 in step``), as
+    ``tracemalloc`` groups by traceback, each chain with its own count, bytes and shapes.
 
     ``records`` holds both; a plain array's record has id 0 and scope ``"<untracked>"``.
     ``len(report)`` counts both, ``groups`` the Tensors' sites, ``array_groups`` the plain
@@ -149,23 +150,19 @@ class LeakReport:
         apart = [_html.line(_html.dim(text)) for text in _apart_lines(self)]
         if not self.records:
             return _html.box(f"<b>{esc(f'no leaks after {self.where}')}</b>", *apart)
-        chains = _chains_of(self)
         return _html.box(
             _html.bad(f"leak: {self._headline()}"),
-            site_table(self.groups + self.array_groups,
-                       more=lambda g: "".join(_html.dim(f" through {c}") for c in chains(g))),
+            site_table(self.groups + self.array_groups),
             _html.line(_html.dim(_advice(self))),
             *apart,
-        )  # fmt: skip
+        )
 
     def __str__(self) -> str:
         if not self.records:
             none = f"no leaks: no Tensor or jax array created inside {self.where} is still alive."
             return "\n".join([none, *_apart_lines(self)])
         lines = [self._headline() + ":"]
-        chains = _chains_of(self)
-        for g in self.groups + self.array_groups:
-            lines += [f"  {g}", *(f"    through {chain}" for chain in chains(g))]
+        lines += [f"  {g}" for g in self.groups + self.array_groups]
         lines.append(_advice(self))
         return "\n".join(lines + _apart_lines(self))
 
@@ -207,27 +204,6 @@ def _apart_lines(report: LeakReport) -> list[str]:
         )
         lines += [f"  {g}" for g in statistics(report.numpy_views)]
     return lines
-
-
-#: The most distinct stacks a leak report shows under one site.
-STACKS_SHOWN = 3
-
-
-def _chains_of(report: LeakReport) -> Callable[[SiteStat], list[str]]:
-    """The distinct stacks under a row of the report (the user frames further in than its
-    site, see ``_sites.Entry``), each from the site inward: ``model.py:8 in Model.__call__``."""
-    stacks: dict[tuple[bool, str], dict[Any, None]] = collections.defaultdict(dict)
-    for r in report.records:
-        if r.site is not None and r.site.stack:
-            stacks[r.scope == UNTRACKED, site_label(r.site)][r.site.stack] = None
-
-    def chains(g: SiteStat) -> list[str]:
-        found = stacks.get((g.untracked, site_label(g.site)), {})
-        out = [" -> ".join(str(f) for f in reversed(st)) for st in found]
-        more = [f"... and {len(out) - STACKS_SHOWN} more"] * (len(out) > STACKS_SHOWN)
-        return out[:STACKS_SHOWN] + more
-
-    return chains
 
 
 def _bytes(records: Iterable[TensorRecord]) -> int:
@@ -291,7 +267,7 @@ def _made_by_user(arr: Any) -> bool:
     """Whether ``arr``'s creation traceback has a user frame (not an array JAX, tidyjax or an
     installed library made for itself)."""
     site = creation_site(arr)
-    return site is not None and not site.file.startswith(LIBRARY_FOLDERS + INSTALLED_FOLDERS)
+    return site is not None and is_user_file(site.file)
 
 
 def plain_leaks(
@@ -521,10 +497,11 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         timeout: seconds ``all_processes`` waits for every process.
 
     Raises:
-        LeakError: with a [`LeakReport`][tidyjax.LeakReport] (``err.report``) grouped by site:
-            the outermost line of your code inside the checked block that led to each leak (a
-            model called from two lines leaks at two sites), your frames further in shown under
-            it (``site.stack``). One device buffer counts once, whatever array objects view it.
+        LeakError: with a [`LeakReport`][tidyjax.LeakReport] (``err.report``) grouped by the
+            chain of your frames that led to each leak, from the outermost line of your code
+            inside the checked block inward (``site.chain``: ``a.py:54 in f → b.py:154 in g``;
+            a model called from two lines leaks in two groups, one line reached through two
+            callers too). One device buffer counts once, whatever array objects view it.
             Not raised when the block itself raised. Tensors and arrays made by other threads
             meanwhile count too: check code that runs alone.
         CollectiveError: with ``all_processes``, a process did not check within ``timeout``.

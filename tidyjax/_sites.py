@@ -1,8 +1,14 @@
 """Creation sites: the user's line that made an array, from the traceback JAX keeps on it.
 
-A site is the first frame outside tidyjax, JAX and installed code (site-packages, the standard
-library): the line in the user's script, test or notebook cell. The first frame outside tidyjax
-and JAX, when it lies in a library (``flax/nnx/...``), stays available as ``Site.detail``.
+A **user frame** is any frame outside tidyjax, JAX, the standard library and the installed
+libraries tidyjax knows (`KNOWN_LIBRARIES`: NumPy, Flax, Equinox, optax, pytest, IPython, ...):
+the user's script, test or notebook cell, and the user's own package, installed or not. A site
+is the innermost user frame: the line that made the array. The first frame outside tidyjax and
+JAX, when it lies in a library (``flax/nnx/...``), stays available as ``Site.detail``.
+
+A site's ``chain`` is the whole chain of user frames that led to the array, outer to inner, as
+``tracemalloc`` keeps a traceback: the reports group by it, so one line reached from two callers
+is two groups (`Site.label` shows it: ``a.py:54 in f → b.py:154 in g``).
 
 Sites cost nothing per op: JAX records a creation traceback on every array (on by default), and
 tidyjax reads it only when a report asks. Imports nothing of tidyjax.
@@ -29,13 +35,17 @@ import jax
 import jaxlib
 
 __all__ = [
+    "CHAIN_FRAMES",
     "library_frame",
     "INSTALLED_FOLDERS",
+    "KNOWN_LIBRARIES",
     "LIBRARY_FOLDERS",
+    "PACKAGE_FOLDERS",
     "STACK_FRAMES",
     "Entry",
     "Site",
     "creation_site",
+    "is_user_file",
     "site_of_frames",
     "site_of_stack",
 ]
@@ -47,18 +57,48 @@ LIBRARY_FOLDERS: tuple[str, ...] = (
 )
 
 
-def _installed_folders() -> tuple[str, ...]:
+def _folders(keys: tuple[str, ...], site: bool) -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    folders = {paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths}
-    folders |= {
-        p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))
-    }
+    folders = {paths[k] for k in keys if k in paths}
+    if site:
+        folders |= {
+            p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))
+        }
     return tuple(sorted(os.path.abspath(f) + os.sep for f in folders if f))
 
 
-#: Folders of installed code (site-packages, the standard library): a frame there is a detail,
-#: the site is the user's frame that called into it.
-INSTALLED_FOLDERS: tuple[str, ...] = _installed_folders()
+#: Folders of installed packages (site-packages): a package there is the user's own unless its
+#: top-level name is in `KNOWN_LIBRARIES`.
+PACKAGE_FOLDERS: tuple[str, ...] = _folders(("purelib", "platlib"), site=True)
+
+#: Folders of installed code (site-packages, the standard library): a frame there in a library
+#: is a detail, the site is the user's frame that called into it.
+INSTALLED_FOLDERS: tuple[str, ...] = tuple(
+    sorted({*PACKAGE_FOLDERS, *_folders(("stdlib", "platstdlib"), site=False)})
+)
+
+#: Installed libraries (top-level module names) whose frames are never user frames, besides
+#: tidyjax, JAX and the standard library. Names starting with one of `_KNOWN_PREFIXES` too.
+KNOWN_LIBRARIES: frozenset[str] = frozenset({
+    # arrays and the JAX ecosystem
+    "numpy", "scipy", "ml_dtypes", "opt_einsum", "flax", "flaxlib", "flaxlib_src", "equinox",
+    "optax", "chex", "haiku", "orbax", "jraph", "jaxtyping", "treescope", "penzai", "etils",
+    "tensorstore", "lineax", "optimistix", "diffrax", "distrax", "numpyro", "blackjax", "jmp",
+    "einops", "tree", "wadler_lindig", "typeguard", "beartype", "msgpack", "absl", "grain",
+    # other frameworks and data libraries
+    "tensorflow", "tensorflow_datasets", "tf_keras", "keras", "torch", "torchvision",
+    "transformers", "datasets", "huggingface_hub", "safetensors", "pandas", "sklearn", "PIL",
+    "matplotlib", "tqdm", "cloudpickle", "dill", "wandb", "mlflow", "tensorboard",
+    "tensorboardX", "hydra", "omegaconf", "ray", "dask", "fsspec", "rich", "click", "typer",
+    # test runners, notebooks, event loops, debuggers
+    "pytest", "_pytest", "pluggy", "xdist", "execnet", "hypothesis", "py", "coverage",
+    "IPython", "ipykernel", "ipykernel_launcher", "ipywidgets", "comm", "traitlets", "tornado",
+    "zmq", "nbclient", "nbconvert", "nbformat", "notebook", "jupyter", "jupyterlab", "anyio",
+    "trio", "uvloop", "nest_asyncio", "nest_asyncio2", "debugpy", "pydevd", "_pydevd_bundle",
+    "_pydev_bundle", "_pydevd_frame_eval", "pdb", "setuptools", "pkg_resources", "_distutils_hack",
+    "typing_extensions", "six", "attr", "attrs", "importlib_metadata", "zipp",
+})  # fmt: skip
+_KNOWN_PREFIXES = ("_pytest", "pytest_", "_hypothesis", "jupyter_", "jax_", "ipython_")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,6 +114,12 @@ class Site:
     ``stack``: for a leak check's site (the outermost user frame inside the checked block), the
     user's frames further in that led to the array, innermost first (the line
     that made it first); empty otherwise. It takes no part in equality either.
+
+    ``chain``: every user frame that led to the array, outer to inner (for a leak check's site,
+    from the checked block's line inward), each a ``Site`` of its own; empty when the site's
+    own frame is all there is (``frames`` then gives that frame alone). It takes part in
+    equality: the reports group by it, as ``tracemalloc`` groups by traceback. ``label`` shows
+    it, ``str()`` the site's own frame alone.
     """
 
     file: str
@@ -81,6 +127,22 @@ class Site:
     function: str
     detail: Site | None = dataclasses.field(default=None, compare=False)
     stack: tuple[Site, ...] = dataclasses.field(default=(), compare=False)
+    chain: tuple[Site, ...] = dataclasses.field(default=(), repr=False)
+
+    @property
+    def frames(self) -> tuple[Site, ...]:
+        """The chain of user frames, outer to inner: ``chain``, or the site's own frame."""
+        return self.chain or (Site(self.file, self.line, self.function),)
+
+    @property
+    def label(self) -> str:
+        """The chain, outer to inner: ``a.py:54 in f → b.py:154 in g``; at most `CHAIN_FRAMES`
+        frames, the middle elided (``…``)."""
+        frames = [str(f) for f in self.frames]
+        if len(frames) > CHAIN_FRAMES:
+            head = CHAIN_FRAMES // 2
+            frames = [*frames[:head], "…", *frames[head - CHAIN_FRAMES :]]
+        return " → ".join(frames)
 
     def __str__(self) -> str:
         cell = _cell_name(self.file)
@@ -89,7 +151,8 @@ class Site:
         return f"{_short_path(self.file)}:{self.line} in {self.function}"
 
     def __repr__(self) -> str:
-        return f"Site({self.file!r}, {self.line}, {self.function!r})"
+        chain = f", chain={self.chain!r}" if self.chain else ""
+        return f"Site({self.file!r}, {self.line}, {self.function!r}{chain})"
 
 
 def library_frame(site: Site) -> str:
@@ -134,18 +197,32 @@ def _short_path(file: str) -> str:
 
 def site_of_frames(frames: Any) -> Site | None:
     """The site among ``frames`` (innermost first, each with ``file_name``, ``line_num``,
-    ``function_name``, as in ``jax.Array.traceback.frames``)."""
+    ``function_name``, as in ``jax.Array.traceback.frames``): the innermost user frame, without
+    its chain (`creation_site` adds it)."""
     detail: Site | None = None
     for frame in frames:
         file = frame.file_name
         if file.startswith(LIBRARY_FOLDERS):
             continue
-        if file.startswith(INSTALLED_FOLDERS):
+        if not is_user_file(file):
             if detail is None:
                 detail = Site(file, frame.line_num, frame.function_name)
             continue
         return Site(file, frame.line_num, frame.function_name, detail)
     return detail
+
+
+def _chained(site: Site | None, frames: list[Any]) -> Site | None:
+    """``site`` with its chain: the user frames among ``frames`` (a list, innermost first),
+    outer to inner; ``site`` itself when it is its only frame."""
+    if site is None:
+        return None
+    chain = tuple(
+        Site(f.file_name, f.line_num, f.function_name)
+        for f in reversed(frames)
+        if is_user_file(f.file_name)
+    )
+    return dataclasses.replace(site, chain=chain) if len(chain) > 1 else site
 
 
 def site_of_stack(frame: Any, lines: Mapping[int, int] | None = None) -> Site | None:
@@ -159,12 +236,27 @@ def site_of_stack(frame: Any, lines: Mapping[int, int] | None = None) -> Site | 
     )  # fmt: skip
 
 
-def _is_user(file: str) -> bool:
-    return not file.startswith((*LIBRARY_FOLDERS, *INSTALLED_FOLDERS, "<frozen "))
+@functools.lru_cache(maxsize=8192)
+def is_user_file(file: str) -> bool:
+    """Whether a frame in ``file`` is a user frame (see the module docstring): not tidyjax's,
+    JAX's or the standard library's, and not in an installed package of `KNOWN_LIBRARIES`
+    (the user's own installed package is a user frame)."""
+    if file.startswith((*LIBRARY_FOLDERS, "<frozen ")):
+        return False
+    folders = [f for f in INSTALLED_FOLDERS if file.startswith(f)]
+    if not folders:
+        return True
+    folder = max(folders, key=len)  # site-packages may lie inside the standard library's
+    if folder not in PACKAGE_FOLDERS:  # the standard library
+        return False
+    top = file[len(folder) :].split(os.sep, 1)[0].split(".", 1)[0]  # a package, or a module
+    return top not in KNOWN_LIBRARIES and not top.startswith(_KNOWN_PREFIXES)
 
 
 #: The most frames of a leak site's ``stack``.
 STACK_FRAMES = 8
+#: The most frames ``Site.label`` shows of a chain (the middle elided).
+CHAIN_FRAMES = 8
 
 
 class Entry:
@@ -176,7 +268,8 @@ class Entry:
     the block that led to the array (``monitor.append(model(x))``, not the line inside
     ``model.__call__``); for the decorator form, whose entering frame is tidyjax's wrapper, the
     decorated function's line. The user frames further in are its ``stack`` (innermost first),
-    and the library frame that made the array, if any, its ``detail``.
+    the library frame that made the array, if any, its ``detail``, and all of them, from the
+    site inward, its ``chain`` (what a leak report groups by).
 
     The entering frame is found by its code (file, qualified name, first line) at the depth it
     had when the check was entered, else at any depth (the outermost such frame: a generator
@@ -230,21 +323,25 @@ class Entry:
     def site_of_frames(self, frames: list[Any]) -> Site | None:
         """The site among ``frames`` (innermost first, as ``jax.Array.traceback.frames``)."""
         user = [j for j in range(min(self._index(frames), len(frames) - 1), -1, -1)
-                if _is_user(frames[j].file_name)]  # fmt: skip
+                if is_user_file(frames[j].file_name)]  # fmt: skip
         if not user:  # no user frame inside the block: the innermost user frame anywhere
-            return site_of_frames(frames)
+            return _chained(site_of_frames(frames), frames)
         outer, inner = user[0], user[1:]
         detail = None
         for frame in frames[: inner[-1] if inner else outer]:  # below the innermost user frame
-            if frame.file_name.startswith(INSTALLED_FOLDERS):
+            if not frame.file_name.startswith(LIBRARY_FOLDERS):  # a library's
                 detail = Site(frame.file_name, frame.line_num, frame.function_name)
                 break
         stack = tuple(
             Site(frames[j].file_name, frames[j].line_num, frames[j].function_name)
             for j in reversed(inner[-STACK_FRAMES:])
         )
+        chain = tuple(
+            Site(frames[j].file_name, frames[j].line_num, frames[j].function_name) for j in user
+        )
         f = frames[outer]
-        return Site(f.file_name, f.line_num, f.function_name, detail, stack)
+        return Site(f.file_name, f.line_num, f.function_name, detail, stack,
+                    chain if len(chain) > 1 else ())  # fmt: skip
 
     def site(self, arr: Any, cache: dict[Any, Site | None] | None = None) -> Site | None:
         """The leak site of ``arr`` (see the class docstring); None where JAX kept no
@@ -276,12 +373,15 @@ def creation_site(arr: Any) -> Site | None:
     try:
         return _site_of_traceback(tb)
     except TypeError:  # a traceback that cannot be hashed
-        return site_of_frames(tb.frames)
+        frames = list(tb.frames)
+        return _chained(site_of_frames(frames), frames)
 
 
 @functools.lru_cache(maxsize=4096)
 def _site_of_traceback(tb: Any) -> Site | None:
-    """The site of a JAX traceback, once per distinct traceback: arrays made at one line have
-    equal tracebacks (same code objects, same instructions), and reading the frames is the
-    cost. A cached traceback holds its code objects, so no other takes its place."""
-    return site_of_frames(tb.frames)
+    """The site of a JAX traceback with its chain, once per distinct traceback: arrays made
+    at one line have equal tracebacks (same code objects, same instructions), and reading the
+    frames is the cost. A cached traceback holds its code objects, so no other takes its
+    place."""
+    frames = list(tb.frames)
+    return _chained(site_of_frames(frames), frames)

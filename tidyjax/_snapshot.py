@@ -20,6 +20,7 @@ from ._census import (
     SiteStat,
     TensorRecord,
     census,
+    site_key,
     site_label,
     site_table,
     statistics,
@@ -29,7 +30,11 @@ from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import count, esc, fmt_bytes
 from ._timeline_format import check_file, is_count, is_unix_time, read, short
 
-__all__ = ["SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot"]
+__all__ = ["VERSION", "SiteDiff", "SiteDiffList", "SiteStat", "Snapshot", "snapshot"]
+
+#: The snapshot file format written: 2 adds each site's ``chain`` of user frames; a file of
+#: format 1 still loads (its sites a chain of one frame).
+VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,11 +123,13 @@ class Snapshot:
     def compare_to(self, old: Snapshot) -> SiteDiffList:
         """Per-site differences from ``old``, the largest change in bytes first (a list): the
         Tensors' sites (and watched arrays'), then the untracked arrays' (``untracked`` True).
+        A site is its whole chain of user frames (``site.chain``): one line reached through two
+        callers is two rows; a snapshot loaded from a format-1 file knows one frame per site.
         A snapshot taken with ``snapshot(untracked=False)`` has no untracked arrays."""
         if not isinstance(old, Snapshot):
             raise TidyjaxTypeError(f"compare_to() takes a Snapshot, got {type(old).__name__}.")
-        new_g = {(s.kind, s.label): s for s in self.statistics()}
-        old_g = {(s.kind, s.label): s for s in old.statistics()}
+        new_g = {(s.kind, site_key(s.site), s.name): s for s in self.statistics()}
+        old_g = {(s.kind, site_key(s.site), s.name): s for s in old.statistics()}
         diffs = []
         for key in new_g.keys() | old_g.keys():
             n, o = new_g.get(key), old_g.get(key)
@@ -139,7 +146,7 @@ class Snapshot:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": "tidyjax.snapshot",
-            "version": 1,
+            "version": VERSION,
             "taken_at": self.taken_at,
             "tensors": [r.to_json() for r in self.records + self.untracked],
         }
@@ -155,7 +162,7 @@ class Snapshot:
 
         Raises:
             TidyjaxValueError: the file is not JSON, not a tidyjax snapshot of format version
-                1, or a malformed one (a field missing or of the wrong type); the message says
+                1 or 2, or a malformed one (a field missing or of the wrong type); the message says
                 which.
         """
         return cls.from_json(read(path), str(path))
@@ -168,7 +175,8 @@ class Snapshot:
         Raises:
             TidyjaxValueError: as `load`, for data already read.
         """
-        data = check_file(data, where, "snapshot", 1, "tidyjax.snapshot().dump(path)")
+        version = 1 if isinstance(data, dict) and data.get("version") == 1 else VERSION
+        data = check_file(data, where, "snapshot", version, "tidyjax.snapshot().dump(path)")
         _check(data, where)
         try:
             records = [TensorRecord.from_json(d) for d in data["tensors"]]
@@ -186,7 +194,13 @@ def _is_site(x: Any) -> bool:
         and type(x.get("file")) is str
         and is_count(x.get("line"))
         and type(x.get("function")) is str
+        and all(_is_site(f) for f in _frames(x.get("chain", [])))
     )
+
+
+def _frames(chain: Any) -> list[Any]:
+    """A site's ``chain`` (format 2) as a list, or one entry no site passes when it is none."""
+    return chain if type(chain) is list else [None]
 
 
 #: A snapshot's record (``TensorRecord.to_json``): each field's check, what it must be, and
@@ -208,7 +222,7 @@ _RECORD: dict[str, tuple[Any, str, bool]] = {
     "scope": (lambda x: type(x) is str, "a str", True),
     "site": (
         lambda x: x is None or _is_site(x),
-        'null or {"file": str, "line": int, "function": str}',
+        'null or {"file": str, "line": int, "function": str, "chain"?: [site, ...]}',
         False,
     ),
     "kept": (lambda x: type(x) is bool, "true or false", True),
