@@ -39,12 +39,14 @@ __all__ = [
     "library_frame",
     "INSTALLED_FOLDERS",
     "KNOWN_LIBRARIES",
+    "RUNNERS",
     "LIBRARY_FOLDERS",
     "PACKAGE_FOLDERS",
     "STACK_FRAMES",
     "Entry",
     "Site",
     "creation_site",
+    "is_runner_file",
     "is_user_file",
     "site_of_frames",
     "site_of_stack",
@@ -99,6 +101,17 @@ KNOWN_LIBRARIES: frozenset[str] = frozenset({
     "typing_extensions", "six", "attr", "attrs", "importlib_metadata", "zipp",
 })  # fmt: skip
 _KNOWN_PREFIXES = ("_pytest", "pytest_", "_hypothesis", "jupyter_", "jax_", "ipython_")
+
+#: Of `KNOWN_LIBRARIES`, those that run the user's code (test runners, notebook kernels, event
+#: loops, debuggers): a chain of user frames ends at their frames, so the code they ran from
+#: strings (``<string>``: xdist's worker, a debugger) never joins it.
+RUNNERS: frozenset[str] = frozenset({
+    "pytest", "_pytest", "pluggy", "xdist", "execnet", "hypothesis", "coverage", "IPython",
+    "ipykernel", "ipykernel_launcher", "tornado", "zmq", "nbclient", "notebook", "jupyter",
+    "jupyterlab", "anyio", "trio", "uvloop", "nest_asyncio", "nest_asyncio2", "debugpy",
+    "pydevd", "_pydevd_bundle", "_pydev_bundle", "_pydevd_frame_eval", "pdb", "absl", "hydra",
+    "click", "typer", "ray", "dask",
+})  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -217,11 +230,13 @@ def _chained(site: Site | None, frames: list[Any]) -> Site | None:
     outer to inner; ``site`` itself when it is its only frame."""
     if site is None:
         return None
-    chain = tuple(
-        Site(f.file_name, f.line_num, f.function_name)
-        for f in reversed(frames)
-        if is_user_file(f.file_name)
-    )
+    kept = []
+    for f in frames:  # innermost first: up to the first frame of a runner (`RUNNERS`)
+        if is_runner_file(f.file_name):
+            break
+        if is_user_file(f.file_name):
+            kept.append(Site(f.file_name, f.line_num, f.function_name))
+    chain = tuple(reversed(kept))
     return dataclasses.replace(site, chain=chain) if len(chain) > 1 else site
 
 
@@ -237,6 +252,17 @@ def site_of_stack(frame: Any, lines: Mapping[int, int] | None = None) -> Site | 
 
 
 @functools.lru_cache(maxsize=8192)
+def is_runner_file(file: str) -> bool:
+    """Whether a frame in ``file`` belongs to a package that runs the user's code (`RUNNERS`):
+    a chain of user frames, walked outward, ends there."""
+    folders = [f for f in PACKAGE_FOLDERS if file.startswith(f)]
+    if not folders:
+        return False
+    folder = max(folders, key=len)
+    top = file[len(folder) :].split(os.sep, 1)[0].split(".", 1)[0]
+    return top in RUNNERS or top.startswith(("_pytest", "pytest_", "_hypothesis"))
+
+
 def is_user_file(file: str) -> bool:
     """Whether a frame in ``file`` is a user frame (see the module docstring): not tidyjax's,
     JAX's or the standard library's, and not in an installed package of `KNOWN_LIBRARIES`

@@ -472,7 +472,7 @@ class Timeline:
             self._call_peak = (total + temps, when, name, temps)
 
     def call(self, name: str, figures: Any) -> None:
-        """A ``tidyjax.jit`` call of ``name`` returned (``_plan.observe_call``; ``figures``: its
+        """A ``tidyjax.jit`` call of ``name`` returned (the call event; ``figures``: its
         ``CallFigures``): its temporaries, an event of their own, weighed against what is
         alive now (its outputs settled first). Unknown figures record no event."""
         temps = figures.temporaries()
