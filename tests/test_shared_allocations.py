@@ -304,6 +304,23 @@ def test_a_scope_keeps_its_hands_off_a_top_level_buffer_its_alias_outlived() -> 
     _empty()
 
 
+def test_disposing_the_alias_of_a_collected_top_level_tensor_deletes_the_buffer() -> None:
+    # The ownership model (reports now and then): the alias was grouped with the original by a
+    # report, the original's Tensor and array object were collected, then the alias, the
+    # buffer's last Tensor, was disposed: the buffer outlived it, held by the disposed Tensor.
+    x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy():
+        a = jax.device_put(x, DEVS[0])
+        tj.memory()  # the alias check runs: one buffer, x's
+        del x
+        gc.collect()
+        first = a.array
+        tj.dispose(a)
+        assert first.is_deleted()
+    del a, first
+    _empty()
+
+
 def test_a_scope_keeps_its_hands_off_a_top_level_buffer_whose_tensor_was_collected() -> None:
     x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
     r = jax.device_put(x.array, DEVS[0])  # a raw alias tidyjax never sees

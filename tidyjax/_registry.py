@@ -614,8 +614,8 @@ def _hand_on(group: list[Buffer], scopes: bool) -> None:
     buffer (``scopes``) is theirs now: the scope that made them deletes it unless it hands them
     out. A top-level, kept or Variable's buffer is not theirs to delete at exit (a raw alias
     may still hold it), but disposing their last Tensor deletes it, as for any buffer."""
-    for r in group:
-        if not r.owned and r.dead is None and hasattr(r.scope, "take"):
+    for r in group:  # the one being disposed now (RELEASED, in `free`) inherits it too
+        if not r.owned and (r.dead is None or r.dead is RELEASED) and hasattr(r.scope, "take"):
             if scopes:
                 r.owned = True
             else:
