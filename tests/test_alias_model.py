@@ -61,9 +61,10 @@ from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
 
-# Opt-in until issue 40's open violations (V1-V8 of the 2026-12-06 closing note: a collected
-# Variable still protecting its buffer, a made-elsewhere alias disposed last, scope.keep holding
-# strongly, ...) are fixed: run with TIDYJAX_ALIAS_MODEL=1. It fails today, on purpose.
+# Opt-in until issue 40's open violations are fixed (V1, V2, V7 and the kept raw alias of the
+# third session's note are; left: scope.keep holding strongly, outer.keep of a raw alias from an
+# inner scope, a disposed non-last alias forgetting its array, a tensors() view of an unseen raw
+# alias whose recorded objects all died): run with TIDYJAX_ALIAS_MODEL=1. It fails today.
 pytestmark = pytest.mark.skipif(
     not os.environ.get("TIDYJAX_ALIAS_MODEL"),
     reason="the alias model finds open violations of issue 40: set TIDYJAX_ALIAS_MODEL=1",
