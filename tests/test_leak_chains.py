@@ -174,13 +174,14 @@ def test_the_decorator_form_and_memory_use_the_same_chains():
 
     with pytest.raises(tj.LeakError) as err:
         step()
-    decorated = {tuple(_names(g.site)[1:]) for g in err.value.report.array_groups}
+    # The inner end of each chain: train's line, then the helper's (on JAX 0.6.2 the chain also
+    # starts one frame further out, at this test's call of step()).
+    decorated = {tuple(_names(g.site)[-2:]) for g in err.value.report.array_groups}
     big = ((_line("CHAIN:train-big"), "train"), (_line("CHAIN:big"), "helper_big"))
     small = ((_line("CHAIN:train-small"), "train"), (_line("CHAIN:small"), "helper_small"))
     assert decorated == {big, small}
-    assert {_names(g.site)[0][0] for g in err.value.report.array_groups} == {
-        _line("CHAIN:decorated")
-    }
+    for g in err.value.report.array_groups:  # the decorated function's line leads to both
+        assert (_line("CHAIN:decorated"), "step") in _names(g.site)
     # memory(): the same chains, from the outermost user frame (this test) inward
     sites = tj.memory().untracked_sites
     mine = {tuple(_names(s.site)[-2:]): s.count for s in sites
