@@ -321,6 +321,23 @@ def test_disposing_the_alias_of_a_collected_top_level_tensor_deletes_the_buffer(
     _empty()
 
 
+def test_disposing_a_kept_alias_after_the_original_deletes_the_buffer() -> None:
+    # The batch ownership model: a kept alias, its original disposed first, then the kept
+    # alias, the buffer's last Tensor: the buffer outlived it (the hand-on skipped kept ones).
+    x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy():
+        a = jax.device_put(x, DEVS[0])
+        tj.memory()  # the alias check runs: one buffer, x's
+        tj.keep(a)
+        tj.dispose(x)
+        first = a.array
+        assert not first.is_deleted()  # the kept alias holds it
+        tj.dispose(a)
+        assert first.is_deleted()
+    del a, x, first
+    _empty()
+
+
 def test_a_scope_keeps_its_hands_off_a_top_level_buffer_whose_tensor_was_collected() -> None:
     x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
     r = jax.device_put(x.array, DEVS[0])  # a raw alias tidyjax never sees

@@ -609,17 +609,19 @@ def free(rec: Buffer) -> Any:
 
 
 def _hand_on(group: list[Buffer], scopes: bool) -> None:
-    """A buffer of tidyjax's lives on in aliases scopes made over it (``owned`` False: they
-    would dispose them as objects only) after its own last Tensor was disposed. A scope's
-    buffer (``scopes``) is theirs now: the scope that made them deletes it unless it hands them
-    out. A top-level, kept or Variable's buffer is not theirs to delete at exit (a raw alias
-    may still hold it), but disposing their last Tensor deletes it, as for any buffer."""
+    """A buffer of tidyjax's lives on in aliases over it that tidyjax does not own (made in a
+    scope over another's buffer, then perhaps kept) after its own last Tensor went. A scope's
+    buffer (``scopes``) becomes the aliases' that a scope made: that scope deletes it unless it
+    hands them out. Otherwise (a top-level, kept or Variable's buffer, or a kept alias) they
+    are its heirs: no scope's exit deletes it (a raw alias made outside may still hold it), but
+    disposing their last Tensor does, as for any buffer."""
     for r in group:  # the one being disposed now (RELEASED, in `free`) inherits it too
-        if not r.owned and (r.dead is None or r.dead is RELEASED) and hasattr(r.scope, "take"):
-            if scopes:
-                r.owned = True
-            else:
-                r.heir = True
+        if r.owned or not (r.dead is None or r.dead is RELEASED):
+            continue
+        if scopes and hasattr(r.scope, "take"):
+            r.owned = True
+        else:  # kept, a Variable's, or over a buffer from outside every scope
+            r.heir = True
 
 
 def _vanished(group: list[Buffer]) -> None:
