@@ -552,11 +552,11 @@ def _free_plain(
             key = id(arr)
             if buffers.get(key) is rec:
                 del buffers[key]
-            if rec.owned or _heir(rec):
+            if rec.owned:
                 arr.delete()
                 out.append(arr)
-            elif getattr(rec, "heir", False) and on_drop is not None:
-                on_drop(rec, [arr])  # nobody else frees it: its Tensors let go of it
+            elif _free_unowned(rec, [arr]):
+                out.append(arr)
     return out
 
 
@@ -591,11 +591,9 @@ def free(rec: Buffer) -> Any:
             key = id(arr)
             if by_array.get(key) is rec:
                 del by_array[key]
-            if rec.owned or _heir(rec):
+            if rec.owned:
                 arr.delete()
-            else:
-                if getattr(rec, "heir", False) and on_drop is not None:
-                    on_drop(rec, [arr])  # nobody else frees it: its Tensors let go of it
+            elif not _free_unowned(rec, [arr]):
                 arr = None
         if observers:
             notify("buffer_freed", rec)
@@ -634,10 +632,20 @@ def _vanished(group: list[Buffer]) -> None:
         _leave_group(r)  # takes the lock
 
 
-def _heir(rec: Buffer) -> bool:
-    """Whether ``rec``'s buffer goes with it although tidyjax does not own it: its last Tensor
-    was disposed and it inherited a released buffer (`_hand_on`)."""
-    return rec.dead is RELEASED and getattr(rec, "heir", False)
+def _free_unowned(rec: Buffer, arrays: list[Any]) -> bool:
+    """The free of ``arrays``, the objects of a dead record tidyjax does not own: deleted when
+    ``rec`` is the buffer's heir (`_hand_on`) and its last Tensor was disposed; an heir's
+    buffer is otherwise left, its disposed Tensors letting go of ``arrays`` (nobody else frees
+    it); a caller's array is left alone. Returns whether they were deleted."""
+    if not getattr(rec, "heir", False):
+        return False
+    if rec.dead is RELEASED:
+        for a in arrays:
+            a.delete()
+        return True
+    if on_drop is not None:
+        on_drop(rec, arrays)
+    return False
 
 
 #: Raw array objects passed to `tidyjax.keep`, by id (weakly): a dispose of the last Tensor
@@ -673,16 +681,17 @@ def _protects(other: Buffer, rec: Buffer) -> bool:
 
 def _free_aliased(rec: Buffer) -> Any:
     """``free`` for a record with several array objects over its buffer."""
-    arr = None
     arrays = rec.arrays()
     for alias in arrays:
         if by_array.get(id(alias)) is rec:
             del by_array[id(alias)]
-        if rec.owned or _heir(rec):
+    arr = None
+    if rec.owned:
+        for alias in arrays:
             alias.delete()
-            arr = alias
-    if arr is None and arrays and getattr(rec, "heir", False) and on_drop is not None:
-        on_drop(rec, arrays)  # nobody else frees it: its Tensors let go of it
+        arr = arrays[-1] if arrays else None
+    elif arrays and _free_unowned(rec, arrays):
+        arr = arrays[-1]
     if observers:
         notify("buffer_freed", rec)
     return arr
