@@ -3,6 +3,8 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -106,3 +108,24 @@ def walked_live_arrays(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(jax, "live_arrays", lambda p=None: Counting(real(p)))
     return seen
+
+
+#: Set in the subprocess `run_under_eight_devices` starts: the test that starts it skips there.
+UNDER_EIGHT = bool(os.environ.get("TIDYJAX_EIGHT"))
+
+
+def run_under_eight_devices(path: str, *args: str) -> str:
+    """Run pytest on ``path`` (with ``args``) in a subprocess under eight host devices; assert
+    it passed and return its output. The multi-device tests of a file run this way from a test
+    of its own, skipped in the subprocess (`UNDER_EIGHT`)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", TIDYJAX_EIGHT="1")
+    env.pop("JAX_PLATFORMS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return proc.stdout

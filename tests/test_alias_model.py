@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -60,6 +59,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
+
+from .conftest import UNDER_EIGHT, run_under_eight_devices
 
 # Opt-in until issue 40's open violations are fixed (V1, V2, V7 and the kept raw alias of the
 # third session's note are; left: scope.keep holding strongly, outer.keep of a raw alias from an
@@ -685,16 +686,7 @@ def test_random_alias_programs_keep_the_rules(eager: bool, steps: list[Step]) ->
 # -- the same under eight devices ---------------------------------------------------------------
 
 
-@pytest.mark.skipif(len(DEVS) >= 8 or bool(os.environ.get("TIDYJAX_EIGHT")), reason="runs itself")
+@pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
 def test_under_eight_devices() -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", TIDYJAX_EIGHT="1")
-    env.pop("JAX_PLATFORMS", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert "failed" not in proc.stdout and ", 1 skipped" in proc.stdout  # only this test
+    out = run_under_eight_devices(__file__, "-x")
+    assert "failed" not in out and ", 1 skipped" in out  # only this test

@@ -6,9 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from typing import Any
 
 import jax
@@ -20,6 +17,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
+
+from .conftest import UNDER_EIGHT, run_under_eight_devices
 
 DEV = jax.devices()[0]
 CPU_HAS_NO_LIMIT = not (DEV.memory_stats() or {}).get("bytes_limit")
@@ -351,16 +350,7 @@ def test_eight_devices_warn_of_structs_without_sharding():
     assert any("sharding=NamedSharding" in n for n in p.notes)
 
 
-@pytest.mark.skipif(EIGHT or bool(os.environ.get("TIDYJAX_EIGHT")), reason="runs itself")
+@pytest.mark.skipif(EIGHT or UNDER_EIGHT, reason="runs itself")
 def test_under_eight_devices() -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", TIDYJAX_EIGHT="1")
-    env.pop("JAX_PLATFORMS", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "eight", __file__],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert "2 passed" in proc.stdout and "failed" not in proc.stdout
+    out = run_under_eight_devices(__file__, "-k", "eight")
+    assert "2 passed" in out and "failed" not in out

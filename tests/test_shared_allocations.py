@@ -12,9 +12,6 @@ from __future__ import annotations
 import collections
 import functools
 import gc
-import os
-import subprocess
-import sys
 from typing import Any
 
 import jax
@@ -24,6 +21,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
+
+from .conftest import UNDER_EIGHT, run_under_eight_devices
 
 DEVS = jax.devices()
 eight = pytest.mark.skipif(len(DEVS) < 8, reason="needs 8 devices (run under eight below)")
@@ -575,16 +574,7 @@ def test_a_returned_partial_and_bound_method_keep_their_tensors() -> None:
 # -- the same under eight devices ---------------------------------------------------------------
 
 
-@pytest.mark.skipif(len(DEVS) >= 8 or os.environ.get("TIDYJAX_EIGHT"), reason="runs itself")
+@pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
 def test_under_eight_devices() -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", TIDYJAX_EIGHT="1")
-    env.pop("JAX_PLATFORMS", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert "failed" not in proc.stdout and ", 1 skipped" in proc.stdout  # only this test
+    out = run_under_eight_devices(__file__, "-x")
+    assert "failed" not in out and ", 1 skipped" in out  # only this test
