@@ -447,9 +447,20 @@ def release(rec: Buffer) -> bool:
         last = rec.n <= 0 and rec.dead is None
         if last:
             rec.dead = RELEASED
+            if not rec.owned:
+                disposed_alias(rec)
     if observers:
         notify("tensor_removed", rec)
     return last and free(rec) is not None
+
+
+def disposed_alias(rec: Buffer) -> None:
+    """The last Tensor on ``rec``, a record tidyjax does not own, was disposed by `dispose`
+    (not by a scope's exit; under the lock): over a buffer of tidyjax's (a record of its group
+    is owned) it frees the buffer as any last Tensor does, unless a holder needs it (`free`)."""
+    group = _groups.get(id(rec)) if _groups else None
+    if group and any(r.owned for r in group):
+        rec.heir = True
 
 
 def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
@@ -575,12 +586,14 @@ def free(rec: Buffer) -> Any:
         _vanished(_groups[id(rec)])
     if _groups and id(rec) in _groups:
         group = _groups[id(rec)]
-        if rec.dead is RELEASED and rec.owned and not any(_protects(r, rec) for r in group):
+        mine = rec.owned or getattr(rec, "heir", False)
+        if rec.dead is RELEASED and mine and not any(_protects(r, rec) for r in group):
             others = [r for r in group if r is not rec]  # the last Tensor disposed: it goes
             _leave_group(rec)
         elif _leave_group(rec):
             if rec.dead is RELEASED and rec.owned:
                 _hand_on(group, hasattr(rec.scope, "take"))  # an alias holds the buffer now
+            _pass_arrays(rec, group)
             _drop(rec)
             return None
     arr = rec()
@@ -604,6 +617,30 @@ def free(rec: Buffer) -> Any:
             _leave_group(other)
             _drop(other)
     return arr
+
+
+def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
+    """``rec`` leaves while another record of its group holds the buffer: its array objects
+    still alive (a raw ``.array`` the caller read from its disposed Tensor) join a record whose
+    allocations cover theirs, so that whoever frees the buffer deletes them too (one entry
+    per buffer, whatever object it is reached by); with none covering them they are left."""
+    arrays = rec.arrays()
+    if not arrays:
+        return
+    keys = _keys_of(rec)
+    for other in group:
+        if other is rec or other.dead is not None or other.array() is None:
+            continue
+        theirs = _keys_of(other)
+        if keys is None or theirs is None or not keys <= theirs:
+            continue
+        with lock:
+            if other.more is None:
+                other.more = []
+            for a in arrays:
+                other.more.append(weakref.ref(a))
+                by_array[id(a)] = other
+        return
 
 
 def _hand_on(group: list[Buffer], scopes: bool) -> None:
@@ -673,10 +710,14 @@ def _kept_raw_alive(rec: Buffer) -> bool:
 
 def _protects(other: Buffer, rec: Buffer) -> bool:
     """Whether ``other``, over an allocation of ``rec``'s, still needs it when ``rec``'s last
-    Tensor is disposed: a live Tensor holds it, or it is kept or a Variable's."""
+    Tensor is disposed: a live Tensor holds it, it is a Variable's, or it is kept while a
+    kept object lives (a kept Tensor's raw aliases the caller never kept do not protect it
+    once that Tensor was collected)."""
     if other is rec or other.dead is not None or other.array() is None:
         return False
-    return other.n > 0 or other.scope is KEPT or other.scope is VARIABLE
+    if other.n > 0 or other.scope is VARIABLE:
+        return True
+    return other.scope is KEPT and _kept_raw_alive(other)
 
 
 def _free_aliased(rec: Buffer) -> Any:

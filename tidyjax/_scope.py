@@ -111,7 +111,9 @@ class Scope(Tracker):
         self._state = _NEW
         self._token: Any = None
         self._handed: set[int] = set()  # ids of records handed out by scope.keep
-        self._handed_tensors: dict[int, Any] = {}  # Tensor objects handed out likewise, by id
+        # Tensor objects handed out likewise, by id, held weakly: a kept Tensor the caller
+        # drops is collected as any other (its buffer still leaves with its record)
+        self._handed_tensors: dict[int, weakref.ref[Any]] = {}
         self._handed_batched = False  # some of them are on leaves a batch holds
         self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
@@ -307,8 +309,6 @@ class Scope(Tracker):
             self._aliases = []
         for b in batches:
             self._freed += _registry.delete_batch(b, why)
-        if handed_tensors:
-            self._handed_tensors = {}
         if self._handed:
             self._handed = set()
         if parent is not None and _overgrown(parent):  # a long loop of child scopes inside
@@ -321,7 +321,12 @@ class Scope(Tracker):
         handed out whole."""
         batched: list[Tensor] = []
         recs, tensors = self._walk_result(result, batched)
-        handed_tensors = self._handed_tensors
+        handed_tensors = {}
+        if self._handed_tensors:
+            for key, ref in self._handed_tensors.items():
+                if (t := ref()) is not None:
+                    handed_tensors[key] = t
+            self._handed_tensors = {}
         for t in tensors:
             handed_tensors[id(t)] = t
         escaping = self._handed | {id(r) for r in recs} if recs else self._handed
@@ -608,7 +613,7 @@ class Scope(Tracker):
                 self._handed.add(id(rec))
         for scope in (*inner, self):
             if isinstance(scope, Scope):
-                scope._handed_tensors.update(zip(map(id, tensors), tensors, strict=True))
+                scope._handed_tensors.update((id(t), weakref.ref(t)) for t in tensors)
         return values[0] if len(values) == 1 else values
 
     def _claim_batches(self, batched: list[Tensor], inner: list[Tracker]) -> list[Any]:
@@ -992,7 +997,7 @@ def _hand_out(scope: Scope, value: Any) -> None:
             if target is not None:
                 target._owned.append(rec)
     for t in tensors:
-        scope._handed_tensors[id(t)] = t
+        scope._handed_tensors[id(t)] = weakref.ref(t)
         if target is not None:
             target._aliases.append(weakref.ref(t))
 

@@ -1021,6 +1021,8 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
                     released.append(rec)
                 if rec.n <= 0:
                     rec.dead = RELEASED
+                    if not rec.owned:
+                        _registry.disposed_alias(rec)
                     doomed.append(rec)
                 else:
                     survivors.append(t)
