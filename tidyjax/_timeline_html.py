@@ -3,9 +3,12 @@
 Python aggregates the events (two passes, no per-buffer output) into ``FINE_COLUMNS`` columns per
 device, each at the moment of its largest total, so no peak is lost: a series per top site (by
 largest live bytes, stacked bottom up from the one that held bytes longest; a named Variable's
-buffers are a site of their own), the rest as "other". The page embeds them, with the sites'
-hover text, the scopes and the marks, as deflated JSON for its script (``_static/timeline.js``),
-which owns the chart: areas, axes, scope bands, peak, marks, legend, zoom and pan.
+buffers are a site of their own), the rest as "other", and on top a band per function whose
+``tidyjax.jit`` calls' XLA temporaries were recorded ("XLA temporaries of step": in a column
+whose moment is a call's, over the arrays alive then, so the column reaches the device peak).
+The page embeds them, with the sites' hover text, the scopes and the marks, as deflated JSON for
+its script (``_static/timeline.js``), which owns the chart: areas, axes, scope bands, peak,
+marks, legend, zoom and pan.
 
 Sanitizers (untrusted notebooks, nbviewer) drop ``<script>``, ``<style>`` and ``<svg>`` but keep
 ``<img>`` data URIs and inline styles: there the page shows its title, summary, sites, per device
@@ -33,6 +36,8 @@ __all__ = ["alive_after", "elapsed", "fragment", "page"]
 #: The columns per device the page embeds for its script to draw and zoom into.
 FINE_COLUMNS = 20_000
 TABLE_ROWS = 25
+#: The functions whose temporaries are a band each (the largest); the rest share one.
+TEMP_BANDS = 5
 # The static image, in SVG user units (it scales to the page's width): a plot of _COLUMNS
 # columns, the peak's label above it.
 _W, _H, _X0, _Y0, _PW, _PH = 900, 200, 12, 30, 876, 160
@@ -120,6 +125,9 @@ class _Chart:
         total = peak = 0
         enters: dict[int, tuple[int, Any]] = {}
         self.scopes: list[tuple[int, int, str, str, float]] = []
+        # per function whose XLA temporaries were recorded: its largest and its calls' scopes
+        self.temp_most: dict[str, int] = {}
+        self.temp_scopes: dict[str, collections.Counter[str]] = {}
         nb = len(base)
         for i, ev in enumerate((*base, *events)):
             kind = ev.kind
@@ -143,6 +151,10 @@ class _Chart:
                 start, opened = enters.pop(ev.buffer, (-1, ev))
                 self.scopes.append((start, i - nb, opened.name, opened.scope,
                                     ev.time - opened.time))  # fmt: skip
+            elif kind == TEMPORARIES and ev.bytes:  # none (0 B): no band
+                self.temp_most[ev.name] = max(self.temp_most.get(ev.name, 0), ev.bytes)
+                scopes = self.temp_scopes.setdefault(ev.name, collections.Counter())
+                scopes[ev.scope or "(no scope)"] += 1
         end = nb + len(events)
         for s, v in enumerate(cur):  # holding bytes at the end
             if v > 0:
@@ -173,12 +185,32 @@ class _Chart:
             other = _describe(f"other ({len(others)} sites)", [info[s] for s in others])
             self.sites.append({**other, "stack": [], "other": True})
             self.largest.append(other["label"])
+        self.temp_slot = self._temp_bands()
         return slot
+
+    def _temp_bands(self) -> dict[str, int]:
+        """A series above the sites per function whose temporaries were recorded (the
+        ``TEMP_BANDS`` largest, the rest one; ``temps`` marks it, ``allocs`` counts its calls,
+        ``shapes`` names the functions of the shared one); returns each function's slot."""
+        names = sorted(self.temp_most, key=lambda name: (-self.temp_most[name], name))
+        first, rest = len(self.sites), names[TEMP_BANDS:]
+        bands = [(f"XLA temporaries of {name}", [name]) for name in names[:TEMP_BANDS]]
+        if rest:
+            bands.append((f"XLA temporaries of {len(rest)} other function"
+                          f"{'s' if len(rest) > 1 else ''}", rest))  # fmt: skip
+        for label, group in bands:
+            calls = collections.Counter({name: self.temp_scopes[name].total() for name in group})
+            scopes = sum((self.temp_scopes[name] for name in group), collections.Counter[str]())
+            self.sites.append({"label": label, "shapes": _top(calls) if group is rest else "",
+                               "dtypes": "", "scopes": _top(scopes), "allocs": calls.total(),
+                               "stack": [], "temps": True})  # fmt: skip
+        return {name: first + min(i, TEMP_BANDS) for i, name in enumerate(names)}
 
     def _fill(self, base: list[Any], events: list[Any], sites: _Sites, slot: list[int]) -> None:
         """Pass 2: per device, each fine column's bytes per slot at the moment of its largest
-        total (``cols``), each column's time (``times``), each device's peak (``device_peak``,
-        first reached after event ``peak_index``, -1: before the events, in ``peak_col``)."""
+        total, a call's temporaries counted (``cols``), each column's time (``times``), each
+        device's peak of the arrays (``device_peak``, first reached after event ``peak_index``,
+        -1: before the events, in ``peak_col``)."""
         c, n, nd = self.fine, self.n, len(self.devices)
         dindex = dict(zip(self.devices, range(nd), strict=True))
         vec, tot = [[0] * len(self.sites) for _ in range(nd)], [0] * nd
@@ -199,12 +231,18 @@ class _Chart:
                 best, best_vec = tot[:], [v[:] for v in vec]
             sign = _SIGN.get(ev.kind)
             if sign is None:
-                if ev.kind == TEMPORARIES:
+                if ev.kind == TEMPORARIES and ev.bytes:
+                    ts = self.temp_slot[ev.name]
                     for d, b in ev.per_device or ((ev.device, ev.bytes),):
                         k = dindex.get(d)
-                        if k is not None and tot[k] + b > self.call_peak[k]:
+                        if k is None:
+                            continue
+                        if tot[k] + b > self.call_peak[k]:
                             self.call_peak[k], self.call_at[k] = tot[k] + b, i
                             self.call_ev[k] = ev
+                        if tot[k] + b > best[k]:  # the arrays alive then, the temporaries above
+                            best[k], best_vec[k] = tot[k] + b, vec[k][:]
+                            best_vec[k][ts] += b
                 continue
             s = slot[sites.index(ev)]
             for d, b in ev.per_device or ((ev.device, ev.bytes),):
@@ -214,12 +252,13 @@ class _Chart:
                 t = tot[j] = tot[j] + sign * b
                 if t > best[j]:
                     best[j], best_vec[j] = t, v[:]
-                    if t > peak[j]:
-                        peak[j], peak_at[j] = t, i
+                if t > peak[j]:  # not under the test above: a call's temporaries may raise best
+                    peak[j], peak_at[j] = t, i
         for j in range(nd):
             self.cols[j].append(best_vec[j])
         self.device_peak, self.peak_index = peak, [max(i, -1) for i in peak_at]
         self.peak_col = [max(0, i) * c // max(n, 1) for i in peak_at]
+        self.call_col = [max(0, i) * c // max(n, 1) for i in self.call_at]
 
     def _place_marks(self, tl: Any, base: list[Any], events: list[Any], at: Any) -> None:
         """The marks (``tl._marks``, and ``at``) in time order, each with how many events came at
@@ -244,6 +283,13 @@ class _Chart:
         else:
             before = bisect.bisect_right(times, at.time) - 1
             self.live = alive_after(base, events, [before]) * len(self.devices)
+
+    def tallest(self, j: int) -> tuple[int, int, str]:
+        """Device ``j``'s tallest column: its bytes, fine column and label, ``"peak …"``, or
+        ``"device peak …"`` where a call's temporaries make it."""
+        if self.temps[j] is None:
+            return self.device_peak[j], self.peak_col[j], f"peak {fmt_bytes(self.device_peak[j])}"
+        return self.call_peak[j], self.call_col[j], f"device peak {fmt_bytes(self.call_peak[j])}"
 
     def fpos(self, event: float) -> float:
         """An event position as a fine-column position."""
@@ -319,28 +365,36 @@ def _line(cls: str, x: float, label: str, y: float, right: bool, extra: str = ""
 def _image(ch: _Chart, j: int) -> str:
     """Device ``j``'s live bytes as an image that sanitizers keep (a standalone SVG with its
     own style sheet and background, in an ``<img>`` sized by inline styles): one area (the
-    largest total of each column; the peak's column at least 12 wide), the peak and the marks."""
+    largest total of each column; the tallest column at least 12 wide), the XLA temporaries
+    over it where a call's make a column's total, the peak and the marks."""
     totals = [sum(v) for v in ch.cols[j]]
+    slots = sorted(set(ch.temp_slot.values()))
+    temps = [sum(v[s] for s in slots) for v in ch.cols[j]]
     f, c, bottom, vmax = len(totals), min(len(totals), _COLUMNS), _Y0 + _PH, max(totals) or 1
     starts, wide = [g * f // c for g in range(c + 1)], 0 if ch.moment else max(0, 12 - _PW / c)
-    gp = bisect.bisect_right(starts, ch.peak_col[j]) - 1
+    gp = bisect.bisect_right(starts, ch.tallest(j)[1]) - 1
 
     def x(u: float) -> float:  # a column position
         return _X0 + u * (_PW - wide) / c + wide * min(max(u - gp, 0), 1)
 
-    d, last = [f"M{_X0} {bottom}"], ""
+    d, last, band = [f"M{_X0} {bottom}"], "", []
     for g in range(c):
-        y = f"{bottom - max(totals[starts[g] : starts[g + 1]]) * _PH / vmax:.1f}"
+        most = max(range(starts[g], starts[g + 1]), key=totals.__getitem__)
+        y = f"{bottom - (totals[most] - temps[most]) * _PH / vmax:.1f}"
         if y != last:
             d.append(f"H{x(g):.1f}V{y}" if g else f"V{y}")
             last = y
+        if temps[most]:
+            band.append(f"M{x(g):.1f} {bottom - totals[most] * _PH / vmax:.1f}H{x(g + 1):.1f}"
+                        f"V{y}H{x(g):.1f}Z")  # fmt: skip
     parts = [f'<rect class="tj-bg" width="{_W}" height="{_H}" rx="6"/><path class="tj-area" '
              f'd="{"".join(d)}H{_X0 + _PW}V{bottom}Z"/><line class="tj-axis" x1="{_X0}" '
              f'x2="{_X0 + _PW}" y1="{bottom}" y2="{bottom}"/>']  # fmt: skip
+    if band:
+        parts.append(f'<path class="tj-temp" d="{"".join(band)}"/>')
     if not ch.moment:
         px = x(gp + 0.5)
-        parts.append(_line("tj-peak", px, f"peak {fmt_bytes(ch.device_peak[j])}", _Y0 - 10,
-                           px > _X0 + _PW * 0.7))  # fmt: skip
+        parts.append(_line("tj-peak", px, ch.tallest(j)[2], _Y0 - 10, px > _X0 + _PW * 0.7))
     for i, (k, mark) in enumerate(ch.marks):
         px, text = x(ch.fpos(k) * c / f), _mark_text(mark)
         short = text if len(text) <= 40 else text[:39] + "…"  # all of it in its title
@@ -352,7 +406,9 @@ def _image(ch: _Chart, j: int) -> str:
         f'"http://www.w3.org/2000/svg"><style>{_asset("timeline-svg.css")}</style>'
         f"{''.join(parts)}</svg>"
     )
-    alt = f"live bytes over time on {ch.devices[j]}, peak {fmt_bytes(ch.device_peak[j])}"
+    alt = f"live bytes over time on {ch.devices[j]}, {ch.tallest(j)[2]}"
+    if (temps_ev := ch.temps[j]) is not None:
+        alt += f" with the XLA temporaries of {temps_ev.name}"
     return (
         f'<img class="tj-static" alt="{esc(alt)}" src="data:image/svg+xml;base64,'
         f'{base64.b64encode(svg.encode("utf-8")).decode("ascii")}" '
@@ -457,12 +513,15 @@ def _payload(ch: _Chart) -> str:
     marks = [x for pos, m in ch.marks for x in (round(ch.fpos(pos), 2),
              strings.setdefault(m.label, len(strings)), m.bytes)]  # fmt: skip
     devices = [
-        {"name": d, "peak": ch.device_peak[j], "peakCol": ch.peak_col[j],
-         "label": f"{d} · peak {fmt_bytes(ch.device_peak[j])}",
+        {"name": d, "peak": ch.tallest(j)[0], "peakCol": ch.tallest(j)[1],
+         "label": f"{d} · {ch.tallest(j)[2]}",
          "cols": [x - p for prev, col in zip([[0] * k, *cols], cols, strict=False)
                   for p, x in zip(prev, col, strict=True)]}
         for j, (d, cols) in enumerate(zip(ch.devices, ch.cols, strict=True))
     ]  # fmt: skip
+    for j, device in enumerate(devices):
+        if ch.temps[j] is not None:  # the chart's peak line names it (else "peak …")
+            device["peakText"] = ch.tallest(j)[2]
     data = {"events": ch.n, "fine": ch.fine, "moment": ch.moment, "sites": ch.sites,
             "times": [b - a for a, b in zip([0, *us], us, strict=False)], "devices": devices,
             "selected": max(range(len(devices)), key=lambda j: (devices[j]["peak"], -j)),
@@ -508,8 +567,7 @@ def fragment(tl: Any, *, top: int = 10, at: Any = None) -> str:
     several = len(ch.devices) > 1
     charts = "".join(
         f'<section class="tj-chart" data-device="{j}">'
-        + (f'<div class="tj-dev">{esc(d)} · peak {esc(fmt_bytes(ch.device_peak[j]))}</div>'
-           if several else "")
+        + (f'<div class="tj-dev">{esc(d)} · {esc(ch.tallest(j)[2])}</div>' if several else "")
         + f"{_image(ch, j)}</section>"
         for j, d in enumerate(ch.devices)
     )  # fmt: skip

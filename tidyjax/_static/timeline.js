@@ -3,11 +3,13 @@
 // marks: what sanitizers keep) and the table of what was alive at the peak. This script finds
 // its page (document.currentScript), inflates the data embedded in it (the fine columns per
 // device, the sites, the scopes, the marks) and draws the chart in place of each image, at the
-// page's own pixel size: the areas stacked by site, the axes (step numbers where the steps are
-// scopes, else the time), the scopes as bands in lanes (a first step that took its compile
-// named so), the peak, the marks and the legend; zoom (wheel, + and -, a click on a band), pan
-// (drag, arrow keys), a hover tooltip that a click keeps, legend entries that isolate their
-// site, and a device selector.
+// page's own pixel size: the areas stacked by site (and above them, in a column whose moment
+// is a tidyjax.jit call's, that call's XLA temporaries: a series per function), the axes (step
+// numbers where the steps are scopes, else the time), the scopes as bands in lanes (a first
+// step that took its compile named so), the peak (the device peak where temporaries make it),
+// the marks and the legend; zoom (wheel, + and -, a click on a band), pan (drag, arrow keys),
+// a hover tooltip that a click keeps, legend entries that isolate their site, and a device
+// selector.
 (function(){
 var me=document.currentScript,root=me&&me.closest?me.closest(".tjtl"):null;
 if(!root){  // run by a host that evaluates scripts elsewhere: the last page not yet drawn
@@ -98,7 +100,8 @@ function start(data){
     for(var f=0;f<F;f++){var t=0;
       for(var s=0;s<K;s++){prev[s]+=d.cols[f*K+s];v[f*K+s]=prev[s];t+=prev[s]}
       tot[f]=t}
-    return {name:d.name,label:d.label,peak:d.peak,peakCol:d.peakCol,v:v,tot:tot}});
+    return {name:d.name,label:d.label,peak:d.peak,peakCol:d.peakCol,v:v,tot:tot,
+      peakText:d.peakText||"peak "+fmt(d.peak)}});
   var sc=scopes(data.bands,S),steps=sc.steps,nums=sc.nums,bands=sc.bands,i;
   var M=data.marks,marks=[];  // annotations: fine position, label, bytes
   for(i=0;i<M.length;i+=3)marks.push({pos:M[i],label:S[M[i+1]],bytes:M[i+2]});
@@ -107,7 +110,8 @@ function start(data){
     while(lo<hi){var m=(lo+hi)>>1;if(steps[m]<=pos)lo=m+1;else hi=m}
     return lo}
   function stepAt(pos){var i=stepIndex(pos);return i?nums[i-1]:0}
-  function colour(s){return data.sites[s].other?"var(--tj-other)":PALETTE[s%PALETTE.length]}
+  function colour(s){var site=data.sites[s];
+    return site.other?"var(--tj-other)":site.temps?"var(--tj-temp)":PALETTE[s%PALETTE.length]}
   var state={a:0,b:F,dev:data.selected,iso:-1,pinned:false};
 
   // -- the frame: what the axis counts, tools, device buttons, a live SVG per image, legend --
@@ -155,7 +159,8 @@ function start(data){
     li.appendChild(document.createTextNode(" "+site.label));
     li.dataset.site=String(s);li.setAttribute("role","button");li.tabIndex=0;
     li.setAttribute("aria-pressed","false");
-    li.title="click: show this site alone (click again: all)";
+    li.title="click: show "+(site.temps?"these temporaries":"this site")+
+      " alone (click again: all)";
     li.addEventListener("click",function(){state.iso=state.iso===s?-1:s;isolate()});
     li.addEventListener("keydown",function(e){
       if(e.key==="Enter"||e.key===" "){e.preventDefault();li.click()}});
@@ -255,16 +260,17 @@ function start(data){
       p.push("H"+(X0+PW)+"V"+low[g.D-1]);
       for(d=g.D-2;d>=0;d--)if(low[d]!==low[d+1])p.push("H"+g.xs[d+1].toFixed(1)+"V"+low[d]);
       p.push("H"+X0+"Z");
-      var other=data.sites[s].other,attrs={"class":"tj-area "+(other?"tj-other":"tj-s"+s),
-        "data-site":s,"data-label":data.sites[s].label,d:p.join("")};
-      if(!other)attrs.fill=colour(s);
+      var other=data.sites[s].other,temps=data.sites[s].temps,attrs={"class":"tj-area "+
+        (other?"tj-other":temps?"tj-temp":"tj-s"+s),"data-site":s,
+        "data-label":data.sites[s].label,d:p.join("")};
+      if(!other&&!temps)attrs.fill=colour(s);
       el("path",attrs,parent)}}
   function lines(svg,dev,g,a,b,X0,PW,Y0,bottom){
     if(g.dp>=0){  // the peak, its label above the plot, clear of its line
       var px=(g.xs[g.dp]+g.xs[g.dp+1])/2,end=px>X0+PW*0.7,pg=el("g",{"class":"tj-peak"},svg);
       el("line",{x1:px,x2:px,y1:Y0,y2:bottom},pg);
       el("text",{x:end?px-6:px+6,y:Y0-9,"text-anchor":end?"end":"start"},pg).textContent=
-        "peak "+fmt(dev.peak)}
+        dev.peakText}
     // the marks: a dashed line each, labelled at the top (three rows, so neighbours clear)
     var mg=el("g",{"class":"tj-marks"},svg);
     marks.forEach(function(m,i){
@@ -343,12 +349,20 @@ function start(data){
   function showTip(e,h){
     var site=data.sites[h.s],dev=geo.dev,val=dev.v[h.f*K+h.s];
     tip.textContent="";line(site.label,"b");
-    var at=dt(times[h.f]),n=steps.length?stepAt(h.f+0.5):0;
-    line(fmt(val)+" live now, of "+fmt(dev.tot[h.f])+" live on "+dev.name+", at "+at+
-      (n?" (step "+n+")":""));
-    line("allocations over the run: "+site.allocs.toLocaleString()+" ("+site.shapes+")");
-    line("dtype: "+site.dtypes);
-    line("scopes of those allocations: "+site.scopes);
+    var at=dt(times[h.f]),n=steps.length?stepAt(h.f+0.5):0,when=", at "+at+
+      (n?" (step "+n+")":"");
+    if(site.temps){  // no array: what XLA held while a call ran, over the arrays alive then
+      line(fmt(val)+" while the call ran; "+fmt(dev.tot[h.f])+" with the arrays on "+
+        dev.name+when);
+      line("calls over the run: "+site.allocs.toLocaleString()+
+        (site.shapes?" ("+site.shapes+")":""));
+      line("scopes of those calls: "+site.scopes);
+      line("XLA's temporaries (memory_analysis): no array holds them","tj-tip-h")}
+    else{
+      line(fmt(val)+" live now, of "+fmt(dev.tot[h.f])+" live on "+dev.name+when);
+      line("allocations over the run: "+site.allocs.toLocaleString()+" ("+site.shapes+")");
+      line("dtype: "+site.dtypes);
+      line("scopes of those allocations: "+site.scopes)}
     if(site.stack&&site.stack.length){line("stack (innermost first):","tj-tip-h");
       site.stack.forEach(function(fr){line(fr,"tj-frame")})}
     line(state.pinned?"kept: click elsewhere to let go":"click to keep these details","tj-tip-h");
