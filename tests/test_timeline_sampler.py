@@ -320,3 +320,19 @@ def test_a_sampled_array_stays_plain_once_anything_else_is_recorded(by_hand):
         ("free", "<untracked>", (16, 16)),
         ("alloc", "", (16, 16)),
     ]
+
+
+def test_an_array_made_before_the_timeline_is_not_counted_when_read_in_it(by_hand):
+    before = jnp.ones((3, 4), jnp.float32)
+    before.block_until_ready()
+    with tj.timeline() as tl:
+        repr(before)  # JAX caches a new object over its buffer on it (a shard view)
+        tj.memory(scan_untracked=True)  # reads every buffer's address (on JAX 0.6: a view too)
+        made = jnp.ones(5, jnp.float32)
+        made.block_until_ready()
+        tl._sampler._look()
+        tl._sampler._look()  # the sampler's look, then a mark's: neither counts `before`
+        tl.mark()
+    assert [(e.kind, e.scope, e.shape) for e in tl.events] == [("alloc", "<untracked>", (5,))]
+    assert tl.peak_bytes == 20
+    del made, before

@@ -389,6 +389,11 @@ class Timeline:
         # its last look ended
         self._sampled_plain: dict[int, list[Any]] = {}
         self._sampled_upto = -1
+        # the arrays alive when the recording (re)started, as weak references read at the first
+        # need (see _made_before), then their buffers' addresses; those still computing then
+        self._before: Iterator[weakref.ref[Any]] = iter(())
+        self._before_addr: dict[Any, weakref.ref[Any]] | None = None
+        self._before_todo: list[weakref.ref[Any]] = []
         # (record, time, Tensor id) of the committed buffers just added (an allocation, or one
         # more record over a recorded buffer: see _settle) and of those whose last Tensor went
         # (Tensor id _LET_GO)
@@ -810,6 +815,7 @@ class Timeline:
             sampler = None
             if self.arrays:
                 self._array_mark = ArrayMark()
+                self._before, self._before_addr = self._array_mark.alive_at_mark(), None
                 self._check_deleted()  # the plain arrays dropped or deleted while stopped
                 if self.sample is not None:
                     sampler = self._sampler = _Sampler(self, self.sample)
@@ -862,6 +868,7 @@ class Timeline:
                 sampler.stop.set()
             self._look()  # a last look
             self._array_mark = None
+            self._before, self._before_addr, self._before_todo = iter(()), None, []
             self._name_variables()
             for scope, number in list(self._scopes.values()):
                 self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
@@ -1308,8 +1315,10 @@ class Timeline:
         """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
         an alias shares its readiness). Each entry's addresses are read once, when ready."""
         key = _buffer_key(arr)  # None for None
-        if not key:
-            return None
+        return self._find_key(key) if key else None
+
+    def _find_key(self, key: Any) -> list[Any] | None:
+        """`_find` of the buffer at ``key`` (an array's addresses, `_buffer_key`)."""
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
         for key_ in todo:
@@ -1463,7 +1472,10 @@ class Timeline:
         held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
         for arr in arrays:
-            entry = None if _registry.lookup(arr) is not None else self._find(arr)
+            key = _buffer_key(arr) if _registry.lookup(arr) is None else None
+            entry = self._find_key(key) if key else None
+            if entry is None and key and self._made_before(key):
+                continue  # a new object over a buffer alive before the recording: not counted
             if entry is None or (len(entry) == 2 and entry[0]() is arr):  # or the array itself
                 scope = WATCHED if id(arr) in held else UNTRACKED
                 entry = self._add_plain(arr, now, scope, sampled)
@@ -1476,6 +1488,36 @@ class Timeline:
                 self._add_view(entry, arr)
         if named:
             self._amend(named)
+
+    def _made_before(self, key: Any) -> bool:
+        """Whether the buffer at ``key`` (an array's addresses, `_buffer_key`) is that of a plain
+        array alive when the recording started: a new object over it holds no new memory, and
+        the buffer itself was never counted. JAX makes such an object when an array's value is
+        read (a shard view it caches on the array: ``repr``, ``print``), and on JAX 0.6 when its
+        address is read too (``memory()``'s census, an out-of-memory report): counted, the
+        array made before the timeline would show as made in it. The addresses of the arrays
+        alive at the start are read once, at the first need (O(those arrays))."""
+        if self._before_addr is None:
+            self._before_addr, self._before_todo = {}, list(self._before)
+            self._before = iter(())
+        index, todo = self._before_addr, self._before_todo
+        if todo:
+            self._before_todo = []
+            for ref in todo:
+                arr = ref()
+                rec = _registry.lookup(arr) if arr is not None else None
+                if arr is None or (rec is not None and not released(rec)):
+                    continue  # gone, or a Tensor's: its entry knows the objects over it
+                k = _buffer_key(arr)
+                if k:
+                    index[k] = ref
+                    for p in k:
+                        index.setdefault((p,), ref)  # its per-shard views
+                elif not arr.is_deleted() and not base_array(arr).is_ready():
+                    self._before_todo.append(ref)  # still computing: read at a later need
+        found = index.get(key)
+        old = found() if found is not None else None
+        return old is not None and not old.is_deleted()  # (a freed one's address is reused)
 
     def _amend(self, amended: dict[int, tuple[Any, ...]]) -> None:
         """Replace recorded events: ``amended`` maps the id of each to its new version."""
