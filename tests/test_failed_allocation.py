@@ -68,10 +68,9 @@ SCRIPT = textwrap.dedent(
     small = tj.tensor(np.ones(1024, np.float32))  # 4 KiB the user holds
     raw_small = jnp.ones(3)  # 12 B the user holds, untracked
     small.block_until_ready(), raw_small.block_until_ready()
-    # No sampler: on JAX 0.6.2 it recorded raw_small, made before the timeline, as made inside
-    # (not investigated; reported in the closing note). Its own failed-array guard is the
-    # `_usable` check; the books it feeds are the ones checked here.
-    tl = tj.timeline(sample=None)
+    # With the sampler: it looks meanwhile (raw_small, made before, is not counted when the
+    # out-of-memory report reads its address, which on JAX 0.6 makes a new object over it).
+    tl = tj.timeline()
     tl.__enter__()
     z = queue_a_failure()
     print("pending", not z.array.is_ready(), flush=True)

@@ -95,3 +95,16 @@ def test_a_new_array_reusing_a_dead_arrays_id_is_new_every_time():
         del leaked, new
     assert missed == 0
     del state
+
+
+def test_alive_at_mark_lists_the_arrays_alive_then_however_the_mark_moves():
+    for count in (2, NEWEST + 4):  # the newest marked only, then the fallback's list of all
+        old = [jnp.full(3, float(i)) for i in range(count)]
+        mark = ArrayMark()
+        at_mark = mark.alive_at_mark()
+        new = jnp.ones(5)
+        assert _same(mark.advance(), [new])  # moved: its own lists replaced
+        alive = [a for ref in at_mark if (a := ref()) is not None]
+        assert all(any(a is o for a in alive) for o in old)
+        assert all(a is not new for a in alive)
+        del old, new

@@ -247,3 +247,41 @@ def test_arrays_false_records_tensors_only_and_resuming_reconciles():
     assert [(e.kind, e.bytes) for e in tl2.events] == [("alloc", 100), ("free", 100)]
     assert tl2.events[1].time > tl2.events[0].time
     del a
+
+
+def test_a_plain_array_adopted_while_stopped_moves_on_resuming():
+    tl = tj.timeline(sample=None)
+    with tl:
+        x = jnp.ones(1000, jnp.float32)
+        tl.mark()
+    t = tj.adopt(x)  # the registry's now, while nothing recorded
+    with tl:
+        live = tl.live_at(time.perf_counter())
+        held = tj.memory(scan_untracked=False).num_bytes
+    t.dispose()
+    assert sum(r.bytes for r in live) == held == 4000
+    kinds = [(e.kind, e.scope, e.bytes) for e in tl.events]
+    assert kinds == [
+        ("alloc", "<untracked>", 4000),
+        ("free", "<untracked>", 4000),  # on resuming: a Tensor's, counted once
+        ("alloc", "", 4000),
+    ]
+    assert [r.scope for r in live] == [""]
+
+
+def test_a_plain_typed_key_adopted_is_counted_once():
+    with tj.timeline(sample=None) as tl:
+        k = jax.random.key(0)
+        tl.mark()  # seen as jax.live_arrays() lists it: its words
+        t = tj.adopt(k)
+        live = tl.live_at(time.perf_counter())
+        held = tj.memory(scan_untracked=False).num_bytes
+        t.dispose()
+    assert sum(r.bytes for r in live) == held == 8
+    kinds = [(e.kind, e.scope, e.shape) for e in tl.events]
+    assert kinds == [
+        ("alloc", "<untracked>", (2,)),
+        ("free", "<untracked>", (2,)),
+        ("alloc", "", ()),
+        ("free", "", ()),
+    ]

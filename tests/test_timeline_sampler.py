@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tidyjax as tj
+import tidyjax.random as tjr
 from tidyjax import _registry, tidy
 from tidyjax import _timeline as tlm
 
@@ -200,3 +201,138 @@ def test_an_array_sampled_before_watch_named_it_is_recorded_watched():
     assert [(s.kind, s.bytes) for s in peak] == [("watched", 1024)]
     tj.unwatch(params)
     del params
+
+
+# -- the sampler and tidyjax over one array: the same record whichever comes first -------------
+
+
+@pytest.fixture
+def by_hand(monkeypatch):
+    """The sampler's thread does nothing: the test runs its looks (`_Sampler._look`) itself, at
+    the moments it chooses."""
+    monkeypatch.setattr(tlm._Sampler, "_run", lambda self: None)
+
+
+def _sampler_first(monkeypatch, tl: tj.Timeline) -> None:
+    """Every array tidyjax records from now on was first seen by two looks of ``tl``'s sampler
+    (listed, then recorded as a plain array): what a loaded machine does when the thread of an
+    op stalls between JAX making the array and tidyjax recording it."""
+    real = _registry.new
+
+    def new(arr, *args, **kwargs):
+        arr.block_until_ready()  # a look records only ready arrays
+        tl._sampler._look()
+        tl._sampler._look()
+        return real(arr, *args, **kwargs)
+
+    monkeypatch.setattr(_registry, "new", new)
+
+
+def _tensors_only() -> tj.Tensor:
+    """A program of Tensors only: conversions from NumPy (the second committed to its device:
+    settled at the next event), a typed key (JAX lists its words, not the key), ops in a
+    scope, a result kept."""
+    a = tj.tensor(np.ones((32, 32), np.float32))
+    with tidy("step"):
+        b = a * 2.0
+        c = tj.tensor(np.ones(32, np.float32), device=jax.devices()[0])
+        key = tjr.key(0)
+        kept = tj.keep(b + c)
+        key.dispose()
+    a.dispose()
+    return kept
+
+
+def _story(tl: tj.Timeline) -> list[tuple[object, ...]]:
+    """The events as a run tells them: what, where, how many bytes, how many Tensors."""
+    return [(e.kind, e.scope, e.site, e.shape, e.bytes, len(e.tensors)) for e in tl.events]
+
+
+def test_an_array_sampled_before_tidyjax_records_it_is_tidyjax_from_its_allocation(
+    monkeypatch, by_hand
+):
+    with tj.timeline(sample=None) as alone:
+        kept = _tensors_only()
+    kept.dispose()
+    with tj.timeline() as tl:
+        _sampler_first(monkeypatch, tl)
+        kept = _tensors_only()
+        monkeypatch.undo()
+        assert tl.live_at(time.perf_counter())  # read while recording: settled
+        at_stop = tj.memory(scan_untracked=False).num_bytes
+    kept.dispose()
+    # the sampler's plain record became tidyjax's: no "<untracked>" site, no free and new alloc
+    assert _story(tl) == _story(alone)
+    assert [e.kind for e in tl.events].count("alloc") == 5
+    assert tl.peak_bytes == alone.peak_bytes == 3 * 4096 + 128 + 8
+    assert [(s.site, s.kind, s.bytes) for s in tl.top_sites()] == [
+        (s.site, s.kind, s.bytes) for s in alone.top_sites()
+    ]
+    assert sum(r.bytes for r in tl.live_at(tl.stop_time)) == at_stop == 4096
+
+
+def test_an_array_sampled_after_tidyjax_recorded_it_is_not_recorded_again(by_hand):
+    with tj.timeline(sample=None) as alone:
+        kept = _tensors_only()
+    kept.dispose()
+    with tj.timeline() as tl:
+        kept = _tensors_only()
+        tl._sampler._look()  # lists the Tensors' arrays (alive: the kept one)
+        tl._sampler._look()  # and finds the registry's: nothing recorded
+    kept.dispose()
+    assert _story(tl) == _story(alone)
+    assert tl.peak_bytes == alone.peak_bytes
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["unseen", "marked"])
+def test_a_sampled_array_taken_on_later_is_recorded_as_without_the_sampler(by_hand, marked):
+    stories = []
+    for sample in (None, INTERVAL):
+        with tj.timeline(sample=sample) as tl:
+            x = jnp.ones((16, 16), jnp.float32)
+            x.block_until_ready()
+            if sample is not None:
+                tl._sampler._look()
+                tl._sampler._look()  # recorded: a plain array, for now
+                assert [(e.kind, e.scope) for e in tl.events] == [("alloc", "<untracked>")]
+            if marked:
+                tl.mark()  # the program looked: a plain array until adopt(), either way
+            t = tj.adopt(x)
+            t.dispose()
+        stories.append(_story(tl))
+    plain = [("alloc", "<untracked>"), ("free", "<untracked>")] if marked else []
+    assert [e[:2] for e in stories[0]] == [*plain, ("alloc", ""), ("free", "")]
+    assert stories[1] == stories[0]
+
+
+def test_a_sampled_array_stays_plain_once_anything_else_is_recorded(by_hand):
+    with tj.timeline() as tl:
+        x = jnp.ones((16, 16), jnp.float32)
+        x.block_until_ready()
+        tl._sampler._look()
+        tl._sampler._look()
+        u = tj.tensor(np.ones(4, np.float32))  # recorded since: x was plain meanwhile
+        t = tj.adopt(x)
+        tj.dispose([t, u])
+    assert [(e.kind, e.scope, e.shape) for e in tl.events][:4] == [
+        ("alloc", "<untracked>", (16, 16)),
+        ("alloc", "", (4,)),
+        ("free", "<untracked>", (16, 16)),
+        ("alloc", "", (16, 16)),
+    ]
+
+
+def test_an_array_made_before_the_timeline_is_not_counted_when_read_in_it(by_hand):
+    before = jnp.ones((3, 4), jnp.float32)
+    before.block_until_ready()
+    with tj.timeline() as tl:
+        repr(before)  # JAX caches a new object over its buffer on it (a shard view)
+        tj.memory(scan_untracked=True)  # reads every buffer's address (on JAX 0.6: a view too)
+        made = jnp.ones(5, jnp.float32)
+        made.block_until_ready()
+        tl._sampler._look()
+        tl._sampler._look()  # the sampler's look, then a mark's: neither counts `before`
+        tl.mark()
+    assert [(e.kind, e.scope, e.shape) for e in tl.events] == [("alloc", "<untracked>", (5,))]
+    assert tl.peak_bytes == 20
+    del made, before

@@ -19,7 +19,9 @@ Imports nothing of tidyjax.
 
 from __future__ import annotations
 
+import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -120,6 +122,12 @@ class ArrayMark:
         for mark in self._marks:
             out += mark.advance()
         return out
+
+    def alive_at_mark(self) -> Iterator[weakref.ref[Any]]:
+        """Weak references to every array alive when the mark was made or last moved, to read
+        at leisure (moving the mark later replaces its lists: these stay as they were)."""
+        parts = [m.older if m.older is not None else [r for _, r in m.newest] for m in self._marks]
+        return itertools.chain.from_iterable(parts)
 
     def new(self) -> list[Any]:
         """The live, not deleted ``jax.Array``s created after the mark, newest first per platform.

@@ -273,7 +273,9 @@ class _Sampler:
     it takes that lock) and records, under the lock, those seen at the previous look that are
     still alive, ready and not failed (``Timeline._sampled``: the books ``mark()`` feeds). An
     array is recorded at its second sighting: a Tensor's array, which an op makes just before
-    the registry hears of it, is the registry's by then, and a temporary is gone. One that is
+    the registry hears of it, is the registry's by then (else the op's thread stalled, and
+    the allocation becomes the Tensor's when the registry hears of it:
+    ``Timeline._sampled_first``), and a temporary is gone. One that is
     still being computed waits for a later look; a failed one is never read.
 
     The thread holds no array while it waits, and drops those it holds outside the lock: a
@@ -382,6 +384,16 @@ class Timeline:
         self._live: dict[int, list[Any]] = {}
         # id(array) -> [weak reference to it, its alloc event]: the plain arrays seen alive
         self._plain: dict[int, list[Any]] = {}
+        # id(entry) -> the plain entries the sampler recorded since anything else was recorded
+        # or looked (see _sampled_first), and the events recorded (dropped ones counted) when
+        # its last look ended
+        self._sampled_plain: dict[int, list[Any]] = {}
+        self._sampled_upto = -1
+        # the arrays alive when the recording (re)started, as weak references read at the first
+        # need (see _made_before), then their buffers' addresses; those still computing then
+        self._before: Iterator[weakref.ref[Any]] = iter(())
+        self._before_addr: dict[Any, weakref.ref[Any]] | None = None
+        self._before_todo: list[weakref.ref[Any]] = []
         # (record, time, Tensor id) of the committed buffers just added (an allocation, or one
         # more record over a recorded buffer: see _settle) and of those whose last Tensor went
         # (Tensor id _LET_GO)
@@ -803,6 +815,7 @@ class Timeline:
             sampler = None
             if self.arrays:
                 self._array_mark = ArrayMark()
+                self._before, self._before_addr = self._array_mark.alive_at_mark(), None
                 self._check_deleted()  # the plain arrays dropped or deleted while stopped
                 if self.sample is not None:
                     sampler = self._sampler = _Sampler(self, self.sample)
@@ -855,6 +868,7 @@ class Timeline:
                 sampler.stop.set()
             self._look()  # a last look
             self._array_mark = None
+            self._before, self._before_addr, self._before_todo = iter(()), None, []
             self._name_variables()
             for scope, number in list(self._scopes.values()):
                 self._mark(SCOPE_EXIT, scope.path, scope.name or "<tidy>", number)
@@ -993,8 +1007,8 @@ class Timeline:
                 twin = self._twin(rec) if _registry.has_groups() else None
                 if twin is not None and len(twin) != 2:  # records over one buffer (_settle)
                     self._share(twin, rec, ids)
-                else:
-                    self._alloc(rec, now, ids)
+                else:  # a plain array seen before (adopted meanwhile) moves over: counted once
+                    self._added(rec, now, ids)
 
     # -- the observer (see _registry) ------------------------------------------------------
 
@@ -1013,7 +1027,7 @@ class Timeline:
             if kind == "buffer_added" and getattr(obj(), "committed", False):
                 self._pending.append((obj, time.perf_counter(), tensor))  # over a recorded one?
             elif kind == "buffer_added":
-                self._added(obj, time.perf_counter(), tensor)
+                self._added(obj, time.perf_counter(), (tensor,) if tensor else ())
             elif kind == "tensor_removed":
                 # The last Tensor on an array nothing of tidyjax frees (see _census.released):
                 # the array is plain again if it outlives the Tensor (decided at the next event:
@@ -1026,7 +1040,7 @@ class Timeline:
                 if entry is not None:
                     self._hold(entry, obj, (tensor,), obj.more)
                 elif holds(obj):
-                    self._added(obj, time.perf_counter(), tensor)
+                    self._added(obj, time.perf_counter(), (tensor,) if tensor else ())
             elif kind in (SCOPE_ENTER, SCOPE_EXIT):
                 self._scope(kind, obj)
 
@@ -1059,12 +1073,19 @@ class Timeline:
         """Record a scope event now."""
         self._append((kind, time.perf_counter(), 0, "", 0, path, (), "", 0, number, name, ()), 0)
 
-    def _alloc(self, rec: Any, now: float, ids: tuple[int, ...]) -> list[Any] | None:
-        """Record ``rec``'s allocation; its new entry (None: recorded already, or no array)."""
+    def _alloc(
+        self, rec: Any, now: float, ids: tuple[int, ...], plain: list[Any] | None = None
+    ) -> list[Any] | None:
+        """Record ``rec``'s allocation; its new entry (None: recorded already, or no array).
+        ``plain``: a plain entry over its buffer that the sampler recorded first
+        (`_sampled_first`): its allocation becomes ``rec``'s (`_take_over`), unless it differs
+        in bytes or placement (then it is freed first)."""
         arr = rec()
         if arr is None:
             arr = rec.array()  # its first object is gone: an alias, if any
         if arr is None or id(rec) in self._live:
+            if plain is not None:
+                self._free_plain(id(_first(plain)), plain, now)
             return None
         try:  # the cache read here: a call per allocation is a measurable part of its cost
             key = (arr.sharding, arr.shape, arr.dtype)
@@ -1074,10 +1095,19 @@ class Timeline:
         nbytes, device, per_device, shape, dtype = layout or _layout(rec, arr, key)
         if rec.nbytes < 0:
             rec.nbytes = nbytes
-        self._next += 1
+        if plain is not None:
+            a = plain[1]  # its bytes, device and bytes per device, as _add_plain read them
+            if (a[_BYTES], a[3], a[-1]) != (nbytes, device, per_device):
+                self._free_plain(id(_first(plain)), plain, now)  # not told as the same one
+                plain = None
+        if plain is None:
+            self._next += 1
+            at, number = now, self._next
+        else:  # the sampler's allocation event, told as tidyjax's: its moment and buffer number
+            at, number = plain[1][_TIME], plain[1][_BUFFER]
         ev = (
-            ALLOC, now, nbytes, device, self._site(arr), scope_path(rec.scope), shape, dtype,
-            ids[0] if len(ids) == 1 else ids or 0, self._next, "", per_device,
+            ALLOC, at, nbytes, device, self._site(arr), scope_path(rec.scope), shape, dtype,
+            ids[0] if len(ids) == 1 else ids or 0, number, "", per_device,
         )  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
         todo = self._addr_todo
@@ -1086,8 +1116,23 @@ class Timeline:
             self._addr_todo = [k for k in todo if self._todo_entry(k) is not None]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
-        self._append(ev, nbytes)
+        if plain is None:
+            self._append(ev, nbytes)
+        else:
+            self._take_over(plain, ev)
         return entry
+
+    def _take_over(self, plain: list[Any], ev: tuple[Any, ...]) -> None:
+        """``ev`` (the same bytes, moment and buffer number) replaces the allocation event of
+        ``plain``, which goes without a free: the total and the peak stay as they are."""
+        del self._plain[id(_first(plain))]
+        self._sampled_plain.pop(id(plain), None)
+        old, events = plain[1], self._events
+        for i in range(len(events) - 1, -1, -1):  # near the end: only the sampler's came since
+            if events[i] is old:
+                events[i] = ev
+                return
+        self._amend({id(old): ev})  # dropped meanwhile (max_events): where it went
 
     def _site(self, arr: Any) -> int:
         """The number of the creation site of ``arr`` (read once per code location; see
@@ -1163,24 +1208,37 @@ class Timeline:
 
     # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
 
-    def _added(self, rec: Any, now: float, tensor: int, plain: list[Any] | None = None) -> None:
-        """A new record: its allocation; a plain array seen before (or its view, or ``plain``:
-        an entry over its buffer, ignored unless a plain array's) moves over, becoming the
-        entry's views. Over a recorded buffer: one more record on it."""
+    def _added(
+        self, rec: Any, now: float, ids: tuple[int, ...], plain: list[Any] | None = None
+    ) -> None:
+        """A new record (held by the Tensors ``ids``): its allocation; a plain array seen
+        before (or its view, or ``plain``: an entry over its buffer, ignored unless a plain
+        array's) moves over, becoming the entry's views, freed, or, when the sampler recorded it
+        just before (`_sampled_first`), its allocation told as the record's. Over a recorded
+        buffer: one more record on it."""
         entries = [plain]
         for arr in rec.arrays() if self._plain or self._view_of else ():
             entry = self._plain_of(arr) or self._view_entry(arr)  # the plain array, or its view
+            if entry is None and (words := base_array(arr)) is not arr:  # a typed key: its
+                entry = self._plain_of(words) or self._view_entry(words)  # words were listed
             if entry is not None and len(entry) != 2:  # a view of a recorded buffer
-                self._share(entry, rec, (tensor,))
+                self._share(entry, rec, ids)
                 return
             entries.append(entry)
-        moved: list[Any] = []
+        found = {}  # the plain entries over the buffer, each once
         for entry in filter(None, entries):
             first = entry[0]()
             if first is not None and self._plain.get(id(first)) is entry:
-                moved += [first, *self._pop_views(entry)]
+                found[id(entry)] = entry
+        # decided before any free: a free is an event recorded since the sampler's
+        taken = next((e for e in found.values() if self._sampled_first(e)), None)
+        moved: list[Any] = []
+        for entry in found.values():
+            first = entry[0]()
+            moved += [first, *self._pop_views(entry)]
+            if entry is not taken:
                 self._free_plain(id(first), entry, now)
-        entry = self._alloc(rec, now, (tensor,) if tensor else ())
+        entry = self._alloc(rec, now, ids, taken)
         if entry is None or not moved:
             return
         own = rec.arrays()
@@ -1212,7 +1270,7 @@ class Timeline:
                 self._share(entry, rec, (tensor,))
             else:  # a suspect's entry found is a plain array's: over its buffer
                 suspect = entry is not None and any(s is rec for s in _registry.suspects[-window:])
-                self._added(rec, now, tensor, entry if suspect else None)
+                self._added(rec, now, (tensor,) if tensor else (), entry if suspect else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
@@ -1257,8 +1315,10 @@ class Timeline:
         """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
         an alias shares its readiness). Each entry's addresses are read once, when ready."""
         key = _buffer_key(arr)  # None for None
-        if not key:
-            return None
+        return self._find_key(key) if key else None
+
+    def _find_key(self, key: Any) -> list[Any] | None:
+        """`_find` of the buffer at ``key`` (an array's addresses, `_buffer_key`)."""
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
         for key_ in todo:
@@ -1371,8 +1431,10 @@ class Timeline:
     # -- plain jax.Arrays ------------------------------------------------------------------
 
     def _see_arrays(self) -> None:
-        """Record the plain arrays made since the last look and still alive."""
+        """Record the plain arrays made since the last look and still alive (a look other than
+        the sampler's: what the sampler recorded is plain from now on, `_sampled_first`)."""
         self._settle()
+        self._sampled_plain.clear()
         arrays = self._array_mark.advance() if self._array_mark is not None else None
         if arrays:
             self._feed(arrays[::-1])  # oldest first: buffer numbers in creation order
@@ -1383,21 +1445,40 @@ class Timeline:
         if not self._depth or self._array_mark is None:
             return
         self._settle()
+        if self.dropped + len(self._events) != self._sampled_upto:
+            self._sampled_plain.clear()  # something else was recorded since its last look
         if arrays:
-            self._feed(arrays)
+            self._feed(arrays, sampled=True)
         self._check_deleted()
+        self._sampled_upto = self.dropped + len(self._events)
 
-    def _feed(self, arrays: list[Any]) -> None:
+    def _sampled_first(self, entry: list[Any]) -> bool:
+        """Whether the plain ``entry`` is the sampler's record of an array that nothing else has
+        seen yet: nothing but the sampler's looks recorded since, and no other look (a mark, a
+        scope event, the stop). If tidyjax takes the array on now, a run without the sampler
+        could never have told it apart from a Tensor's made then (the sampler saw the array
+        between JAX making it and tidyjax recording it: an op's thread that stalled), so its
+        allocation is told as tidyjax's (its site and scope, from that moment) instead of a
+        plain array's freed and a Tensor's allocated: the same record whichever came first."""
+        return (
+            self._sampled_plain.get(id(entry)) is entry
+            and self.dropped + len(self._events) == self._sampled_upto
+        )
+
+    def _feed(self, arrays: list[Any], sampled: bool = False) -> None:
         """Record ``arrays`` (oldest first) unless known: each a plain array's allocation, or a
-        view of a recorded buffer."""
+        view of a recorded buffer. ``sampled``: by the sampler (see `_sampled_first`)."""
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
         for arr in arrays:
-            entry = None if _registry.lookup(arr) is not None else self._find(arr)
+            key = _buffer_key(arr) if _registry.lookup(arr) is None else None
+            entry = self._find_key(key) if key else None
+            if entry is None and key and self._made_before(key):
+                continue  # a new object over a buffer alive before the recording: not counted
             if entry is None or (len(entry) == 2 and entry[0]() is arr):  # or the array itself
                 scope = WATCHED if id(arr) in held else UNTRACKED
-                entry = self._add_plain(arr, now, scope)
+                entry = self._add_plain(arr, now, scope, sampled)
                 if entry is not None and entry[1][_SCOPE] != scope == WATCHED:
                     # Seen (sampled) before watch() named it: watched from its allocation, as
                     # a look after the watch would have recorded it (the same bytes).
@@ -1408,6 +1489,36 @@ class Timeline:
         if named:
             self._amend(named)
 
+    def _made_before(self, key: Any) -> bool:
+        """Whether the buffer at ``key`` (an array's addresses, `_buffer_key`) is that of a plain
+        array alive when the recording started: a new object over it holds no new memory, and
+        the buffer itself was never counted. JAX makes such an object when an array's value is
+        read (a shard view it caches on the array: ``repr``, ``print``), and on JAX 0.6 when its
+        address is read too (``memory()``'s census, an out-of-memory report): counted, the
+        array made before the timeline would show as made in it. The addresses of the arrays
+        alive at the start are read once, at the first need (O(those arrays))."""
+        if self._before_addr is None:
+            self._before_addr, self._before_todo = {}, list(self._before)
+            self._before = iter(())
+        index, todo = self._before_addr, self._before_todo
+        if todo:
+            self._before_todo = []
+            for ref in todo:
+                arr = ref()
+                rec = _registry.lookup(arr) if arr is not None else None
+                if arr is None or (rec is not None and not released(rec)):
+                    continue  # gone, or a Tensor's: its entry knows the objects over it
+                k = _buffer_key(arr)
+                if k:
+                    index[k] = ref
+                    for p in k:
+                        index.setdefault((p,), ref)  # its per-shard views
+                elif not arr.is_deleted() and not base_array(arr).is_ready():
+                    self._before_todo.append(ref)  # still computing: read at a later need
+        found = index.get(key)
+        old = found() if found is not None else None
+        return old is not None and not old.is_deleted()  # (a freed one's address is reused)
+
     def _amend(self, amended: dict[int, tuple[Any, ...]]) -> None:
         """Replace recorded events: ``amended`` maps the id of each to its new version."""
         self._events = collections.deque(amended.get(id(e), e) for e in self._events)
@@ -1415,9 +1526,12 @@ class Timeline:
         if self._peak_live is not None:
             self._peak_live = [amended.get(id(e), e) for e in self._peak_live]
 
-    def _add_plain(self, arr: Any, now: float, scope: str = UNTRACKED) -> list[Any] | None:
+    def _add_plain(
+        self, arr: Any, now: float, scope: str = UNTRACKED, sampled: bool = False
+    ) -> list[Any] | None:
         """Record ``arr``'s allocation unless it is known, deleted or a Tensor's; its entry, or
-        None. ``scope``: ``<watched>`` for a watched object's array, else ``<untracked>``."""
+        None. ``scope``: ``<watched>`` for a watched object's array, else ``<untracked>``;
+        ``sampled``: the sampler records it (see `_sampled_first`)."""
         key = id(arr)
         entry = self._plain.get(key)
         if entry is not None:
@@ -1441,6 +1555,8 @@ class Timeline:
         entry = self._plain[key] = [ref, ev]
         self._addr_todo.append(-key)
         self._append(ev, nbytes)
+        if sampled:
+            self._sampled_plain[id(entry)] = entry
         return entry
 
     def _check_deleted(self) -> None:
