@@ -571,6 +571,73 @@ def test_a_returned_partial_and_bound_method_keep_their_tensors() -> None:
     _empty()
 
 
+# -- the alias model's findings (fifth session) ---------------------------------------------------
+
+
+def test_a_scope_keep_holds_its_tensor_weakly() -> None:
+    with tj.tidy() as s:
+        t = s.keep(tj.tensor(np.arange(3, dtype=np.float32)) * 1)
+        before = tj.memory(scan_untracked=False).num_tensors
+        ref = t.array  # the buffer leaves with its record even when the Tensor is gone
+        del t
+        gc.collect()
+        assert tj.memory(scan_untracked=False).num_tensors == before - 1  # a kept Tensor dropped
+    assert _alive(ref), "a kept buffer whose Tensor was dropped was deleted at the exit"
+    del ref
+    _empty()
+
+
+def test_the_raw_array_of_an_alias_an_inner_scope_disposed_goes_with_the_outer_scope() -> None:
+    with tj.tidy():
+        t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+        with tj.tidy():
+            alias = jax.device_put(t, DEVS[0])  # an object of its own over t's buffer
+            raw = alias.array  # read before the inner exit disposes the alias
+        assert alias.is_disposed and _alive(raw)
+        del t
+        gc.collect()
+    assert raw.is_deleted(), "the outer scope's buffer outlived it through a disposed alias"
+    del alias, raw
+    _empty()
+
+
+@pytest.mark.parametrize("form", ["put", "tensors"])
+def test_dispose_of_the_last_alias_deletes_a_kept_buffer_whose_tensor_was_collected(
+    form: str,
+) -> None:
+    t = tj.keep(tj.tensor(np.arange(3, dtype=np.float32)) * 1)
+    raw = t.array  # an unkept raw object over the buffer: the caller's, it keeps nothing
+    with tj.tidy():
+        if form == "put":
+            alias = jax.device_put(t, DEVS[0])
+        else:
+            (alias,) = tj.tensors([jax.device_put(t.array, DEVS[0])])
+        del t
+        gc.collect()
+        tj.keep(alias)
+    assert _alive(alias)
+    tj.dispose(alias)
+    assert raw.is_deleted(), "the buffer's last Tensor was disposed and the buffer lived on"
+    del alias, raw
+    _empty()
+
+
+def test_a_raw_alias_a_scope_keeps_outlives_the_alias_tensor_it_disposes() -> None:
+    t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    raw = jax.device_put(t.array, DEVS[0])  # the caller's raw alias, made outside every scope
+    with tj.tidy() as s:
+        alias = jax.device_put(t, DEVS[0])
+        tj.dispose(t)  # alias is the buffer's last Tensor now
+        s.keep([raw])
+    assert alias.is_disposed  # the scope's object, not handed out (TF.js)
+    assert _alive(raw), "the exit deleted a buffer a raw array it handed out holds"
+    np.testing.assert_array_equal(np.asarray(raw), np.arange(3))
+    tj.dispose(raw)  # no live Tensor holds the buffer: the raw array goes
+    assert raw.is_deleted()
+    del t, raw, alias
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

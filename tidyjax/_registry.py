@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
-from ._errors import DELETED_OUTSIDE, RELEASED, Reason
+from ._errors import DELETED_OUTSIDE, DISPOSED, RELEASED, Reason
 from ._jaxdoors import base_array, buffer_addresses, shard_devices
 
 __all__ = ["KEPT", "UNTRACKED", "VARIABLE", "Batch", "Buffer"]
@@ -423,12 +423,14 @@ def add_alias(rec: Buffer, arr: Any) -> None:
 def unhold(rec: Buffer) -> None:
     """A Tensor on ``rec`` was disposed by a scope that does not own the buffer: one holder
     fewer, and nothing is deleted (the buffer's owner frees it). A caller's own array
-    (``owned`` False, no owner) leaves the books with its last holder."""
+    (``owned`` False, no owner) leaves the books with its last holder; a buffer of tidyjax's
+    an heir holds (`_hand_on`) stays in them, held by its raw arrays, for a `dispose` to free."""
     if suspects:
         resolve()
     with lock:
         rec.n -= 1
         last = rec.n <= 0 and not rec.owned and rec.scope is None and rec.dead is None
+        last = last and not getattr(rec, "heir", False)
         if last:
             rec.dead = RELEASED
     if observers and (rec.dead is None or last):
@@ -671,12 +673,13 @@ def _vanished(group: list[Buffer]) -> None:
 
 def _free_unowned(rec: Buffer, arrays: list[Any]) -> bool:
     """The free of ``arrays``, the objects of a dead record tidyjax does not own: deleted when
-    ``rec`` is the buffer's heir (`_hand_on`) and its last Tensor was disposed; an heir's
+    ``rec`` is the buffer's heir (`_hand_on`) and its last Tensor, or its raw array, was
+    disposed (`dispose`); an heir's
     buffer is otherwise left, its disposed Tensors letting go of ``arrays`` (nobody else frees
     it); a caller's array is left alone. Returns whether they were deleted."""
     if not getattr(rec, "heir", False):
         return False
-    if rec.dead is RELEASED:
+    if rec.dead is RELEASED or rec.dead is DISPOSED:  # its last Tensor, or its raw array
         for a in arrays:
             a.delete()
         return True
