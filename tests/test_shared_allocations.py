@@ -638,6 +638,22 @@ def test_a_raw_alias_a_scope_keeps_outlives_the_alias_tensor_it_disposes() -> No
     _empty()
 
 
+def test_an_heir_hands_the_buffer_on_to_a_view_that_outlives_it() -> None:
+    t = tj.keep(tj.tensor(np.arange(3, dtype=np.float32)) * 1)
+    with tj.tidy() as s:
+        alias = jax.device_put(t, DEVS[0])
+        tj.dispose(t)  # alias, made in the scope over a kept buffer, is its heir now
+        s.keep([alias])
+    (view,) = tj.tensors([jax.device_put(alias.array, DEVS[0])])
+    tj.dispose(alias)  # the view holds the buffer now: it inherits it
+    assert _alive(view)
+    raw = view.array
+    tj.dispose(view)  # the buffer's last Tensor
+    assert raw.is_deleted(), "the last Tensor over tidyjax's buffer was disposed; it lived on"
+    del t, alias, view, raw
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 
