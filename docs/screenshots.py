@@ -1,22 +1,28 @@
-"""Regenerate the home page's pictures: ``python docs/screenshots.py``.
+"""Regenerate the docs' pictures of displays: ``python docs/screenshots.py [NAME ...]`` (every
+picture, or those named: ``timeline``, ``leaks``, ``memory``, ``plan``).
 
 Runs a small training program with tidyjax (its source below, compiled as ``train.py`` so the
 creation sites read as a user's), builds three displays from what it did (the timeline page,
-a leak report, ``memory()``), renders each in headless Chromium (Debian's ``chromium`` and
+a leak report, ``memory()``), and a fourth from the notebook session of
+``docs/guide-plan.md`` (its ``<!-- ipython -->`` cells, run in IPython as a notebook runs them:
+the plan its last cell shows). It renders each in headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``, through Selenium) at twice the CSS pixel size, in a light and a dark host,
 crops each to its element and writes palette PNGs under ``docs/img/``: ``timeline.png``,
-``leaks.png``, ``memory.png`` and their ``-dark`` variants. ``docs/index.md`` shows them with
-Material's ``#only-light`` / ``#only-dark`` suffixes; the README shows the timeline through a
-``<picture>`` that follows ``prefers-color-scheme``.
+``leaks.png``, ``memory.png``, ``plan.png`` and their ``-dark`` variants. ``docs/index.md``
+shows the first three, ``docs/guide-plan.md`` the plan, with Material's ``#only-light`` /
+``#only-dark`` suffixes; the README shows the timeline through a ``<picture>`` that follows
+``prefers-color-scheme``.
 
 Needs the ``test`` extra (selenium, Pillow through matplotlib) and chromium-driver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -28,9 +34,10 @@ import jax.numpy as jnp
 import tidyjax as tj
 
 IMG = pathlib.Path(__file__).resolve().parent / "img"
+PLAN_GUIDE = IMG.parent / "guide-plan.md"
 # CSS pixels of the browser window: the timeline page fills it, about the docs' text column, so
 # its text shows about 1:1 there; the tables take their own width, a window wide enough for them.
-WIDTH = {"timeline": 720, "leaks": 900, "memory": 900}
+WIDTH = {"timeline": 720, "leaks": 900, "memory": 900, "plan": 900}
 SCALE = 2  # device pixels per CSS pixel
 MAX_BYTES = 150_000  # each PNG stays below this (tests/test_docs.py checks)
 
@@ -154,6 +161,29 @@ def memory_html(p: dict[str, Any]) -> str:
     return out
 
 
+def plan_html(p: dict[str, Any]) -> str:
+    """The plan the notebook session of ``docs/guide-plan.md`` shows, its cells run in IPython
+    (so a site reads ``In[1], line 8``): the guide's text and its picture show one session."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    text = PLAN_GUIDE.read_text(encoding="utf-8")
+    (session,) = re.findall(r"^<!-- ipython -->\n```python\n(.*?)^```", text, re.S | re.M)
+    cells = [c for c in re.split(r"^# In\[\d*\].*\n", session, flags=re.M) if c.strip()]
+    shell = InteractiveShell.instance()
+    for cell in cells:
+        with contextlib.redirect_stdout(io.StringIO()):  # the text of Out[2]
+            result = shell.run_cell(cell, store_history=True)
+        assert result.success, f"{cell}\n{result.error_before_exec or result.error_in_exec!r}"
+    out = str(shell.user_ns["p"]._repr_html_())
+    tj.dispose([v for v in list(shell.user_ns.values()) if isinstance(v, tj.Tensor)])
+    shell.reset(new_session=False)
+    gc.collect()
+    return out
+
+
+BUILD = {"timeline": timeline_html, "leaks": leaks_html, "memory": memory_html, "plan": plan_html}
+
+
 def host_page(body: str, theme: str) -> str:
     """A plain page in the docs' colours, marked light or dark as a themed host marks itself."""
     return (
@@ -220,13 +250,12 @@ def shoot(
     small_png(element.screenshot_as_png, path)
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    unknown = sorted(set(names) - set(BUILD))
+    if unknown:
+        sys.exit(f"no picture named {', '.join(unknown)}: choose from {', '.join(BUILD)}")
     p = program()
-    pages = {
-        "timeline": timeline_html(p),
-        "leaks": leaks_html(p),
-        "memory": memory_html(p),
-    }
+    pages = {name: BUILD[name](p) for name in BUILD if name in (names or BUILD)}
     IMG.mkdir(exist_ok=True)
     d = driver()
     try:
@@ -247,4 +276,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -67,6 +67,19 @@ def counts() -> tuple[int, int, int]:
     return m.num_tensors, m.num_data_buffers, m.num_bytes
 
 
+def line_of(marker: str, path: str | os.PathLike[str] | None = None) -> int:
+    """The 1-based number of the first line containing ``marker`` in ``path``, by default the
+    caller's own file (a test names its creation sites by a marker comment on their line, so
+    that editing the file above them moves no expected line number)."""
+    if path is None:
+        path = sys._getframe(1).f_code.co_filename
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if marker in text:
+                return number
+    raise LookupError(f"no line of {path} contains {marker!r}")
+
+
 def chromium() -> str:
     """Debian's chromium (or chromium-browser); skips where absent, fails in CI (.ci/run installs
     it)."""

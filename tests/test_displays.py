@@ -18,6 +18,8 @@ import tidyjax as tj
 from tidyjax import _memory
 from tidyjax._format import fmt_bytes
 
+from .conftest import line_of
+
 HERE = os.path.basename(__file__)
 
 
@@ -48,17 +50,16 @@ def _tables(markup: str) -> list[tuple[list[str], list[list[str]]]]:
 
 def test_profile_names_columns_by_what_they_count_and_splits_the_peak():
     before = tj.tensor(np.zeros(100, np.float32))  # 400 B alive before the profile
-    sites: list[int] = []
 
     def body() -> tj.Tensor:
         x = tj.tensor(np.ones(10, np.float32))  # 40 B, not an op
-        sites.append(_line())
-        y = x * 2.0  # 40 B allocated, disposed below
+        y = x * 2.0  # 40 B allocated, disposed below  SITE:profile-y
         y.dispose()
-        sites.append(_line())
-        z = x * 3.0  # 40 B allocated, still live at the end
+        z = x * 3.0  # 40 B allocated, still live at the end  SITE:profile-z
         x.dispose()
         return z
+
+    sites = [line_of("SITE:profile-y"), line_of("SITE:profile-z")]
 
     info = tj.profile(body)
     assert info.bytes_before == 400 == before.nbytes
@@ -82,22 +83,15 @@ def test_profile_names_columns_by_what_they_count_and_splits_the_peak():
     (row,) = summary[1]
     assert row[0] == "mul" and row[1] == "2"
     assert row[5:7] == ["80 B", "40 B"]
-    assert row[7] == f"{_at(sites[0] + 1, 'body')} (+1 other site)"
+    assert row[7] == f"{_at(sites[0], 'body')} (+1 other site)"
     assert log[0][2:4] == ["allocated", "still live at end"] and log[0][-1] == "called at"
     assert [r[2:4] for r in log[1]] == [["40 B", "0 B"], ["40 B", "40 B"]]
-    assert [r[-1] for r in log[1]] == [_at(n + 1, "body") for n in sites]
+    assert [r[-1] for r in log[1]] == [_at(n, "body") for n in sites]
 
     for k, n in zip(info.kernels, sites, strict=True):
         assert k.site is not None and os.path.basename(k.site.file) == HERE
-        assert (k.site.line, k.site.function) == (n + 1, "body")
+        assert (k.site.line, k.site.function) == (n, "body")
     tj.dispose([before, info.result])
-
-
-def _line() -> int:
-    """The caller's line number."""
-    import sys
-
-    return sys._getframe(1).f_lineno
 
 
 def test_profile_of_a_loop_says_allocated_not_net():
@@ -130,15 +124,12 @@ def test_profile_with_no_op_still_reads():
 @pytest.fixture
 def holders():
     """Tidyjax's, watched and untracked bytes at known lines, each larger than any stray."""
-    lines: dict[str, int] = {}
-    big = tj.tensor(np.zeros(64 * 1024, np.float32))  # 256 KiB tracked
-    lines["big"] = _line() - 1
-    small = [tj.tensor(np.zeros(8 * 1024, np.float32)) for _ in range(2)]  # 2 x 32 KiB
-    lines["small"] = _line() - 1
+    big = tj.tensor(np.zeros(64 * 1024, np.float32))  # 256 KiB tracked  SITE:holder-big
+    small = [tj.tensor(np.zeros(8 * 1024, np.float32)) for _ in range(2)]  # SITE:holder-small
     model = {"w": jnp.zeros(48 * 1024), "b": jnp.zeros(1024)}  # 196 KiB watched
     tj.watch(model, "model")
-    raw = jnp.zeros(32 * 1024)  # 128 KiB untracked
-    lines["raw"] = _line() - 1
+    raw = jnp.zeros(32 * 1024)  # 128 KiB untracked  SITE:holder-raw
+    lines = {k: line_of(f"SITE:holder-{k}") for k in ("big", "small", "raw")}
     yield lines, (big, small, model, raw)
     tj.unwatch("model")
     tj.dispose([big, small])

@@ -113,8 +113,10 @@ def test_docs_build_strictly_and_the_api_page_shows_tidy(site):
     assert "Using a disposed Tensor raises" in guide  # the quickstart, on its guide
 
 
-# The home page's pictures (written by ``python docs/screenshots.py``), each light and dark.
+# The docs' pictures (written by ``python docs/screenshots.py``), each light and dark: the home
+# page shows the displays, the plan guide a plan as a notebook cell's output.
 DISPLAYS = ("timeline", "leaks", "memory")
+PICTURES = (*DISPLAYS, "plan")
 IMG = ROOT / "docs" / "img"
 
 
@@ -128,7 +130,7 @@ def _picture(path: pathlib.Path) -> tuple[tuple[int, int], float]:
 
 def test_each_picture_is_small_sharp_and_dark_where_it_should_be():
     pytest.importorskip("PIL", reason="Pillow comes with matplotlib (the notebooks extra)")
-    for name in DISPLAYS:
+    for name in PICTURES:
         light, dark = IMG / f"{name}.png", IMG / f"{name}-dark.png"
         for path in (light, dark):
             assert path.stat().st_size < 150_000, path
@@ -165,14 +167,15 @@ def test_the_home_page_shows_each_display_in_the_readers_scheme(site, browser, s
     )
     ending = ".png#only-light" if scheme == "light" else "-dark.png#only-dark"
     assert shown == [f"img/{name}{ending}" for name in DISPLAYS]
-    # The guide's timeline picture too.
-    browser.open((site / "guide-timeline" / "index.html").as_uri(), scheme)
-    shown = browser.evaluate(
-        "[...document.querySelectorAll('article img')]"
-        ".filter(i => i.offsetParent !== null && i.naturalWidth > 0)"
-        ".map(i => i.getAttribute('src'))"
-    )
-    assert shown == [f"../img/timeline{ending}"]
+    # The guides' pictures too: the timeline's, the plan's.
+    for guide, name in (("guide-timeline", "timeline"), ("guide-plan", "plan")):
+        browser.open((site / guide / "index.html").as_uri(), scheme)
+        shown = browser.evaluate(
+            "[...document.querySelectorAll('article img')]"
+            ".filter(i => i.offsetParent !== null && i.naturalWidth > 0)"
+            ".map(i => i.getAttribute('src'))"
+        )
+        assert shown == [f"../img/{name}{ending}"]
 
 
 @pytest.mark.skipif(

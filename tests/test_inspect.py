@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 
@@ -11,12 +10,7 @@ import pytest
 import tidyjax as tj
 from tidyjax import tidy
 
-
-def _line_of(marker: str) -> int:
-    """The line number of the line in this file that contains ``marker``."""
-    lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
-    return next(i for i, line in enumerate(lines, 1) if marker in line)
-
+from .conftest import line_of
 
 # Sites name files relative to the working directory when they lie under it.
 HERE = os.path.relpath(__file__)
@@ -36,10 +30,10 @@ def test_live_tensors_report_scope_site_kept_and_variable():
         records = {r.id: r for r in tj.live_tensors()}
     ra, rb, rk, rv = records[a.id], records[b.id], records[k.id], records[v.id]
     assert (ra.shape, ra.dtype, ra.bytes, ra.scope) == ((2,), "float32", 8, "")
-    assert ra.site.file == __file__ and ra.site.line == _line_of("SITE:make_pair")
+    assert ra.site.file == __file__ and ra.site.line == line_of("SITE:make_pair")
     assert ra.site.function == "make_pair"
     assert "test_inspect.py" in str(ra.site) and "in make_pair" in str(ra.site)
-    assert rb.scope == "train/step" and rb.site.line == _line_of("SITE:in_scope")
+    assert rb.scope == "train/step" and rb.site.line == line_of("SITE:in_scope")
     assert rk.kept and rk.scope == "<kept>"
     assert rv.variable and rv.scope == "<variable>" and rv.bytes == 12
     assert ra.devices == ("cpu:0",) or ra.devices[0].startswith(("cpu", "TFRT"))
@@ -53,7 +47,7 @@ def test_snapshot_compare_to_sorts_by_size_change_and_round_trips_json(tmp_path)
     after = tj.snapshot()
     diffs = after.compare_to(before)
     assert [d.bytes_diff for d in diffs] == [400, 24]
-    assert str(diffs[0]).startswith(f"{HERE}:{_line_of('SITE:big')} in test_snapshot")
+    assert str(diffs[0]).startswith(f"{HERE}:{line_of('SITE:big')} in test_snapshot")
     assert (diffs[1].count, diffs[1].count_diff) == (3, 3)
     assert "+24 B" in str(diffs[1])
     stats = after.statistics()
@@ -82,9 +76,9 @@ def test_check_leaks_reports_the_right_file_and_line():
     (group,) = report.groups
     # the outermost user frame inside the block; the helper that made it is its stack
     name = "test_check_leaks_reports_the_right_file_and_line"
-    assert str(group.site) == f"{HERE}:{_line_of('SITE:leak_call')} in {name}"
+    assert str(group.site) == f"{HERE}:{line_of('SITE:leak_call')} in {name}"
     # grouped by the chain of user frames, outer to inner (issue 41)
-    chain = f"{HERE}:{_line_of('SITE:leak_call')} in {name} → {HERE}:{_line_of('SITE:make_pair')}"
+    chain = f"{HERE}:{line_of('SITE:leak_call')} in {name} → {HERE}:{line_of('SITE:make_pair')}"
     assert f"{chain} in make_pair: 1 tensor" in str(report)
     assert group.count == 1 and group.shapes == {"float32[2]": 1}
     assert "1 tensor (8 B) created inside check_leaks() is still alive" in str(err.value)

@@ -17,18 +17,14 @@ import pytest
 import tidyjax as tj
 from tidyjax._sites import PACKAGE_FOLDERS, Site, is_user_file
 
+from .conftest import line_of
+
 HERE = os.path.relpath(__file__)
 HERE = __file__ if HERE.startswith(os.pardir) else HERE
-with open(__file__, encoding="utf-8") as _f:
-    SOURCE = _f.read()
-
-
-def _line(marker: str) -> int:
-    return next(i for i, line in enumerate(SOURCE.splitlines(), 1) if marker in line)
 
 
 def _at(marker: str, function: str) -> str:
-    return f"{HERE}:{_line(marker)} in {function}"
+    return f"{HERE}:{line_of(marker)} in {function}"
 
 
 def _names(site: Site | None) -> list[tuple[int, str]]:
@@ -67,10 +63,14 @@ def test_two_helpers_leaking_under_one_call_are_two_groups_with_their_own_counts
         train()  # CHAIN:block
     report = err.value.report
     name = "test_two_helpers_leaking_under_one_call_are_two_groups_with_their_own_counts"
-    block = (_line("CHAIN:block"), name)
+    block = (line_of("CHAIN:block"), name)
     groups = {tuple(_names(g.site)): g for g in report.array_groups}
-    big = (block, (_line("CHAIN:train-big"), "train"), (_line("CHAIN:big"), "helper_big"))
-    small = (block, (_line("CHAIN:train-small"), "train"), (_line("CHAIN:small"), "helper_small"))
+    big = (block, (line_of("CHAIN:train-big"), "train"), (line_of("CHAIN:big"), "helper_big"))
+    small = (
+        block,
+        (line_of("CHAIN:train-small"), "train"),
+        (line_of("CHAIN:small"), "helper_small"),
+    )
     assert set(groups) == {big, small}
     assert (groups[big].count, groups[big].bytes) == (3, 1200)
     assert groups[big].shapes == {"float32[100]": 3}
@@ -104,8 +104,8 @@ def test_one_leaking_line_reached_through_two_callers_is_two_groups():
             call()  # one line of the block: the chains differ by the caller alone
     groups = err.value.report.array_groups
     assert sorted((_names(g.site)[1:], g.count) for g in groups) == [
-        ([(_line("CHAIN:one"), "caller_one"), (_line("CHAIN:shared"), "_leak_here")], 1),
-        ([(_line("CHAIN:two"), "caller_two"), (_line("CHAIN:shared"), "_leak_here")], 2),
+        ([(line_of("CHAIN:one"), "caller_one"), (line_of("CHAIN:shared"), "_leak_here")], 1),
+        ([(line_of("CHAIN:two"), "caller_two"), (line_of("CHAIN:shared"), "_leak_here")], 2),
     ]
     # the site itself (its file, line and function) is the block's line, as before
     assert all(g.site is not None and g.site.function.endswith("two_groups") for g in groups)
@@ -126,8 +126,8 @@ def test_a_chain_deeper_than_eight_frames_is_elided_in_the_middle():
     label = group.site.label
     parts = label.split(" → ")
     assert len(parts) == 9 and parts[4] == "…"
-    assert parts[0].startswith(f"{HERE}:{_line('CHAIN:deep-block')} in ")
-    assert parts[-1].startswith(f"{HERE}:{_line('CHAIN:deep-leak')} in ")
+    assert parts[0].startswith(f"{HERE}:{line_of('CHAIN:deep-block')} in ")
+    assert parts[-1].startswith(f"{HERE}:{line_of('CHAIN:deep-leak')} in ")
     assert label in str(err.value)
 
 
@@ -146,7 +146,7 @@ def test_frames_in_jax_and_numpy_are_never_part_of_a_chain():
     for g in err.value.report.array_groups:
         assert g.site is not None
         assert all(is_user_file(f.file) and f.file == __file__ for f in g.site.frames)
-        assert _names(g.site)[-1] == (_line("CHAIN:mapped"), "_leak_one")
+        assert _names(g.site)[-1] == (line_of("CHAIN:mapped"), "_leak_one")
     assert sum(g.count for g in err.value.report.array_groups) == 2
 
 
@@ -177,11 +177,11 @@ def test_the_decorator_form_and_memory_use_the_same_chains():
     # The inner end of each chain: train's line, then the helper's (on JAX 0.6.2 the chain also
     # starts one frame further out, at this test's call of step()).
     decorated = {tuple(_names(g.site)[-2:]) for g in err.value.report.array_groups}
-    big = ((_line("CHAIN:train-big"), "train"), (_line("CHAIN:big"), "helper_big"))
-    small = ((_line("CHAIN:train-small"), "train"), (_line("CHAIN:small"), "helper_small"))
+    big = ((line_of("CHAIN:train-big"), "train"), (line_of("CHAIN:big"), "helper_big"))
+    small = ((line_of("CHAIN:train-small"), "train"), (line_of("CHAIN:small"), "helper_small"))
     assert decorated == {big, small}
     for g in err.value.report.array_groups:  # the decorated function's line leads to both
-        assert (_line("CHAIN:decorated"), "step") in _names(g.site)
+        assert (line_of("CHAIN:decorated"), "step") in _names(g.site)
     # memory(): the same chains, from the outermost user frame (this test) inward
     sites = tj.memory().untracked_sites
     mine = {tuple(_names(s.site)[-2:]): s.count for s in sites
@@ -215,7 +215,7 @@ def test_a_snapshot_compares_by_chain_and_one_of_format_1_still_loads(tmp_path):
     loaded = tj.Snapshot.load(old)
     assert all(s.site is None or s.site.chain == () for s in loaded.statistics())
     shared = [s for s in loaded.statistics() if s.site is not None and s.site.file == __file__]
-    assert [(s.site.line, s.count) for s in shared] == [(_line("CHAIN:shared"), 2)]
+    assert [(s.site.line, s.count) for s in shared] == [(line_of("CHAIN:shared"), 2)]
     CACHE.clear()
     diffs = [d for d in tj.snapshot().compare_to(loaded) if d.site is not None]
-    assert any(d.site.line == _line("CHAIN:shared") and d.count_diff == -2 for d in diffs)
+    assert any(d.site.line == line_of("CHAIN:shared") and d.count_diff == -2 for d in diffs)

@@ -13,14 +13,10 @@ import tidyjax as tj
 from tidyjax._jaxdoors import BIND_CONVERSION
 from tidyjax._sites import Site
 
+from .conftest import line_of
+
 HERE = os.path.relpath(__file__)
 HERE = __file__ if HERE.startswith(os.pardir) else HERE
-with open(__file__, encoding="utf-8") as _f:
-    SOURCE = _f.read()
-
-
-def _line(marker: str) -> int:
-    return next(i for i, line in enumerate(SOURCE.splitlines(), 1) if marker in line)
 
 
 class Model:
@@ -41,7 +37,7 @@ class PlainModel:
 
 def _model_frames() -> list[tuple[str, int]]:
     """The model's frames (file, line), innermost first, as a leak site's stack holds them."""
-    return [(__file__, _line("SITE:layer")), (__file__, _line("SITE:call"))]
+    return [(__file__, line_of("SITE:layer")), (__file__, line_of("SITE:call"))]
 
 
 def _where(stack: tuple[Site, ...]) -> list[tuple[str, int]]:
@@ -59,7 +55,7 @@ def test_two_lines_calling_one_model_leak_at_two_sites_with_the_model_as_their_s
             monitor.append(model(x))  # SITE:second
     report = err.value.report
     name = "test_two_lines_calling_one_model_leak_at_two_sites_with_the_model_as_their_stack"
-    first, second = _line("SITE:first"), _line("SITE:second")
+    first, second = line_of("SITE:first"), line_of("SITE:second")
     assert {(str(g.site), g.count) for g in report.groups} == {
         (f"{HERE}:{first} in {name}", 1),
         (f"{HERE}:{second} in {name}", 2),
@@ -72,7 +68,9 @@ def test_two_lines_calling_one_model_leak_at_two_sites_with_the_model_as_their_s
     if "Model.layer" in text:  # qualified names on newer JAX, bare ones on JAX 0.6
         call, layer = "Model.__call__", "Model.layer"
     # each chain of user frames a group of its own, outer to inner (issue 41)
-    model_chain = f"{HERE}:{_line('SITE:call')} in {call} → {HERE}:{_line('SITE:layer')} in {layer}"
+    model_chain = (
+        f"{HERE}:{line_of('SITE:call')} in {call} → {HERE}:{line_of('SITE:layer')} in {layer}"
+    )
     assert f"{HERE}:{first} in {name} → {model_chain}: 1 tensor" in text
     assert f"{HERE}:{second} in {name} → {model_chain}: 2 tensors" in text
     assert "through " not in text and "→" in report._repr_html_()
@@ -96,7 +94,7 @@ def test_the_site_is_inside_the_checked_block_not_in_the_user_code_around_it():
     (record,) = err.value.report.tensors
     assert record.site is not None
     assert Site(record.site.file, record.site.line, record.site.function) == Site(
-        __file__, _line("SITE:helper"), "_check_here"
+        __file__, line_of("SITE:helper"), "_check_here"
     )
     assert record.site is not None and _where(record.site.stack) == _model_frames()
     tj.dispose([*monitor, model.w, x])
@@ -121,7 +119,7 @@ def test_the_decorator_form_names_the_decorated_functions_line():
     name = "test_the_decorator_form_names_the_decorated_functions_line.<locals>.step"
     # the function is named by its qualified name on newer JAX, by its bare name on JAX 0.6
     assert record.site is not None and record.site.function in (name, name.split(".")[-1])
-    assert (record.site.file, record.site.line) == (__file__, _line("SITE:decorated"))
+    assert (record.site.file, record.site.line) == (__file__, line_of("SITE:decorated"))
     tj.dispose([*monitor, model.w, x])
 
 
@@ -134,10 +132,10 @@ def test_plain_arrays_a_model_makes_are_at_the_users_call_too():
     report = err.value.report
     name = "test_plain_arrays_a_model_makes_are_at_the_users_call_too"
     assert sorted(str(g.site) for g in report.array_groups) == [
-        f"{HERE}:{_line('SITE:plain-first')} in {name}",
-        f"{HERE}:{_line('SITE:plain-second')} in {name}",
+        f"{HERE}:{line_of('SITE:plain-first')} in {name}",
+        f"{HERE}:{line_of('SITE:plain-second')} in {name}",
     ]
-    stack = [(__file__, _line("SITE:plain-model"))]
+    stack = [(__file__, line_of("SITE:plain-model"))]
     assert all(r.site is not None and _where(r.site.stack) == stack for r in report.arrays)
     monitor.clear()
 
@@ -146,7 +144,7 @@ def test_a_leak_made_on_the_blocks_own_line_has_no_stack():
     with pytest.raises(tj.LeakError) as err, tj.check_leaks(count_locals=True):
         t = tj.tensor([1.0])  # SITE:own
     (record,) = err.value.report.tensors
-    assert record.site is not None and record.site.line == _line("SITE:own")
+    assert record.site is not None and record.site.line == line_of("SITE:own")
     assert record.site.stack == ()
     assert "through" not in str(err.value)
     t.dispose()

@@ -20,18 +20,11 @@ import tidyjax as tj
 from tidyjax._newarrays import NEWEST, ArrayMark
 from tidyjax._sites import INSTALLED_FOLDERS
 
-from .conftest import walked_live_arrays
+from .conftest import line_of, walked_live_arrays
 
 # Sites name files relative to the working directory when they lie under it.
 HERE = os.path.relpath(__file__)
 HERE = __file__ if HERE.startswith(os.pardir) else HERE
-
-
-def _line_of(marker: str, source: str | None = None) -> int:
-    """The number of the line containing ``marker`` in ``source`` (this file by default)."""
-    if source is None:
-        source = inspect.getsource(inspect.getmodule(_line_of))
-    return next(i for i, line in enumerate(source.splitlines(), 1) if marker in line)
 
 
 # -- the loops: each keeps its per-step output in LEAKS when asked to --------------------------
@@ -165,8 +158,8 @@ def test_check_leaks_reports_a_leak_in_a_loop_at_the_users_line(kind):
     assert len(report) == 3 and len(report.arrays) == 3 and not report.tensors
     (group,) = report.array_groups
     # The site: the outermost user frame inside the block; the loop's line is its stack.
-    call = f"{HERE}:{_line_of('SITE:call-loop')} in {inspect.stack()[0].function}"
-    line = _line_of(f"SITE:{kind}")
+    call = f"{HERE}:{line_of('SITE:call-loop')} in {inspect.stack()[0].function}"
+    line = line_of(f"SITE:{kind}")
     assert str(group.site) == call
     assert group.count == 3 and group.bytes == 3 * LEAKS[0].nbytes
     text = str(err.value)
@@ -186,7 +179,7 @@ def test_check_leaks_counts_tensors_and_arrays_apart_with_one_allowance():
     assert str(err.value).startswith(
         "1 tensor (8 B) and 1 untracked array (16 B) created inside check_leaks() are still"
     )
-    assert f"{HERE}:{_line_of('SITE:raw')} in " in str(err.value)
+    assert f"{HERE}:{line_of('SITE:raw')} in " in str(err.value)
     with tj.check_leaks(allowance=2, count_locals=True):
         t2 = tj.tensor([1.0, 2.0])
         raw2 = jnp.ones(4)
@@ -298,12 +291,12 @@ def test_nnx_clean():
 
 
 def test_plugin_reports_plain_array_leaks_at_the_test_files_line(pytester):
-    written = pytester.makepyfile(test_loops=PLUGIN_TESTS).read_text()
+    written = pytester.makepyfile(test_loops=PLUGIN_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tidyjax-leaks")
     result.assert_outcomes(passed=5, failed=3)
     for kind in LOOPS:
-        line = _line_of(f"SITE:{kind}", written)
-        call = _line_of(f"def test_{kind}_leak", written) + 1  # the test's call of the loop
+        line = line_of(f"SITE:{kind}", written)
+        call = line_of(f"def test_{kind}_leak", written) + 1  # the test's call of the loop
         result.stdout.fnmatch_lines(
             [
                 f"*3 untracked arrays (*) created inside test test_{kind}_leak are still alive:*",

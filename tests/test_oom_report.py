@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import gc
 import importlib.util
-import inspect
 import json
 import os
 import pathlib
@@ -33,6 +32,8 @@ import tidyjax.numpy as tnp
 from tidyjax import _oom
 from tidyjax._jaxdoors import BIND_CONVERSION
 
+from .conftest import line_of
+
 HUGE = (10**13,)  # float32: 40 TB, more than any machine has
 HUGE_BYTES = 4 * 10**13
 
@@ -42,18 +43,13 @@ def huge_host(shape: tuple[int, ...] = HUGE) -> np.ndarray:
     return np.broadcast_to(np.float32(0), shape)
 
 
-def _line_of(marker: str) -> int:
-    lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
-    return next(i for i, line in enumerate(lines, 1) if marker in line)
-
-
 # Sites name files relative to the working directory when they lie under it.
 HERE = os.path.relpath(__file__)
 HERE = __file__ if HERE.startswith(os.pardir) else HERE
 
 
 def _site(marker: str) -> str:
-    return f"{HERE}:{_line_of(marker)}"
+    return f"{HERE}:{line_of(marker)}"
 
 
 def check_oom(info: pytest.ExceptionInfo[tj.OutOfMemoryError]) -> tj.OutOfMemoryError:

@@ -24,7 +24,7 @@ from tidyjax import _registry, tidy
 from tidyjax import _timeline as tlm
 from tidyjax.__main__ import main as cli
 
-from .conftest import tensors_at_sites
+from .conftest import line_of, tensors_at_sites
 
 
 @pytest.fixture(autouse=True)
@@ -73,15 +73,6 @@ def _replay_per_device(tl: tj.Timeline, t: float) -> dict[str, int]:
     return {d: b for d, b in per.items() if b}
 
 
-def _line(marker: str) -> int:
-    """The line of this file holding ``marker`` (for creation sites)."""
-    with open(__file__, encoding="utf-8") as f:
-        for i, text in enumerate(f, 1):
-            if marker in text and "_line(" not in text:
-                return i
-    raise AssertionError(marker)
-
-
 def test_events_of_allocations_frees_and_scopes():
     with tj.timeline() as tl:
         a = tj.tensor(np.ones((2, 3), np.float32))  # site: a
@@ -103,9 +94,9 @@ def test_events_of_allocations_frees_and_scopes():
     device = str(jax.devices()[0])
     assert (alloc_a.bytes, alloc_a.shape, alloc_a.dtype) == (24, (2, 3), "float32")
     assert alloc_a.device == device and alloc_a.per_device == ((device, 24),)
-    assert alloc_a.site.file == __file__ and alloc_a.site.line == _line("# site: a")
+    assert alloc_a.site.file == __file__ and alloc_a.site.line == line_of("# site: a")
     assert alloc_a.tensors == (a.id,)
-    assert alloc_b.site.line == _line("# site: b") and alloc_b.tensors == (b.id,)
+    assert alloc_b.site.line == line_of("# site: b") and alloc_b.tensors == (b.id,)
     # the free names every Tensor seen on the buffer: b and its clone
     assert free_b.buffer == alloc_b.buffer and set(free_b.tensors) == {b.id, c.id}
     assert (enter.name, enter_inner.name, exit_inner.name) == ("outer", "inner", "inner")
@@ -291,7 +282,7 @@ def test_peak_live_at_and_top_sites():
     at_peak = tl.live_at(tl.peak_time)
     assert [r.bytes for r in at_peak] == [1024] * 4 and at_peak[0].id == a.id
     top = tl.top_sites()
-    assert f"test_timeline.py:{_line('# site: three')} in " in str(top[0].site)
+    assert f"test_timeline.py:{line_of('# site: three')} in " in str(top[0].site)
     assert (top[0].count, top[0].bytes) == (3, 3072)
     assert [s.bytes for s in tl.top_sites(at=time.perf_counter())] == [1024, 1024]
     assert len(tl.top_sites(n=1)) == 1

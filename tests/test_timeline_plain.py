@@ -15,6 +15,7 @@ from tidyjax import _registry, tidy
 from tidyjax import _timeline as tlm
 from tidyjax._jaxdoors import BIND_CONVERSION
 
+from .conftest import line_of
 from .test_timeline import _replay_per_device
 
 
@@ -23,15 +24,6 @@ def _no_timeline_left_open():
     yield
     assert tlm.active() is None
     assert not _registry.observers, "a test left an observer registered"
-
-
-def _line(marker: str) -> int:
-    """The line of this file holding ``marker`` (for creation sites)."""
-    with open(__file__, encoding="utf-8") as f:
-        for i, text in enumerate(f, 1):
-            if marker in text and "_line(" not in text:
-                return i
-    raise AssertionError(marker)
 
 
 old_jax_undercounts = pytest.mark.skipif(
@@ -98,11 +90,11 @@ def test_plain_jax_loop_under_tidy_scopes(tmp_path):
     truth.check(tl)
     assert tl.peak_bytes == peak == 256 * 1024 * 2 + 3 * 8 * 1024 + 1024 * 1024  # w, h, hs, big
     allocs = {(e.site.line, e.shape) for e in _plain(tl)}
-    assert (_line("# site: w"), (256, 256)) in allocs
-    assert (_line("# site: h"), (256, 256)) in allocs
-    assert (_line("# site: cache"), (8, 256)) in allocs
+    assert (line_of("# site: w"), (256, 256)) in allocs
+    assert (line_of("# site: h"), (256, 256)) in allocs
+    assert (line_of("# site: cache"), (8, 256)) in allocs
     assert all(e.site.file == __file__ for e in _plain(tl))
-    big_alloc = next(e for e in _plain(tl) if e.site.line == _line("# site: big"))
+    big_alloc = next(e for e in _plain(tl) if e.site.line == line_of("# site: big"))
     big_free = next(e for e in _plain(tl, "free") if e.buffer == big_alloc.buffer)
     assert big_alloc.bytes == 1024 * 1024 and big_alloc.tensors == ()
     at_peak = tl.live_at(tl.peak_time)
@@ -110,7 +102,7 @@ def test_plain_jax_loop_under_tidy_scopes(tmp_path):
     assert all(r.scope == "<untracked>" and r.id == 0 for r in at_peak)
     assert sum(r.bytes for r in tl.live_at(big_free.time)) == peak - 1024 * 1024
     top = tl.top_sites()
-    assert f"test_timeline_plain.py:{_line('# site: big')} in " in str(top[0].site)
+    assert f"test_timeline_plain.py:{line_of('# site: big')} in " in str(top[0].site)
     # the allocation is timed at the first look after it: the mark, before the free
     assert big_alloc.time <= big_free.time
     # dump and load: the new events round-trip
@@ -120,7 +112,7 @@ def test_plain_jax_loop_under_tidy_scopes(tmp_path):
     truth.check(back)
     # the page: plain arrays are areas of their own, by site, and untracked at the peak
     page = tl.to_html()
-    label = f"test_timeline_plain.py:{_line('# site: big')} in test_plain_jax_loop"
+    label = f"test_timeline_plain.py:{line_of('# site: big')} in test_plain_jax_loop"
     assert label in page and " (untracked)" in page
     table = page[page.index('<table class="tj-peak-table">') :]
     assert "untracked" in table
@@ -161,9 +153,9 @@ def test_nnx_loop_with_a_mark_per_step(tmp_path):
         truth()
     truth.check(tl)
     kernel = next(e for e in _plain(tl) if e.shape == (64, 32))
-    assert kernel.site.file == __file__ and kernel.site.line == _line("# site: model")
+    assert kernel.site.file == __file__ and kernel.site.line == line_of("# site: model")
     assert kernel.site.detail is not None and "flax" in kernel.site.detail.file
-    stepped = [e for e in _plain(tl) if e.site and e.site.line == _line("# site: step")]
+    stepped = [e for e in _plain(tl) if e.site and e.site.line == line_of("# site: step")]
     assert {e.shape for e in stepped} >= {(64, 32), (32,)}
     # the parameters replaced by each step, and the model itself at the end, were freed
     freed = {e.buffer for e in _plain(tl, "free")}
@@ -179,7 +171,7 @@ def test_nnx_loop_with_a_mark_per_step(tmp_path):
     )
     truth.check(back)
     page = back.to_html()
-    assert f"test_timeline_plain.py:{_line('# site: model')} in " in page
+    assert f"test_timeline_plain.py:{line_of('# site: model')} in " in page
     del x
 
 

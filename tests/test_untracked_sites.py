@@ -3,7 +3,6 @@ and the untracked rows of ``snapshot()`` and ``compare_to``, each naming the use
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import jax
@@ -16,12 +15,7 @@ from tidyjax._memory import TOP_SITES
 from tidyjax._sites import library_frame
 from tidyjax._watch import _watched
 
-
-def _line_of(marker: str) -> int:
-    """The line number of the line in this file that contains ``marker``."""
-    lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
-    return next(i for i, line in enumerate(lines, 1) if marker in line)
-
+from .conftest import line_of
 
 # Sites name files relative to the working directory when they lie under it.
 HERE = os.path.relpath(__file__)
@@ -50,12 +44,12 @@ def test_memory_names_the_untracked_arrays_sites_per_device_with_count_and_bytes
     big = jnp.zeros((64, 64))  # SITE:big
     info = tj.memory()
     device = str(jax.devices()[0])
-    (rows,) = [_at(info, _line_of("SITE:make_raw"))]
+    (rows,) = [_at(info, line_of("SITE:make_raw"))]
     assert len(rows) == 1
     (row,) = rows
     assert (row.device, row.count, row.bytes) == (device, 3, 3 * 1000)
     assert row.site.file == __file__ and row.site.function == "make_raw"
-    (big_row,) = _at(info, _line_of("SITE:big"))
+    (big_row,) = _at(info, line_of("SITE:big"))
     assert (big_row.count, big_row.bytes) == (1, 64 * 64 * 4)
     assert big_row.site.function.startswith("test_memory_names")
     # largest first on each device; the rows are the largest of the untracked arrays
@@ -64,19 +58,19 @@ def test_memory_names_the_untracked_arrays_sites_per_device_with_count_and_bytes
     assert on_device.index(big_row) < on_device.index(row)
     # text, repr and the page name the user's line
     text = str(info)
-    assert f"    {device}: {HERE}:{_line_of('SITE:big')} in test_memory_names" in text
-    assert f"{HERE}:{_line_of('SITE:make_raw')} in make_raw: 3 untracked arrays, 2.9 KiB" in text
+    assert f"    {device}: {HERE}:{line_of('SITE:big')} in test_memory_names" in text
+    assert f"{HERE}:{line_of('SITE:make_raw')} in make_raw: 3 untracked arrays, 2.9 KiB" in text
     assert (row.kind, row.device, row.count, row.bytes) == ("untracked", device, 3, 3000)
     page = info._repr_html_()
     assert "untracked arrays made at" in page
-    assert f"{HERE}:{_line_of('SITE:make_raw')} in make_raw" in page
+    assert f"{HERE}:{line_of('SITE:make_raw')} in make_raw" in page
     # immutable data: frozen rows in a tuple
     assert isinstance(info.untracked_sites, tuple)
     with pytest.raises(AttributeError):
         row.count = 0  # type: ignore[misc]
     del raw, big
     after = tj.memory()
-    assert _at(after, _line_of("SITE:make_raw")) == [] and _at(after, _line_of("SITE:big")) == []
+    assert _at(after, line_of("SITE:make_raw")) == [] and _at(after, line_of("SITE:big")) == []
 
 
 def test_without_the_scan_no_sites_are_read():
@@ -108,10 +102,10 @@ def test_watched_and_tracked_arrays_are_no_untracked_site():
     t = tj.tensor(np.ones(300, np.float32))  # SITE:tensor
     params = tj.watch({"w": jnp.ones(500)}, "params")  # SITE:watched
     info = tj.memory()
-    assert _at(info, _line_of("SITE:tensor")) == [] and _at(info, _line_of("SITE:watched")) == []
+    assert _at(info, line_of("SITE:tensor")) == [] and _at(info, line_of("SITE:watched")) == []
     records = tj.live_tensors(untracked=True)
     lines = {r.site.line for r in records if r.scope == "<untracked>" and r.site is not None}
-    assert _line_of("SITE:tensor") not in lines and _line_of("SITE:watched") not in lines
+    assert line_of("SITE:tensor") not in lines and line_of("SITE:watched") not in lines
     t.dispose()
     del params
 
@@ -123,7 +117,7 @@ def test_live_tensors_lists_untracked_arrays_only_when_asked():
     assert [r.id for r in plain] == [t.id]
     every = tj.live_tensors(untracked=True)
     assert every[0].id == t.id  # the Tensors first, then the untracked arrays
-    ours = [r for r in every if r.site is not None and r.site.line == _line_of("SITE:make_raw")]
+    ours = [r for r in every if r.site is not None and r.site.line == line_of("SITE:make_raw")]
     assert len(ours) == 2
     r = ours[0]
     assert (r.id, r.scope, r.shape, r.dtype, r.bytes) == (0, "<untracked>", (250,), "float32", 1000)
@@ -145,9 +139,9 @@ def test_a_diff_shows_the_plain_arrays_that_grew_at_a_user_line(tmp_path):
     assert [r for r in after.records if r.scope == "<untracked>"] == []
     diffs = after.compare_to(before)
     # a row per chain of user frames (issue 41): this test's line, then make_raw's
-    made = f"{HERE}:{_line_of('SITE:make_raw')} in make_raw"
+    made = f"{HERE}:{line_of('SITE:make_raw')} in make_raw"
     test = "test_a_diff_shows_the_plain_arrays_that_grew_at_a_user_line"
-    key = f"{HERE}:{_line_of('SITE:grown')} in {test} → {made} (untracked)"
+    key = f"{HERE}:{line_of('SITE:grown')} in {test} → {made} (untracked)"
     (raw_diff,) = [d for d in diffs if d.label == key]
     assert raw_diff.untracked and (raw_diff.count, raw_diff.count_diff) == (4, 4)
     assert (raw_diff.bytes, raw_diff.bytes_diff) == (4000, 4000)
@@ -194,7 +188,7 @@ def test_memory_over_all_processes_keeps_the_sites():
     local = tj.memory()
     everywhere = tj.memory(all_processes=True)
     assert everywhere.untracked_sites == local.untracked_sites
-    (row,) = _at(everywhere, _line_of("SITE:make_raw"))
+    (row,) = _at(everywhere, line_of("SITE:make_raw"))
     assert row.site.file == __file__ and row.bytes == 2000
     del raw
 
@@ -203,7 +197,7 @@ def test_arrays_flax_nnx_makes_name_the_users_line_with_the_library_as_detail():
     nnx = pytest.importorskip("flax.nnx")
     rngs = nnx.Rngs(0)
     layer = nnx.Linear(4, 8, rngs=rngs)  # SITE:nnx
-    line = _line_of("SITE:nnx")
+    line = line_of("SITE:nnx")
     (row,) = _at(tj.memory(), line)
     assert row.site.file == __file__ and row.bytes >= (4 * 8 + 8) * 4
     assert row.site.detail is not None and "flax" in row.site.detail.file

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from ._census import Census, census, summed
+from ._census import Census, census, holder_lines, summed
 from ._context import BUDGETS, budget_limit, set_budget_check
 from ._decorating import decorate
 from ._errors import (
@@ -297,10 +297,10 @@ def _message(
     n = len(call.devices)
     each = f"on each of its {n} devices" if n > 1 else f"on {call.devices[0]}"
     lines.append(f"  {call.name} adds, {each}: {added}")
-    shown = [h for h in plan.holders if device is ALL_DEVICES or h.device == str(device)]
+    shown = holder_lines(plan.holders, None if device is ALL_DEVICES else str(device))
     if shown:
         lines.append(f"  largest live holders on {where}:")
-        lines += [f"    {i}. {h}" for i, h in enumerate(shown, 1)]
+        lines += shown
     lines.append(f"  {FIX}")
     return "\n".join(lines)
 

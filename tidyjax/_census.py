@@ -59,6 +59,7 @@ __all__ = [
     "creation_site",
     "find_untracked",
     "held",
+    "holder_lines",
     "holders",
     "live_holders",
     "live_tensors",
@@ -540,6 +541,13 @@ def top_per_device(rows: list[SiteStat], n: int) -> list[SiteStat]:
     """``rows`` sorted by device, then largest first, at most ``n`` per device."""
     rows = sorted(rows, key=lambda s: (s.device or "", -s.bytes, -s.count, s.label))
     return [s for _, g in groupby(rows, key=lambda s: s.device or "") for s in islice(g, n)]
+
+
+def holder_lines(rows: Iterable[SiteStat], device: str | None = None) -> list[str]:
+    """The rows on ``device`` (every row with None) as the numbered list of every text report,
+    largest first as given: ``    1. train.py:3 in step: 1 tensor, 4.0 MiB [float32[8,8]]``."""
+    shown = [r for r in rows if device is None or r.device == device]
+    return [f"    {i}. {r}" for i, r in enumerate(shown, 1)]
 
 
 def _kind(it: Any) -> str:

@@ -11,7 +11,16 @@ from typing import Any
 import jax
 
 from . import _html
-from ._census import Census, SiteStat, census, site_table, statistics, summed, top_per_device
+from ._census import (
+    Census,
+    SiteStat,
+    census,
+    holder_lines,
+    site_table,
+    statistics,
+    summed,
+    top_per_device,
+)
 from ._errors import check_flag, check_seconds
 from ._format import count, esc, fmt_bytes
 from ._processes import DEFAULT_TIMEOUT, gather
@@ -142,8 +151,7 @@ class MemoryInfo:
         for d in _devices(self):
             lines.append(f"  {d}: {_device_sum(self, d)}")
             lines += [f"    {stats}" for stats in [_limit_line(self.device_stats.get(d))] if stats]
-            top = [t for t in self.top_sites if t.device == str(d)]
-            lines += [f"    {i}. {t}" for i, t in enumerate(top, 1)]
+            lines += holder_lines(self.top_sites, str(d))
         for name, b in self.watched.items():
             n = count(self.watched_arrays.get(name, 0), "array")
             lines.append(f"  watched {name!r}: {fmt_bytes(b)} in {n}")

@@ -28,7 +28,7 @@ from jax.errors import JaxRuntimeError
 
 from . import _html, _lift, _registry
 from ._arrays import Tracer, is_concrete, shard_bytes
-from ._census import SiteStat, site_table
+from ._census import SiteStat, holder_lines, site_table
 from ._context import budget_limit
 from ._decorating import check_callable
 from ._errors import (
@@ -175,8 +175,7 @@ class MemoryPlan:
         lines.append(f"  XLA, per device: {_xla_line(self)}")
         for group, text in _alike(self):
             lines.append(f"  {_names(group)}: {text}")
-            top = [h for h in self.holders if h.device == group[0]]
-            lines += [f"    {i}. {h}" for i, h in enumerate(top, 1)]
+            lines += holder_lines(self.holders, group[0])
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
