@@ -654,6 +654,18 @@ def test_an_heir_hands_the_buffer_on_to_a_view_that_outlives_it() -> None:
     _empty()
 
 
+def test_a_transfer_of_a_view_of_the_callers_array_stays_the_callers() -> None:
+    mine = jax.device_put(np.arange(3, dtype=np.float32), DEVS[0])
+    (view,) = tj.tensors([mine])
+    moved = view.to(NamedSharding(_mesh(1), P()))  # the same buffer: both are checked at once
+    tj.dispose(view)
+    tj.dispose(moved)
+    assert not mine.is_deleted(), "the caller's own array was deleted (never: it is yours)"
+    np.testing.assert_array_equal(np.asarray(mine), np.arange(3))
+    del view, moved
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

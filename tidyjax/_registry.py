@@ -886,7 +886,7 @@ def resolve() -> None:
     try:
         wanted = _wanted(pending, twins)
         if wanted:
-            _match(wanted)
+            _match(wanted, {id(r): i for i, r in enumerate(pending)})
     finally:
         orphans.clear()  # grouped now, or over no suspect's buffer: JAX may free them
 
@@ -913,11 +913,12 @@ def _wanted(
     return wanted
 
 
-def _match(wanted: dict[Any, list[Buffer]]) -> None:
+def _match(wanted: dict[Any, list[Buffer]], order: dict[int, int]) -> None:
     """Each record sharing an allocation with a suspect joins the suspect's group, or, when
-    only `orphans` holds it, leaves its place to the suspect (`_inherit`)."""
+    only `orphans` holds it, leaves its place to the suspect (`_inherit`). Of two suspects
+    (``order``: their places, oldest first) the older made the buffer."""
     held = {id(a) for a in orphans}
-    new = {id(r) for recs in wanted.values() for r in recs}
+    new = order
     for other, keys in _sharing(by_array.values(), wanted):
         arr = other.array()
         if arr is None:
@@ -938,8 +939,10 @@ def _match(wanted: dict[Any, list[Buffer]]) -> None:
             else:
                 owned = other.owned
                 _join_group(rec, other, merge=False)
-                if id(other) not in new:  # two suspects: neither made the buffer before the other
+                if id(other) not in new:
                     _made_elsewhere(rec, other, owned)
+                elif order[id(other)] < order[id(rec)]:  # two suspects: the older one's buffer
+                    _made_elsewhere(rec, other, owned)  # (a caller's stays the caller's)
 
 
 def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
