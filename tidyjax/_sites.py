@@ -45,6 +45,7 @@ __all__ = [
     "STACK_FRAMES",
     "Entry",
     "Site",
+    "chained_site",
     "creation_site",
     "is_runner_file",
     "is_user_file",
@@ -225,6 +226,13 @@ def site_of_frames(frames: Any) -> Site | None:
     return detail
 
 
+def chained_site(frames: list[Any]) -> Site | None:
+    """The site among ``frames`` (a list, innermost first, as `site_of_frames` takes them) with
+    its chain: the user frames up to the first frame of a runner (`RUNNERS`), outer to inner.
+    What `creation_site` gives for the traceback holding ``frames``."""
+    return _chained(site_of_frames(frames), frames)
+
+
 def _chained(site: Site | None, frames: list[Any]) -> Site | None:
     """``site`` with its chain: the user frames among ``frames`` (a list, innermost first),
     outer to inner; ``site`` itself when it is its only frame."""
@@ -351,7 +359,7 @@ class Entry:
         user = [j for j in range(min(self._index(frames), len(frames) - 1), -1, -1)
                 if is_user_file(frames[j].file_name)]  # fmt: skip
         if not user:  # no user frame inside the block: the innermost user frame anywhere
-            return _chained(site_of_frames(frames), frames)
+            return chained_site(frames)
         outer, inner = user[0], user[1:]
         detail = None
         for frame in frames[: inner[-1] if inner else outer]:  # below the innermost user frame
@@ -399,8 +407,7 @@ def creation_site(arr: Any) -> Site | None:
     try:
         return _site_of_traceback(tb)
     except TypeError:  # a traceback that cannot be hashed
-        frames = list(tb.frames)
-        return _chained(site_of_frames(frames), frames)
+        return chained_site(list(tb.frames))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -409,5 +416,4 @@ def _site_of_traceback(tb: Any) -> Site | None:
     at one line have equal tracebacks (same code objects, same instructions), and reading the
     frames is the cost. A cached traceback holds its code objects, so no other takes its
     place."""
-    frames = list(tb.frames)
-    return _chained(site_of_frames(frames), frames)
+    return chained_site(list(tb.frames))
