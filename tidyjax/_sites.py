@@ -271,10 +271,12 @@ def is_runner_file(file: str) -> bool:
     return top in RUNNERS or top.startswith(("_pytest", "pytest_", "_hypothesis"))
 
 
+@functools.lru_cache(maxsize=8192)
 def is_user_file(file: str) -> bool:
     """Whether a frame in ``file`` is a user frame (see the module docstring): not tidyjax's,
     JAX's or the standard library's, and not in an installed package of `KNOWN_LIBRARIES`
-    (the user's own installed package is a user frame)."""
+    (the user's own installed package is a user frame). Cached per file: a chain asks of
+    every frame."""
     if file.startswith((*LIBRARY_FOLDERS, "<frozen ")):
         return False
     folders = [f for f in INSTALLED_FOLDERS if file.startswith(f)]
