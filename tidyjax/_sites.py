@@ -11,7 +11,8 @@ A site's ``chain`` is the whole chain of user frames that led to the array, oute
 is two groups (`Site.label` shows it: ``a.py:54 in f → b.py:154 in g``).
 
 Sites cost nothing per op: JAX records a creation traceback on every array (on by default), and
-tidyjax reads it only when a report asks. Imports nothing of tidyjax.
+tidyjax reads it only when a report asks, or, while a timeline records, once per distinct
+traceback (`chained_site`: the timeline's sites are chains too). Imports nothing of tidyjax.
 
 A leak check names a different frame: the *outermost* user frame inside the checked block
 (`Entry.site`), the user's frames further in its ``stack``. A model's ``__call__`` that makes
