@@ -303,7 +303,7 @@ def test_dump_and_load_round_trip(tmp_path):
     path = tmp_path / "t.json"
     tl.dump(path)
     data = json.loads(path.read_text())
-    assert (data["format"], data["version"]) == ("tidyjax.timeline", 1)
+    assert (data["format"], data["version"]) == ("tidyjax.timeline", 2)
     back = tj.Timeline.load(path)
     assert back.events == tl.events
     assert (back.dropped, back.peak_bytes, back.peak_time) == (tl.dropped, tl.peak_bytes,
@@ -479,7 +479,7 @@ def page_data(page: str) -> dict:
 
 def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
     with tj.timeline() as tl:
-        ts = tidy.run("load", tensors_at_sites, 12, "gen_sites.py")
+        ts = tidy.run("load", tensors_at_sites, 12, "gen_sites.py")  # sites: twelve
         with tidy("release"):
             tj.dispose(ts[:6])
     page = _charts(tl.to_html(top=4))
@@ -491,8 +491,12 @@ def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
     data = page_data(page)
     labels = [site["label"] for site in data["sites"]]
     assert len(labels) == 5 and labels[-1] == "other (8 sites)"
-    # the 4 largest sites (stacked by how long they held bytes: test_timeline_explore.py)
-    assert set(labels[:-1]) == {f"gen_sites.py:{i} in <module>" for i in range(9, 13)}
+    # the 4 largest sites (stacked by how long they held bytes: test_timeline_explore.py),
+    # each the chain of user frames from this test to the line, outer to inner
+    here = f"test_timeline.py:{_line('# sites: twelve')} in test_page_is_self_contained_"
+    chains = [label.split(" → ") for label in labels[:-1]]
+    assert all(len(c) == 3 and here in c[0] and "conftest.py:" in c[1] for c in chains), labels
+    assert {c[2] for c in chains} == {f"gen_sites.py:{i} in <module>" for i in range(9, 13)}
     names = [data["strings"][i] for i in data["bands"][2::6]]
     assert names == ["load", "release"]
     table = re.search(r'<table class="tj-peak-table"[^>]*>.*?</table>', page, re.S).group(0)
@@ -560,7 +564,7 @@ def test_view_writes_the_page_of_a_timeline_or_a_snapshot(tmp_path, capsys):
         (None, "cannot read it"),
         ("{not json", "not a JSON file"),
         ('{"format": "something"}', "not a tidyjax timeline or snapshot"),
-        ('{"format": "tidyjax.timeline", "version": 2}', "format version 2"),
+        ('{"format": "tidyjax.timeline", "version": 3}', "format version 3"),
         ('{"format": "tidyjax.snapshot", "version": 1}', "malformed tidyjax snapshot"),
     ],
 )

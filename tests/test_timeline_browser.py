@@ -52,6 +52,11 @@ def page(tmp_path_factory):
     return path
 
 
+def _inner(label: str) -> str:
+    """The inner end of a site's chain label (``a.py:5 in f → model.py:9 in <module>``)."""
+    return label.rsplit(" → ", 1)[-1]
+
+
 def _open(driver, path, scheme):
     driver.execute_cdp_cmd(
         "Emulation.setEmulatedMedia",
@@ -87,9 +92,10 @@ def test_the_page_draws_areas_bands_peak_and_table_without_errors(driver, page, 
     labels = [a.get_attribute("data-label") for a in svg.find_elements(By.CSS_SELECTOR, ".tj-area")]
     assert len(labels) == TOP + 1  # one area per top site, plus "other"
     # the top sites by size, stacked bottom up from the longest-lived (all four live to the end;
-    # those made first lived longest)
-    assert set(labels[:-1]) == {f"model.py:{i} in <module>" for i in (6, 7, 8, 9)}
-    assert labels[0] in ("model.py:6 in <module>", "model.py:7 in <module>")
+    # those made first lived longest), each named by its chain of user frames, outer to inner
+    assert all(" in page → " in s and " in tensors_at_sites → model.py:" in s for s in labels[:-1])
+    assert {_inner(s) for s in labels[:-1]} == {f"model.py:{i} in <module>" for i in (6, 7, 8, 9)}
+    assert _inner(labels[0]) in ("model.py:6 in <module>", "model.py:7 in <module>")
     assert labels[-1] == "other (5 sites)"
     bands = [b.text for b in svg.find_elements(By.CSS_SELECTOR, ".tj-band text")]
     assert bands == ["load_params", "release"]
@@ -97,7 +103,8 @@ def test_the_page_draws_areas_bands_peak_and_table_without_errors(driver, page, 
     assert peak == "peak 45.0 KiB"
     first = driver.find_element(By.CSS_SELECTOR, ".tj-peak-table tbody tr")
     cells = [td.text for td in first.find_elements(By.TAG_NAME, "td")]
-    assert cells[:5] == ["9.0 KiB", "1", "float32[2304]", "model.py:9 in <module>", "load_params"]
+    assert cells[:3] == ["9.0 KiB", "1", "float32[2304]"] and cells[4] == "load_params"
+    assert cells[3] in labels and _inner(cells[3]) == "model.py:9 in <module>"  # the chain
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -112,7 +119,7 @@ def test_hovering_an_area_names_its_site_shapes_bytes_and_scope(driver, page, sc
     tip = driver.find_element(By.CSS_SELECTOR, ".tj-tip")
     assert tip.is_displayed()
     bottom = svg.find_element(By.CSS_SELECTOR, ".tj-area").get_attribute("data-label")
-    line = int(bottom.split(":")[1].split()[0])  # model.py:N holds N KiB
+    line = int(_inner(bottom).split(":")[1].split()[0])  # model.py:N holds N KiB
     lines = tip.text.splitlines()
     assert lines[0] == bottom
     assert re.fullmatch(rf"{line}\.0 KiB live now, of 45\.0 KiB live on \S+, at \+[\d.]+ (ms|s)",
@@ -271,7 +278,7 @@ def test_two_timelines_on_one_page_draw_each_its_own(driver, tmp_path):
     assert len(first.find_elements(By.CSS_SELECTOR, "svg.tj-live")) == 1
     assert len(second.find_elements(By.CSS_SELECTOR, "svg.tj-live")) == 2  # one per device
     legend = [li.text for li in first.find_elements(By.CSS_SELECTOR, ".tj-legend li")]
-    assert sorted(legend) == [f"one.py:{i} in <module>" for i in (1, 2, 3)]
+    assert sorted(map(_inner, legend)) == [f"one.py:{i} in <module>" for i in (1, 2, 3)]
     assert len(second.find_elements(By.CSS_SELECTOR, ".tj-devices button")) == 2
     assert not first.find_elements(By.CSS_SELECTOR, ".tj-devices")
     assert _errors(driver) == []

@@ -295,6 +295,22 @@ TIMELINE_MUTATIONS = [
     *((("peak_live",), v) for v in ["s", [], 5, {}]),
     *((("strings",), v) for v in ["s", None, {}, [1], [None]]),
     *((("sites",), v) for v in ["s", None, [5], [["f", "x", "g"]], [["f"]], [["f", -1, "g"]]]),
+    # a version-2 site: [frame, detail, chain], indexes into "frames" (a version-1 row refused)
+    *(
+        (("sites",), v)
+        for v in [
+            [[0, -1]],
+            [[0, -2, []]],
+            [[10**6, -1, []]],
+            [[0, 10**6, []]],
+            [[0, -1, [10**6]]],
+            [[0, -1, [-1]]],
+            [[0, -1, "ab"]],
+            [[0, -1, None]],
+            [["f", 1, "g"]],
+        ]
+    ),
+    *((("frames",), v) for v in ["s", None, [5], [["f", "x", "g"]], [["f"]], [["f", -1, "g"]]]),
     *(
         (("metas",), v)
         for v in [
@@ -358,7 +374,10 @@ TIMELINE_MUTATIONS = [
     *((("events", "buffer"), Each(v)) for v in _COUNTS),
     *((("events", "tensors"), Each(v)) for v in [5, None, [], "x", "-1", "1,,2", "9" * 30]),
     *((("events", c), v) for c in ("kind", "time", "tensors") for v in ([], "s", None, DELETE)),
-    *(((k,), DELETE) for k in ("strings", "sites", "metas", "placements", "events", "base")),
+    *(
+        ((k,), DELETE)
+        for k in ("strings", "frames", "sites", "metas", "placements", "events", "base")
+    ),
     *(((k,), DELETE) for k in ("max_events", "dropped", "peak_bytes", "peak_time")),
 ]
 

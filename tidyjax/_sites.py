@@ -11,7 +11,8 @@ A site's ``chain`` is the whole chain of user frames that led to the array, oute
 is two groups (`Site.label` shows it: ``a.py:54 in f → b.py:154 in g``).
 
 Sites cost nothing per op: JAX records a creation traceback on every array (on by default), and
-tidyjax reads it only when a report asks. Imports nothing of tidyjax.
+tidyjax reads it only when a report asks, or, while a timeline records, once per distinct
+traceback (`chained_site`: the timeline's sites are chains too). Imports nothing of tidyjax.
 
 A leak check names a different frame: the *outermost* user frame inside the checked block
 (`Entry.site`), the user's frames further in its ``stack``. A model's ``__call__`` that makes
@@ -45,6 +46,7 @@ __all__ = [
     "STACK_FRAMES",
     "Entry",
     "Site",
+    "chained_site",
     "creation_site",
     "is_runner_file",
     "is_user_file",
@@ -225,6 +227,13 @@ def site_of_frames(frames: Any) -> Site | None:
     return detail
 
 
+def chained_site(frames: list[Any]) -> Site | None:
+    """The site among ``frames`` (a list, innermost first, as `site_of_frames` takes them) with
+    its chain: the user frames up to the first frame of a runner (`RUNNERS`), outer to inner.
+    What `creation_site` gives for the traceback holding ``frames``."""
+    return _chained(site_of_frames(frames), frames)
+
+
 def _chained(site: Site | None, frames: list[Any]) -> Site | None:
     """``site`` with its chain: the user frames among ``frames`` (a list, innermost first),
     outer to inner; ``site`` itself when it is its only frame."""
@@ -263,10 +272,12 @@ def is_runner_file(file: str) -> bool:
     return top in RUNNERS or top.startswith(("_pytest", "pytest_", "_hypothesis"))
 
 
+@functools.lru_cache(maxsize=8192)
 def is_user_file(file: str) -> bool:
     """Whether a frame in ``file`` is a user frame (see the module docstring): not tidyjax's,
     JAX's or the standard library's, and not in an installed package of `KNOWN_LIBRARIES`
-    (the user's own installed package is a user frame)."""
+    (the user's own installed package is a user frame). Cached per file: a chain asks of
+    every frame."""
     if file.startswith((*LIBRARY_FOLDERS, "<frozen ")):
         return False
     folders = [f for f in INSTALLED_FOLDERS if file.startswith(f)]
@@ -351,7 +362,7 @@ class Entry:
         user = [j for j in range(min(self._index(frames), len(frames) - 1), -1, -1)
                 if is_user_file(frames[j].file_name)]  # fmt: skip
         if not user:  # no user frame inside the block: the innermost user frame anywhere
-            return _chained(site_of_frames(frames), frames)
+            return chained_site(frames)
         outer, inner = user[0], user[1:]
         detail = None
         for frame in frames[: inner[-1] if inner else outer]:  # below the innermost user frame
@@ -399,8 +410,7 @@ def creation_site(arr: Any) -> Site | None:
     try:
         return _site_of_traceback(tb)
     except TypeError:  # a traceback that cannot be hashed
-        frames = list(tb.frames)
-        return _chained(site_of_frames(frames), frames)
+        return chained_site(list(tb.frames))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -409,5 +419,4 @@ def _site_of_traceback(tb: Any) -> Site | None:
     at one line have equal tracebacks (same code objects, same instructions), and reading the
     frames is the cost. A cached traceback holds its code objects, so no other takes its
     place."""
-    frames = list(tb.frames)
-    return _chained(site_of_frames(frames), frames)
+    return chained_site(list(tb.frames))

@@ -59,7 +59,7 @@ from ._format import fmt_bytes
 from ._jaxdoors import base_array, buffer_addresses
 from ._newarrays import ArrayMark
 from ._registry import VARIABLE
-from ._sites import LIBRARY_FOLDERS, site_of_frames
+from ._sites import LIBRARY_FOLDERS, chained_site
 from ._snapshot import Snapshot
 from ._timeline_format import (
     ALLOC,
@@ -103,19 +103,29 @@ _same = functools.lru_cache(maxsize=65536)(lambda value: value)
 
 @functools.lru_cache(maxsize=65536)
 def _site_and_stack(tb: Any) -> tuple[Site | None, tuple[Site, ...]]:
-    """The first user frame of a JAX creation traceback and its short user stack."""
-    return (None, ()) if tb is None else (site_of_frames(tb.frames), _stack(tb))
+    """The site of a JAX creation traceback, with its chain of user frames (as
+    ``creation_site`` gives it), and its short stack; read once per distinct traceback (equal
+    tracebacks: the same code objects at the same instructions, so one chain of calls)."""
+    if tb is None:
+        return None, ()
+    frames = list(tb.frames)
+    return chained_site(frames), _stack(frames)
 
 
-def _stack(tb: Any) -> tuple[Site, ...]:
-    """The first ``STACK_FRAMES`` frames of ``tb`` outside tidyjax and JAX, innermost first."""
+def _stack(frames: Iterable[Any]) -> tuple[Site, ...]:
+    """The first ``STACK_FRAMES`` of ``frames`` (innermost first, as a traceback's) outside
+    tidyjax and JAX, innermost first."""
+    user = (f for f in frames if not f.file_name.startswith(LIBRARY_FOLDERS))
+    return tuple(
+        Site(f.file_name, f.line_num, f.function_name) for f in itertools.islice(user, STACK_FRAMES)
+    )
+
+
+def _traceback_stack(tb: Any) -> tuple[Site, ...]:
+    """`_stack` of a traceback that cannot be hashed (or has no frames: no stack)."""
     try:
-        user = (f for f in tb.frames if not f.file_name.startswith(LIBRARY_FOLDERS))
-        return tuple(
-            Site(f.file_name, f.line_num, f.function_name)
-            for f in itertools.islice(user, STACK_FRAMES)
-        )
-    except Exception:  # a traceback without frames: no stack
+        return _stack(tb.frames)
+    except Exception:  # a traceback without frames
         return ()
 
 
@@ -692,9 +702,9 @@ class Timeline:
     # -- files ------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The timeline as JSON data (format ``"tidyjax.timeline"``, version 1): its numbers,
-        then its events as columns (kind, scope, time, bytes, ...) and the tables of strings and
-        sites they index."""
+        """The timeline as JSON data (format ``"tidyjax.timeline"``, version 2): its numbers,
+        then its events as columns (kind, scope, time, bytes, ...) and the tables of strings,
+        sites and their frames they index (each site with its chain of user frames)."""
         base, events = self._window()
         header = {k: getattr(self, k) for k in _timeline_format.HEADER}
         peak_live = None if self._peak_live is None else self._public(self._peak_live)
@@ -1135,14 +1145,14 @@ class Timeline:
         self._amend({id(old): ev})  # dropped meanwhile (max_events): where it went
 
     def _site(self, arr: Any) -> int:
-        """The number of the creation site of ``arr`` (read once per code location; see
-        `_KIND`); its short stack (a cached tuple: its id is seen once) kept among the site's,
-        at most 3."""
+        """The number of the creation site of ``arr``, a chain of user frames (read once per
+        distinct creation traceback, `_site_and_stack`; see `_KIND`); its short stack (a cached
+        tuple: its id is seen once) kept among the site's, at most 3."""
         tb = getattr(arr, "traceback", None)
         try:
             site, stack = _site_and_stack(tb)
         except TypeError:  # a jaxlib whose tracebacks do not hash
-            site, stack = creation_site(arr), _stack(tb)
+            site, stack = creation_site(arr), _traceback_stack(tb)
         if stack and id(stack) not in self._stack_ids:
             self._stack_ids.add(id(stack))
             stacks = [] if site is None else self._stacks.setdefault(site, [])
@@ -1150,7 +1160,7 @@ class Timeline:
                 stacks.append(stack)
         if site is None:
             return 0
-        # keyed by the object (one per code location, `_site_and_stack`), which _sites keeps
+        # keyed by the object (one per traceback, `_site_and_stack`), which _sites keeps
         number = self._site_index.get(id(site))
         if number is None:
             number = self._site_index[id(site)] = len(self._sites)

@@ -1,6 +1,7 @@
 """The timeline's events as files: `TimelineEvent`, the event kinds, the JSON layout that
-``Timeline.dump`` writes and ``load`` reads (format ``"tidyjax.timeline"``, version 1), and the
-Chrome trace-event export. The recording itself is ``_timeline``'s.
+``Timeline.dump`` writes and ``load`` reads (format ``"tidyjax.timeline"``, version 2; a file of
+version 1, whose sites are one frame each, still loads), and the Chrome trace-event export. The
+recording itself is ``_timeline``'s.
 
 `chrome_trace` is the trace-event "JSON Object Format", which Perfetto's UI and
 ``chrome://tracing`` open: one process (``tidyjax memory``, named by metadata events, its
@@ -28,14 +29,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from ._census import collector_paused
+from ._census import collector_paused, site_label
 from ._errors import TidyjaxValueError
 from ._format import describe, fmt_bytes
 from ._sites import Site
 
 __all__ = [
-    "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "TEMPORARIES", "Codec",
-    "Mark", "TimelineEvent", "check", "check_file", "chrome_trace", "decode_extras", "encode",
+    "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "TEMPORARIES", "VERSION",
+    "VERSIONS", "Codec", "Mark", "TimelineEvent", "check", "check_file", "chrome_trace",
+    "decode_extras", "encode",
     "is_clock", "is_count", "is_unix_time", "merge_temporaries", "read", "short",
     "split_temporaries", "write", "write_chrome_trace",
 ]  # fmt: skip
@@ -45,7 +47,12 @@ ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_ex
 TEMPORARIES = "temporaries"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)  # the kinds of the event columns
 _SIGNED = (ALLOC, FREE)
-FORMAT, VERSION = "tidyjax.timeline", 1
+#: The file format written: version 2 gives each site its chain of user frames (a ``frames``
+#: table the ``sites`` rows index); version 1 (a site's own frame and its library frame) loads,
+#: each site a chain of one frame.
+FORMAT, VERSION = "tidyjax.timeline", 2
+#: The format versions read.
+VERSIONS = (1, 2)
 #: Counts (bytes, buffer numbers, ids, line numbers) are ints from 0 below this (64 bits).
 COUNT_LIMIT = 2**63
 #: Times on ``time.perf_counter()``'s clock are from 0 up to this (31,000 years): a larger one is
@@ -135,7 +142,8 @@ class TimelineEvent(NamedTuple):
             and for a buffer whose allocation failed: JAX says so only once the array is
             waited for, so a timeline rewrites such an allocation, and its peak, when read).
         device: the device holding the buffer (``str(device)``), several joined by ``","``.
-        site: the `tidyjax.Site` that created its array, or None.
+        site: the `tidyjax.Site` that created its array, with its ``chain`` of user frames
+            (one site per chain: one line reached through two callers is two sites), or None.
         scope: the owner's scope path (``"train/step"``; ``"<kept>"``, ``"<variable>"``, or
             ``""`` outside every scope): when allocated for ``"alloc"``, when freed for
             ``"free"``; ``"<untracked>"`` for a plain jax.Array no Tensor holds, ``"<watched>"``
@@ -190,16 +198,21 @@ class Codec:
     ``events``, ``base`` and ``peak_live`` each hold the columns ``kind``, ``scope``, ``name``
     (indexes into ``strings``), ``time``, ``bytes``, ``buffer``, ``tensors`` (ids joined by
     ``","``), ``meta`` (an index into ``metas``: ``[device, site, shape, dtype]``, the site an
-    index into ``sites``: ``[file, line, function]``, followed by the library frame's
-    ``file, line, function`` when the site has a ``detail``; or -1) and ``placement`` (-1 when all
-    bytes are on ``device``, else an index into ``placements``: ``[[device, bytes], ...]``).
-    Columns of numbers and strings keep the file small and quick to write and read.
+    index into ``sites``, or -1) and ``placement`` (-1 when all bytes are on ``device``, else an
+    index into ``placements``: ``[[device, bytes], ...]``). A row of ``sites`` is ``[frame,
+    detail, chain]``, indexes into ``frames`` (``[file, line, function]`` each): the site's own
+    frame, its library frame (``detail``; -1 for none) and its chain of user frames, outer to
+    inner (``[]`` when the own frame is all of it). In version 1 a row of ``sites`` is ``[file,
+    line, function]``, followed by the library frame's ``file, line, function`` when the site
+    has a ``detail``, and there is no ``frames``. Columns of numbers and strings keep the file
+    small and quick to write and read.
     """
 
     def __init__(self) -> None:
         self.strings: dict[str, int] = {}
-        # (site, its detail: equality ignores it) -> index
+        # (site, its detail: equality ignores it) -> index; a frame (a chain-less Site) -> index
         self.sites: dict[tuple[Site, Site | None], int] = {}
+        self.frames: dict[Site, int] = {}
         self.metas: dict[tuple[Any, ...], int] = {}
         self.placements: dict[tuple[tuple[str, int], ...], int] = {}
         self._keep: list[Any] = []  # the sites whose ids key `metas`
@@ -235,14 +248,21 @@ class Codec:
         self._keep.append(site)
         return self.sites.setdefault((site, site.detail), len(self.sites))
 
+    def _frame(self, site: Site) -> int:
+        """The row in ``frames`` of ``site``'s own frame, added if new."""
+        frame = Site(site.file, site.line, site.function)
+        return self.frames.setdefault(frame, len(self.frames))
+
     def tables(self) -> dict[str, Any]:
         placements = [[[self._s(d), b] for d, b in pd] for pd in self.placements]
-        sites = [  # a site's file, line, function, then its library frame's (its detail)
-            [f for x in (site, site.detail) if x is not None for f in (x.file, x.line, x.function)]
+        f = self._frame
+        sites = [  # its own frame, its library frame (-1: none), its chain, outer to inner
+            [f(site), -1 if site.detail is None else f(site.detail), [f(x) for x in site.chain]]
             for site, _ in self.sites
         ]
-        return {"strings": list(self.strings), "sites": sites, "metas": self.meta_list,
-                "placements": placements}  # fmt: skip
+        frames = [[x.file, x.line, x.function] for x in self.frames]
+        return {"strings": list(self.strings), "frames": frames, "sites": sites,
+                "metas": self.meta_list, "placements": placements}  # fmt: skip
 
     @classmethod
     def read(cls, data: dict[str, Any]) -> Codec:
@@ -254,10 +274,7 @@ class Codec:
         """
         codec = cls()
         strings = codec.string_list = _table(data, "strings", _is_str, "a str")
-        sites = codec.site_list = [
-            Site(row[0], row[1], row[2], Site(row[3], row[4], row[5]) if len(row) == 6 else None)
-            for row in _table(data, "sites", _is_site, "[file, line, function] (3 or 6 fields)")
-        ]
+        sites = codec.site_list = _sites(data)
         in_strings = _below(len(strings))
         meta = _row(in_strings, _below(len(sites), -1), _all(is_count), in_strings)
         metas = _table(
@@ -398,9 +415,34 @@ _is_frame = _row(*_FRAME)
 
 
 def _is_site(row: Any) -> bool:
-    """``row`` is ``[file, line, function]``, followed by the library frame's when the site has
-    a ``detail``."""
+    """``row`` is a version-1 site: ``[file, line, function]``, followed by the library frame's
+    when the site has a ``detail``."""
     return _is_frame(row) or _row(*_FRAME, *_FRAME)(row)
+
+
+def _sites(data: dict[str, Any]) -> list[Site]:
+    """The ``sites`` table of ``data`` (see `Codec`), each row checked: in version 2 each site
+    with its chain, in version 1 a site of one frame.
+
+    Raises:
+        KeyError: a table is missing.
+        ValueError: a row is not as `Codec` writes it.
+    """
+    if data["version"] == 1:
+        return [
+            Site(row[0], row[1], row[2], Site(row[3], row[4], row[5]) if len(row) == 6 else None)
+            for row in _table(data, "sites", _is_site, "[file, line, function] (3 or 6 fields)")
+        ]
+    frames = [Site(*row) for row in _table(data, "frames", _is_frame, "[file, line, function]")]
+    frame = _below(len(frames))
+    rows = _table(data, "sites", _row(frame, _below(len(frames), -1), _all(frame)),
+                  '[frame, detail, chain] (indexes into "frames", detail -1 for none)')  # fmt: skip
+    out = []
+    for own, detail, chain in rows:
+        f, lib = frames[own], None if detail < 0 else frames[detail]
+        frames_of = tuple(frames[i] for i in chain) if len(chain) > 1 else ()
+        out.append(Site(f.file, f.line, f.function, lib, chain=frames_of))
+    return out
 
 
 def encode(
@@ -484,9 +526,12 @@ def check(data: Any, where: str) -> dict[str, Any]:
 
     Raises:
         TidyjaxValueError: it is not a tidyjax timeline, has no version or one no tidyjax
-            writes, is of a newer format version, or a field of its header is malformed.
+            writes, is of a format version this tidyjax does not read (`VERSIONS`: a newer
+            one), or a field of its header is malformed.
     """
-    check_file(data, where, "timeline", VERSION, "Timeline.dump(path)")
+    version = data.get("version") if isinstance(data, dict) else None
+    version = version if type(version) is int and version in VERSIONS else VERSION
+    check_file(data, where, "timeline", version, "Timeline.dump(path)")
     for key, (ok, expected) in _HEADER.items():
         if key in data and not ok(data[key]):
             raise TidyjaxValueError(
@@ -603,7 +648,7 @@ def _instants(events: list[TimelineEvent], t0: float) -> list[dict[str, Any]]:
         "name": f"{ev.kind} {describe(ev)} {fmt_bytes(ev.bytes)}", "cat": ev.kind, "ph": "i",
         "s": "t", "ts": _us(ev.time, t0), "pid": _PID, "tid": _TID_BUFFERS,
         "args": {
-            "bytes": ev.bytes, "device": ev.device, "site": str(ev.site or "<unknown site>"),
+            "bytes": ev.bytes, "device": ev.device, "site": site_label(ev.site),
             "scope": ev.scope, "shape": list(ev.shape), "dtype": ev.dtype,
             "buffer": ev.buffer, "tensors": list(ev.tensors),
         },
@@ -675,8 +720,8 @@ def write_chrome_trace(
 # A ``"temporaries"`` event is written apart from the event columns, in the optional table
 # ``"temporaries"``: ``[position, time, bytes, device, scope, name, [[device, bytes], ...]]``,
 # ``position`` how many events of the columns come before it. A file without the table (older)
-# reads as before, and an older tidyjax reads a newer file, without the temporaries: the format
-# version stays 1.
+# reads as before, and a tidyjax of the same format version that predates the table reads a
+# newer file, without the temporaries (the table came within version 1).
 
 _TEMP_ROW = "[position, time, bytes, device, scope, name, [[device, bytes], ...]]"
 
