@@ -666,6 +666,21 @@ def test_a_transfer_of_a_view_of_the_callers_array_stays_the_callers() -> None:
     _empty()
 
 
+def test_an_outer_keep_of_a_raw_alias_disposes_the_inner_scopes_tensor_object() -> None:
+    with tj.tidy() as outer:
+        with tj.tidy():
+            t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+            raw = jax.device_put(t.array, DEVS[0])  # a raw alias tidyjax has not met
+            outer.keep(raw)  # the buffer is the outer scope's now
+        assert t.is_disposed, "the inner scope's own Tensor object outlived it (TF.js)"
+        assert _alive(raw)
+    assert _alive(raw)  # handed out of the outer scope too
+    tj.dispose(raw)
+    assert raw.is_deleted()
+    del t, raw
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

@@ -493,7 +493,7 @@ def test_page_is_self_contained_with_areas_bands_peak_and_table(tmp_path):
     assert len(labels) == 5 and labels[-1] == "other (8 sites)"
     # the 4 largest sites (stacked by how long they held bytes: test_timeline_explore.py),
     # each the chain of user frames from this test to the line, outer to inner
-    here = f"test_timeline.py:{_line('# sites: twelve')} in test_page_is_self_contained_"
+    here = f"test_timeline.py:{line_of('# sites: twelve')} in test_page_is_self_contained_"
     chains = [label.split(" → ") for label in labels[:-1]]
     assert all(len(c) == 3 and here in c[0] and "conftest.py:" in c[1] for c in chains), labels
     assert {c[2] for c in chains} == {f"gen_sites.py:{i} in <module>" for i in range(9, 13)}

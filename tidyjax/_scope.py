@@ -98,6 +98,7 @@ class Scope(Tracker):
         "_handed_tensors",
         "_moved_in",
         "_state",
+        "_taken",
         "_token",
         "name",
         "num_freed",
@@ -118,6 +119,7 @@ class Scope(Tracker):
         self._freed: list[Any] = []  # the deleted arrays (they still know their nbytes)
         self._bare = False
         self._moved_in = 0  # records handed in by inner scopes (not created here)
+        self._taken: list[Any] | None = None  # records an outer scope's keep took from it
         self._created = 0
         self._first_id = 0  # Tensors with this id or larger were made while it was open
         self._frame: Any = None  # the generator frame it was entered in, if any
@@ -302,6 +304,9 @@ class Scope(Tracker):
         freed, rest, collected = _registry.free_owned(owned, self, escaping, why)
         self._collected += collected
         doomed, survivors, handed, batches = self._sort_owned(rest, escaping, parent)
+        if self._taken:  # their Tensor objects made here are settled as a survivor's
+            survivors += self._taken
+            self._taken = None
         settle = (handed_tensors and not only_batches) or self._aliases or survivors
         self._freed = freed + _registry.delete_many(doomed, why) if doomed else freed
         if settle:  # before the batches go: a stale leaf's Tensor is settled like any other
@@ -485,6 +490,7 @@ class Scope(Tracker):
         self._aliases = []
         self._handed_tensors = {}
         self._handed = set()
+        self._taken = None
         self._freed = []
 
     def _settle_objects(
@@ -608,6 +614,10 @@ class Scope(Tracker):
                 rec.scope = self
                 self._owned.append(rec)
                 self._moved_in += 1
+                if isinstance(owner, Scope):  # its exit disposes the Tensors it made over it
+                    if owner._taken is None:
+                        owner._taken = []
+                    owner._taken.append(rec)
                 owner = self
             if owner is self:
                 self._handed.add(id(rec))
