@@ -21,7 +21,8 @@ the caller's own array (never deleted). After every step it asserts:
 
 1. no protected holder's array is deleted, nor an array whose allocations protected holders all
    reach, except by ``dispose`` of the last live Tensor over it, which deletes the buffer and
-   every alias of it unless a kept value shares it (never the caller's own array);
+   every alias of it unless a kept value shares it (never the caller's own array; a kept
+   shard view the program dropped is still kept while JAX caches it on its parent);
 2. when a scope closes, every array over buffers made in it (or handed to it) that nothing
    protected reaches is deleted, every shard of it. Exempt: a buffer only partly shared with a
    protected holder (released rather than deleted, at the exit or by a ``dispose``), and the
@@ -46,6 +47,7 @@ import contextlib
 import gc
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +183,11 @@ def _keys(arr: Any) -> frozenset[Key]:
     return frozenset((s.device.id, s.data.unsafe_buffer_pointer()) for s in arr.addressable_shards)
 
 
+def _undeleted(ref: weakref.ref[Any]) -> bool:
+    arr = ref()
+    return arr is not None and not arr.is_deleted()
+
+
 def _is_key(arr: Any) -> bool:
     return bool(jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key))
 
@@ -252,6 +259,7 @@ class Program:
     def __init__(self, eager: bool) -> None:
         self.eager = eager  # read the reports after every step, or only at the end
         self.holders: dict[int, Holder] = {}
+        self.cached_kept: list[tuple[weakref.ref[Any], frozenset[Key]]] = []
         self.ids = 0
         self.serials = 0
         self.classes = 0  # runtime buffer objects, numbered
@@ -306,6 +314,11 @@ class Program:
 
     def live(self) -> list[Holder]:
         return [h for h in self.holders.values() if not h.dead]
+
+    def kept_in_cache(self) -> set[Key]:
+        """The allocations of kept shard views only JAX's cache still holds (see `drop`)."""
+        self.cached_kept = [(r, k) for r, k in self.cached_kept if _undeleted(r)]
+        return {k for _, keys in self.cached_kept for k in keys}
 
     def tracked(self) -> set[Key]:
         """The allocations an array object tidyjax records is over."""
@@ -458,6 +471,7 @@ class Program:
             and ((h.tensor and not h.disposed) or (not h.tensor and h.kept))
         ]
         ours = all(self.origin.get(k) == "tj" for k in x.keys)  # a buffer tidyjax made
+        cached = x.keys & self.kept_in_cache()
         tj.dispose(x.obj)
         self.emit(f"tj.dispose({x.name})")
         x.disposed = True
@@ -465,8 +479,8 @@ class Program:
             x.owner = AMBIGUOUS if x.kept else self.nearest_open(x.made_in)
         elif x.owner == KEPT:
             x.owner = AMBIGUOUS
-        if others:  # what only ``x`` held of its buffer is released (allowed): no rule
-            for k in x.keys - {k for h in others for k in h.keys}:
+        if others or cached:  # what only ``x`` held of its buffer is released (allowed)
+            for k in x.keys - {k for h in others for k in h.keys} - cached:
                 self.made[k] = None
         else:
             for h in live:
@@ -477,8 +491,16 @@ class Program:
 
     def drop(self, hid: int) -> None:
         self.emit(f"del h[{hid}]; gc.collect()")
-        del self.holders[hid]
+        h = self.holders.pop(hid)
+        ref = weakref.ref(h.arr) if h.kept and not h.tensor else None
+        keys = h.keys
+        del h
         gc.collect()
+        if ref is not None and (arr := ref()) is not None and not arr.is_deleted():
+            # A kept shard view outlives the caller's reference: JAX caches it on its parent
+            # (``x.addressable_data(0)`` gives the same object again), so it is still kept.
+            self.cached_kept.append((ref, keys))
+        del ref
         # A buffer tidyjax made whose recorded array objects are all gone, only raw aliases it
         # never met holding it, is no scope's any more: the caller's plain array (or tidyjax's
         # again when an alias check ran first; no rule says which).
@@ -578,7 +600,7 @@ class Program:
         live = self.live()
         opened = self.open_serials()
         protected = [h for h in live if self.protected(h, opened)]
-        reached = {k for h in protected for k in h.keys}
+        reached = {k for h in protected for k in h.keys} | self.kept_in_cache()
         for h in live:
             if h.arr.is_deleted():
                 if any(h is p for p in protected):
@@ -643,8 +665,10 @@ class Program:
     def finish(self) -> None:
         last = [h for h in self.holders.values() if not (h.disposed if h.tensor else h.dead)]
         self.emit(f"tj.dispose([{', '.join(h.name for h in last)}])")
-        tj.dispose([h.obj for h in last])
-        del last
+        cached = [a for r, _ in self.cached_kept if (a := r()) is not None and not a.is_deleted()]
+        tj.dispose([*(h.obj for h in last), *cached])
+        del last, cached
+        self.cached_kept.clear()
         assert all(h.obj.is_disposed for h in self.holders.values() if h.tensor)
         self.holders.clear()
         gc.collect()
@@ -668,6 +692,7 @@ class Program:
             h.obj = h.arr = None  # and let them go: a report walks every array still alive
             h.shards = ()
         self.holders.clear()
+        self.cached_kept.clear()
         gc.collect()
 
 
