@@ -64,14 +64,15 @@ import tidyjax as tj
 
 from .conftest import UNDER_EIGHT, run_under_eight_devices
 
-# Opt-in until issue 40's open violations are fixed (V1, V2, V7 and the kept raw alias of the
-# third session's note are; left: scope.keep holding strongly, outer.keep of a raw alias from an
-# inner scope, a disposed non-last alias forgetting its array, a tensors() view of an unseen raw
-# alias whose recorded objects all died): run with TIDYJAX_ALIAS_MODEL=1. It fails today.
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("TIDYJAX_ALIAS_MODEL"),
-    reason="the alias model finds open violations of issue 40: set TIDYJAX_ALIAS_MODEL=1",
-)
+# On one device the model runs in every test run, on a fixed set of programs (derandomized: the
+# same 120 each run); TIDYJAX_ALIAS_MODEL=1 draws new ones (seeds 1-18 of the fifth session
+# passed; every form it found that session is fixed and has its own test in
+# test_shared_allocations.py). Under eight devices it is opt-in (TIDYJAX_ALIAS_MODEL=1): it
+# loses no buffer, but it finds wrong counts where an array shares only some of its
+# allocations with another (a one-device array moved to a replicated sharding, a shard-0
+# view): memory() counts such a group as its first record's bytes, live_tensors() per record,
+# neither per allocation (seeds 22-24), an open part of issue 40.
+RANDOM = bool(os.environ.get("TIDYJAX_ALIAS_MODEL"))
 
 DEVS = jax.devices()
 DEV0 = DEVS[0]
@@ -697,7 +698,13 @@ class Program:
 
 
 # No explain phase: it traces every line JAX and tidyjax run, and made each shrink step seconds.
-@settings(max_examples=120, phases=[p for p in Phase if p is not Phase.explain])
+@settings(
+    max_examples=120,
+    phases=[p for p in Phase if p is not Phase.explain],
+    derandomize=not RANDOM,
+    database=None if not RANDOM else settings.default.database,
+)
+@pytest.mark.skipif(EIGHT and not RANDOM, reason="under eight devices: opt-in (see RANDOM)")
 @given(eager=st.booleans(), steps=_steps(0))
 def test_random_alias_programs_keep_the_rules(eager: bool, steps: list[Step]) -> None:
     program = Program(eager)
@@ -712,6 +719,7 @@ def test_random_alias_programs_keep_the_rules(eager: bool, steps: list[Step]) ->
 
 
 @pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
+@pytest.mark.skipif(not RANDOM, reason="wrong counts of partly shared arrays (issue 40): opt-in")
 def test_under_eight_devices() -> None:
     out = run_under_eight_devices(__file__, "-x")
     assert "failed" not in out and ", 1 skipped" in out  # only this test
