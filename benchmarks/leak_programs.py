@@ -1,9 +1,9 @@
 """Issue 41's "Done when" on eight real programs: the leak guide's recipe on each, clean and
 with a planted leak, and a timeline around the plain MNIST loop without ``mark()``.
 
-Run:  python benchmarks/leak_programs.py                  (about two minutes on 2 CPU cores)
+Run:  python benchmarks/leak_programs.py                  (about four minutes on 2 CPU cores)
       python benchmarks/leak_programs.py --only nnx_mnist --repeat 3
-      python benchmarks/leak_programs.py --only timeline --rounds 7
+      python benchmarks/leak_programs.py --only timeline --rounds 11
 
 The programs are shortened ports of public ones, on synthetic data of the right shapes (no
 download), a few steps each:
