@@ -138,6 +138,56 @@ def test_one_array_under_two_names_is_listed_once():
     del a, b
 
 
+def _printed(read, hold=None, **options):
+    """The MNIST examples' epoch end: accuracies computed in the block, read (printed), left
+    bound to local names; ``hold`` also holds something made from one."""
+    x = jnp.arange(6.0)
+    jnp.mean(x)  # warm-up
+    with tj.check_leaks(**options) as checker:
+        train_acc = jnp.mean(x)
+        test_acc = jnp.mean(x * 2)
+        read(train_acc)
+        read(test_acc)
+        if hold is not None:
+            hold(test_acc)
+    return checker.report
+
+
+READS = {
+    "f-string": lambda a: print(f"accuracy {a}"),
+    "repr": repr,
+    "tolist": lambda a: a.tolist(),
+    "item": lambda a: a.item(),
+}
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_a_local_read_after_the_loop_is_listed_by_name_not_counted(read, capsys):
+    """Reading an array's value makes JAX cache a view of its buffer on it (a new jax.Array
+    held by the array alone): the view goes with its owner, listed by the owner's name."""
+    report = _printed(READS[read])
+    assert report is not None and len(report) == 0, str(report)
+    assert [n for n, _ in report.bound_locals] == ["train_acc", "test_acc"]
+    with pytest.raises(tj.LeakError) as err:
+        _printed(READS[read], count_locals=True)
+    assert len(err.value.report) == 2  # one a buffer, however many objects view it
+
+
+def test_a_read_local_also_in_a_list_or_viewed_again_by_a_list_counts(capsys):
+    cache: list = []
+    with pytest.raises(tj.LeakError) as err:
+        _printed(READS["f-string"], cache.append)
+    assert len(err.value.report) == 1 and err.value.report.arrays[0].shape == ()
+    assert [n for n, _ in err.value.report.bound_locals] == ["train_acc"]
+    cache.clear()
+    # another object over the local's buffer (a transfer to where it is), held by a list
+    with pytest.raises(tj.LeakError) as err:
+        _printed(READS["f-string"], lambda a: cache.append(jax.device_put(a, a.device)))
+    assert len(err.value.report) == 1
+    assert [n for n, _ in err.value.report.bound_locals] == ["train_acc"]
+    cache.clear()
+
+
 def test_the_check_lets_go_of_the_frame_and_its_names():
     """Reading the names keeps nothing: rebinding one after the block frees its array."""
     with tj.check_leaks() as checker:

@@ -293,6 +293,10 @@ def plain_leaks(
     bound: list[tuple[Any, str]] = []
     if apart is not None and (apart.frame is not None or apart.views):
         found, bound, views = apart.divide(found)
+        if found and (bound or views):  # a view JAX cached on one of them is not a holder
+            cached = _cached_views(found, [a for a, _ in bound] + views)
+            if cached:
+                found = [a for a in found if id(a) not in cached]
     taken = [r() for r in (allowed or {}).values()] + _held_arrays() + _older(mark)
     kept = one_per_buffer(found, taken, wait=True)
     if apart is not None and (views or bound):
@@ -307,6 +311,36 @@ def plain_leaks(
             for a in one_per_buffer([a for a, _ in bound], taken, wait=True)
         ]  # fmt: skip
     return _by_size(untracked_record(a, site_of) for a in kept)
+
+
+def _cached_views(found: list[Any], owners: list[Any]) -> set[int]:
+    """The ids of the arrays in ``found`` that are the view JAX caches on one of ``owners``.
+
+    Reading a CPU array's value (``print``, an f-string, ``repr``, ``tolist``) caches on it a
+    view of its first shard (``addressable_data(0)``): a new ``jax.Array`` over its buffer,
+    alive as long as it is, held by one reference the collector does not see. It holds nothing
+    its owner does not, so it goes where its owner goes (listed apart), not counted. Only an
+    array with that one reference besides ``found``'s, over an owner's first shard, is asked
+    about (another such object, a raw ``device_put`` to where the owner is, makes the owner
+    cache its view then: no memory). ``found`` must be the caller's only list holding them.
+    """
+    control = [object()]
+    own = sys.getrefcount(control[0])  # its list's reference and the call's argument
+    single = [found[i] for i in range(len(found)) if sys.getrefcount(found[i]) - own == 1]
+    if not single:
+        return set()
+    first: dict[Any, Any] = {}  # the address of each owner's first shard -> the owner
+    for owner in owners:
+        key = _registry.same_buffer_key(owner)
+        if key:
+            first.setdefault(key[0], owner)
+    out = set()
+    for a in single:
+        key = _registry.same_buffer_key(a)
+        owner = first.get(key[0]) if key and len(key) == 1 else None
+        if owner is not None and owner.addressable_data(0) is a:
+            out.add(id(a))
+    return out
 
 
 def _by_size(records: Iterable[TensorRecord]) -> list[TensorRecord]:
