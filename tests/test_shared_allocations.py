@@ -681,6 +681,21 @@ def test_an_outer_keep_of_a_raw_alias_disposes_the_inner_scopes_tensor_object() 
     _empty()
 
 
+def test_an_heir_a_scope_exit_lets_go_of_hands_the_buffer_to_a_kept_view() -> None:
+    t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy() as s:
+        moved = t.to(NamedSharding(_mesh(1), P()))  # over t's buffer, made in the scope
+        tj.dispose(t)  # moved is the top-level buffer's heir now
+        (view,) = tj.tensors([jax.device_put(moved.array, DEVS[0])])
+        s.keep([view])  # the exit disposes moved (not handed out): view holds the buffer
+    assert moved.is_disposed and _alive(view)
+    raw = view.array
+    tj.dispose(view)  # the buffer's last Tensor
+    assert raw.is_deleted(), "the last Tensor over tidyjax's buffer was disposed; it lived on"
+    del t, moved, view, raw
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 
