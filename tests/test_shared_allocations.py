@@ -696,6 +696,20 @@ def test_an_heir_a_scope_exit_lets_go_of_hands_the_buffer_to_a_kept_view() -> No
     _empty()
 
 
+def test_a_variables_copy_made_in_a_scope_is_the_scopes_once_the_variable_goes() -> None:
+    mine = jax.device_put(np.arange(3, dtype=np.float32), DEVS[0])
+    with tj.tidy():
+        v = tj.Variable(mine)  # a copy, made in the scope
+        alias = jax.device_put(v, DEVS[0])  # the scope's Tensor over the Variable's buffer
+        raw = alias.array
+        tj.dispose(v)  # the buffer is the scope's again (docs/semantics.md)
+    assert alias.is_disposed
+    assert raw.is_deleted(), "the scope left the buffer the Variable it made let go of"
+    assert not mine.is_deleted()  # the caller's own array: never deleted
+    del v, alias, raw
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

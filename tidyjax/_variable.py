@@ -8,7 +8,7 @@ from typing import Any
 
 from . import _registry
 from ._arrays import CONCRETE
-from ._context import Tracker
+from ._context import CURRENT, Tracker
 from ._errors import (
     VARIABLES_DISPOSED,
     TidyjaxTypeError,
@@ -174,6 +174,9 @@ def _hold(arr: Any, value: Any, tensor: int) -> _registry.Buffer:
     if rec is None or rec.dead is not None:
         rec = _registry.new(arr, _registry.VARIABLE, tensor=tensor)
         rec.nvars = 1
+        home = CURRENT.get()
+        if home is not None:  # a copy made in a scope: the scope's once no Variable holds it
+            rec.home = home
         return rec
     _registry.join(rec)
     if _registry.observers:  # one Tensor more on the buffer, as a clone reports it
