@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
 from tidyjax import _registry, tidy
@@ -225,6 +227,28 @@ def test_a_buffer_with_two_array_objects_is_freed_when_the_last_one_goes():
         ("free", 128),
         ("free", 64),
     ]
+
+
+def test_an_alias_of_a_buffer_still_being_computed_is_no_allocation_of_its_own():
+    """``t.to(sharding)`` to the device ``t``'s buffer is on, while that buffer is still being
+    computed: the new object's addresses are unknown until it is ready. The timeline waits for
+    them, as the registry does, so the alias is one more record over the buffer: before, it was
+    told as a second allocation, never undone (the replay above ``memory()`` from then on)."""
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    x = tj.tensor(np.ones((2000, 2000), np.float32))
+    tj.dispose(x @ x)  # compiled
+    with tj.timeline(sample=None) as tl:
+        y = x @ x
+        alias = y.to(one)
+        computing = not alias.array.is_ready()
+        tl.mark()  # settles the alias now
+        replay = sum(r.bytes for r in tl.live_at(time.perf_counter()))
+        info = tj.memory(scan_untracked=False)
+    assert computing  # the case this test is about
+    assert (info.num_data_buffers, info.num_bytes) == (2, 2 * 16_000_000)
+    assert replay == info.num_bytes and tl.peak_bytes == info.num_bytes
+    assert [e.kind for e in tl.events] == ["alloc", "alloc"]  # x (alive before), y
+    tj.dispose([x, y, alias])
 
 
 def test_recording_off_costs_nothing_and_nests():

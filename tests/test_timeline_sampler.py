@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
 import tidyjax.random as tjr
@@ -339,3 +341,35 @@ def test_an_array_made_before_the_timeline_is_not_counted_when_read_in_it(by_han
     assert [(e.kind, e.scope, e.shape) for e in tl.events] == [("alloc", "<untracked>", (5,))]
     assert tl.peak_bytes == 20
     del made, before
+
+
+def test_a_look_between_publishing_a_record_and_suspecting_it_leaves_it_to_a_later_look(
+    monkeypatch, by_hand
+):
+    """``t.to(sharding)`` to where ``t``'s buffer is makes a new object over it, which the
+    registry publishes first and suspects next (a second object over a recorded buffer, grouped
+    later). A look of the sampler in between settles only what its last look saw pending: the
+    new record waits, and is then one more record over the buffer. Before, the look told it as
+    an allocation of its own, never undone (the replay above ``memory()`` from then on)."""
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    real = _registry.suspect
+    between: list[object] = []
+
+    def suspect(rec, raw=None):
+        tl._sampler._look()  # the sampler's thread looks right then
+        between.append(rec)
+        real(rec, raw)
+
+    with tj.timeline() as tl:
+        t = tj.tensor(np.ones(256, np.float32))
+        t.array.block_until_ready()
+        monkeypatch.setattr(_registry, "suspect", suspect)
+        alias = t.to(one)
+        monkeypatch.setattr(_registry, "suspect", real)
+        tl._sampler._look()  # its next look: the record is a suspect now
+        replay = sum(r.bytes for r in tl.live_at(time.perf_counter()))
+        info = tj.memory(scan_untracked=False)
+        tj.dispose([t, alias])
+    assert len(between) == 1  # the look came between
+    assert (info.num_data_buffers, info.num_bytes) == (1, 1024) and replay == 1024
+    assert [(e.kind, e.bytes) for e in tl.events] == [("alloc", 1024), ("free", 1024)]

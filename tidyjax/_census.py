@@ -58,6 +58,7 @@ __all__ = [
     "collector_paused",
     "creation_site",
     "find_untracked",
+    "group_spread",
     "held",
     "holder_lines",
     "holders",
@@ -160,6 +161,25 @@ def _spread(arr: Any) -> tuple[tuple[Any, int], ...]:
     if len(devices) == 1 and arr.is_fully_addressable:
         return ((next(iter(devices)), int(arr.nbytes)),)
     return tuple(shard_bytes(arr).items())
+
+
+def group_spread(group: list[_registry.Buffer]) -> dict[Any, int]:
+    """The bytes on each device of a group's buffer (records sharing allocations), each
+    allocation once: its records may each hold some of them (a one-device array, and the
+    replicated array made from it whose shard on that device it is: eight allocations, not
+    one), or a part of one (an allocation's bytes: the most a record holds of it). Reads the
+    records' allocations (cached since they were grouped)."""
+    sizes: dict[tuple[int, int], tuple[Any, int]] = {}  # (device id, address) -> device, bytes
+    for rec in group:
+        arr = rec.array()
+        if rec.dead is not None or arr is None or arr.is_deleted() or failed(arr):
+            continue
+        on = {d.id: (d, b) for d, b in shard_bytes(arr).items()}
+        keys = getattr(rec, "keys", None) or _registry.shards(arr, wait=False)
+        for key in keys or [(i, -1) for i in on]:  # unknown allocations: one per device
+            if key[0] in on and (key not in sizes or sizes[key][1] < on[key[0]][1]):
+                sizes[key] = on[key[0]]
+    return summed({d: b} for d, b in sizes.values())
 
 
 def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = False) -> list[Any]:
@@ -295,11 +315,12 @@ class Census:
     @staticmethod
     def _tracked(rec: _registry.Buffer) -> Row:
         arr = rec.array()
-        n = sum(max(r.n, 0) for r in _registry.grouped(rec) or [rec])
+        group = _registry.grouped(rec)
+        n = sum(max(r.n, 0) for r in group or [rec])
         bad = failed(arr)
-        spread = () if bad else tuple(_registry.device_bytes(rec).items())
+        spread = {} if bad else group_spread(group) if group else _registry.device_bytes(rec)
         kind = "tensor" if held(rec) else "escaped"
-        return Row(kind, arr, rec, tensors=n, spread=spread, failed=bad)
+        return Row(kind, arr, rec, tensors=n, spread=tuple(spread.items()), failed=bad)
 
     def _watched(self) -> list[Row]:
         """Each watched name's `WatchedUsage` (its buffers once each) into ``usage``, the one

@@ -45,6 +45,7 @@ from ._census import (
     books,
     collector_paused,
     creation_site,
+    group_spread,
     holders,
     holds,
     released,
@@ -56,7 +57,7 @@ from ._context import CURRENT
 from ._decorating import check_callable, decorate
 from ._errors import TidyjaxTypeError, TidyjaxValueError, check_flag
 from ._format import fmt_bytes
-from ._jaxdoors import base_array, buffer_addresses
+from ._jaxdoors import base_array, buffer_addresses, shard_devices
 from ._newarrays import ArrayMark
 from ._registry import VARIABLE
 from ._sites import LIBRARY_FOLDERS, chained_site
@@ -130,8 +131,11 @@ def _traceback_stack(tb: Any) -> tuple[Site, ...]:
 
 
 def _buffer_key(arr: Any) -> Any:
-    """The addresses of ``arr``'s buffer, or None while it is not ready, deleted or failed (that
-    address would abort the process). One device's is read directly: no shard view is made."""
+    """The allocations of ``arr``'s buffer, ``(device id, address)`` for each shard, or None
+    while it is not ready, deleted or failed (that address would abort the process). The
+    device counts: two devices' allocations may have one address (on CPU, an array moved to
+    another device may keep its memory there). One device's is read directly: no shard view
+    is made."""
     base = base_array(arr)
     if type(base) not in CONCRETE:
         return None
@@ -139,11 +143,33 @@ def _buffer_key(arr: Any) -> Any:
         if base.is_deleted() or not base.is_ready():
             return None
         base.block_until_ready()  # ready: returns at once, or raises for a failed allocation
-        if len(base.sharding.device_set) == 1:
-            return (base.unsafe_buffer_pointer(),)
-        return buffer_addresses(base)
+        sharding = base.sharding
+        if len(sharding.device_set) == 1:
+            return ((_sole_id(sharding), base.unsafe_buffer_pointer()),)
+        return tuple(zip(shard_devices(base), buffer_addresses(base), strict=True))
     except Exception:  # failed, or deleted meanwhile
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _sole_id(sharding: Any) -> int:
+    """The id of the one device of ``sharding``."""
+    return int(next(iter(sharding.device_set)).id)
+
+
+def _wait(arr: Any) -> None:
+    """Wait until ``arr``'s buffer is computed, as the registry waits for a suspect's
+    (``_registry.resolve``): until then its addresses are unknown, and a new object over a
+    recorded buffer would be told as an allocation of its own (a second one, never undone).
+    Returns at once for a deleted or failed buffer (whose address is never read)."""
+    base = base_array(arr)
+    if type(base) not in CONCRETE:
+        return
+    try:
+        if not base.is_deleted():
+            base.block_until_ready()
+    except Exception:  # failed, or deleted meanwhile: `_buffer_key` reads no address
+        return
 
 
 @functools.lru_cache(maxsize=4096)
@@ -180,7 +206,7 @@ _event = tuple.__new__
 # stops tracking a tuple of numbers, strings and flat tuples at its first collection, so a long
 # recording adds nothing to the program's later collections (a TimelineEvent holding a Site
 # stays tracked; a nested tuple can be promoted still tracked).
-_KIND, _TIME, _BYTES, _SCOPE, _BUFFER = 0, 1, 2, 5, 9
+_KIND, _TIME, _BYTES, _SCOPE, _BUFFER, _PER_DEVICE = 0, 1, 2, 5, 9, 11
 
 #: What an allocation reports: its bytes, device, bytes per device, shape and dtype name.
 _Layout = tuple[int, str, tuple[tuple[str, int], ...] | None, tuple[int, ...], str]
@@ -205,6 +231,35 @@ def _layout(rec: Any, arr: Any, key: Any) -> _Layout:
 def _first(entry: list[Any]) -> Any:
     """The array object of a plain entry (``[weak reference, event]``) or of a live one."""
     return entry[0]() if len(entry) == 2 else entry[0].array()
+
+
+def _todo_array(key: int, entry: list[Any]) -> Any:
+    """The array whose addresses ``_addr_todo``'s ``key`` stands for: the record of that id
+    among a live entry's records (one joining it may hold more allocations), else the entry's."""
+    if key > 0 and len(entry) != 2 and entry[3]:
+        for rec in entry[3]:
+            if id(rec) == key:
+                return rec.array()
+    return _first(entry)
+
+
+def _holds(entry: list[Any], key: Any) -> bool:
+    """Whether ``entry``'s arrays hold the allocations ``key`` (`_buffer_key`) still: a record
+    over some of them may have left it (its allocations freed, their addresses reused), a plain
+    array's view may hold a shard of it (`Timeline._plain_gone`). One record's entry always."""
+    if len(entry) != 2 and not entry[3]:
+        return True
+    if len(entry) == 2:
+        arrays = [a] if (a := entry[0]()) is not None else []
+    else:
+        arrays = [a for r in entry[3] if holds(r) and (a := r.array()) is not None]
+    have: set[Any] = set()
+    for arr in arrays:
+        k = _buffer_key(arr)
+        if k is None and not arr.is_deleted():
+            return True  # not ready yet: it holds what it will hold
+        have.update(k or ())
+    return have.issuperset(key)
 
 
 def _record(ev: TimelineEvent) -> TensorRecord:
@@ -408,13 +463,15 @@ class Timeline:
         # more record over a recorded buffer: see _settle) and of those whose last Tensor went
         # (Tensor id _LET_GO)
         self._pending: list[tuple[Any, float, int]] = []
+        # ``_pending`` as the sampler's last look left it, and how many it held then (`_sampled`)
+        self._pending_seen: tuple[list[Any] | None, int] = (None, 0)
         # id(entry) -> [entry, [(id(view), weak reference)]]: array objects no record knows over
         # the buffer of a live or plain entry; id(view) -> (weak reference, entry): the same
         self._views: dict[int, list[Any]] = {}
         self._view_of: dict[int, tuple[Any, list[Any]]] = {}
-        # buffer addresses -> the live or plain entry over them (see _find); the entries whose
-        # addresses are not read yet, by key (`_todo_entry`): numbers keep no freed entry alive
-        self._addr: dict[Any, list[Any]] = {}
+        # allocations -> the live and plain entries over them (see _find); the entries whose
+        # allocations are not read yet, by key (`_todo_entry`): numbers keep no freed entry alive
+        self._addr: dict[Any, list[list[Any]]] = {}
         self._addr_todo: list[int] = []
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
         self._scopes: dict[int, tuple[Any, int]] = {}  # id(scope) -> (open scope, its number)
@@ -1057,7 +1114,11 @@ class Timeline:
     def _freed(self, rec: Any) -> None:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
         entry = self._live.get(id(rec))
-        if entry is None or (entry[3] and self._leave(entry, rec)):  # the test inlined: per free
+        if entry is None:
+            return
+        if entry[3] and self._leave(entry, rec):  # the test inlined: per free
+            if not rec.owned:  # a caller's array lives on
+                self._left(entry, rec, time.perf_counter())
             return
         a = entry[1]
         if a[_SCOPE] == "<variable>" or a[_BUFFER] in self._names:
@@ -1209,11 +1270,23 @@ class Timeline:
         self._append(ev, -a[2])
         if self._views:  # raw objects over a buffer that lived on: plain arrays now
             survivors = [*survivors, *self._pop_views(entry)]
-        plain = None  # the survivors: one plain array, the others its views
+        self._plain_again(survivors, now)
+
+    def _plain_again(self, survivors: list[Any], now: float) -> None:
+        """Array objects over a buffer no record holds any more (a caller's): one plain array,
+        the others its views; one over another entry's buffer (a shard view of a plain array
+        whose shard a Tensor's buffer shared) is that entry's view."""
+        plain = None
         for arr in survivors if self._array_mark is not None else ():
-            if plain is None:
+            if arr.is_deleted():
+                continue
+            key = _buffer_key(arr)
+            other = self._find_key(key) if key else None
+            if other is not None:
+                self._add_view(other, arr)
+            elif plain is None:
                 plain = self._add_plain(arr, now)
-            elif not arr.is_deleted():
+            else:
                 self._add_view(plain, arr)
 
     # -- records over one buffer (a raw device_put's: a suspect of _registry), raw views ------
@@ -1264,12 +1337,16 @@ class Timeline:
         got = self._view_of.get(id(arr))
         return got[1] if got is not None and got[0]() is arr else None
 
-    def _settle(self) -> None:
+    def _settle(self, upto: int | None = None) -> None:
         """Record the committed buffers just added: each an allocation, or one more record on a
-        recorded buffer's entry; over a plain array's, the buffer is tidyjax's now (memory())."""
-        if not self._pending:
+        recorded buffer's entry; over a plain array's, the buffer is tidyjax's now (memory()).
+        ``upto``: only the oldest ``upto`` of them (the sampler's, see `_sampled`)."""
+        if not self._pending or (upto is not None and upto <= 0):
             return
-        pending, self._pending = self._pending, []
+        if upto is None:
+            pending, self._pending = self._pending, []
+        else:
+            pending, self._pending = self._pending[:upto], self._pending[upto:]
         window = len(pending) + 16
         for rec, now, tensor in pending:
             if tensor == _LET_GO:
@@ -1288,11 +1365,24 @@ class Timeline:
         entry = self._live.get(id(rec))
         if entry is None or not released(rec) or rec.array() is None:
             return  # held again, freed, or collected (that event frees it)
-        if self._leave(entry, rec):  # its arrays: views of the buffer now
-            for arr in rec.arrays():
-                self._add_view(entry, arr)
+        if self._leave(entry, rec):
+            self._left(entry, rec, now)
         else:
             self._free(entry, now, rec.arrays())
+
+    def _left(self, entry: list[Any], rec: Any, now: float) -> None:
+        """``rec``, a caller's array, left ``entry``, whose other records hold the buffer still:
+        its arrays are views of the buffer now, or, when those records hold only some of their
+        allocations, a plain array again, whole, as ``memory()`` counts it (a caller's
+        replicated array and the sharded Tensor made from it, whose shard on one device starts
+        where the array's copy there does)."""
+        arrays = [arr for arr in rec.arrays() if not arr.is_deleted()]
+        key = _buffer_key(arrays[0]) if arrays else None
+        if key is None or _holds(entry, key):
+            for arr in arrays:
+                self._add_view(entry, arr)
+        else:
+            self._plain_again(arrays, now)
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
         """The live entry of another record over ``rec``'s buffer, or the plain array's entry
@@ -1304,8 +1394,20 @@ class Timeline:
                 return entry
         # a record just added is among the registry's last ``window`` suspects
         if rec.dead is not None or any(s is rec for s in reversed(_registry.suspects[-window:])):
-            entry = self._find(rec.array())
+            arr = rec.array()
+            _wait(arr)  # an alias of a buffer still being computed is not ready either
+            entry = self._find(arr) or self._find_part(arr)
             if entry is not None and entry[0] is not rec:
+                return entry
+        return None
+
+    def _find_part(self, arr: Any) -> list[Any] | None:
+        """The live entry sharing some of ``arr``'s allocations (a replicated array made from a
+        one-device one holds it as its shard there), or None."""
+        key = _buffer_key(arr)
+        for p in key if key and len(key) > 1 else ():
+            entry = self._find_key((p,))
+            if entry is not None and len(entry) != 2:
                 return entry
         return None
 
@@ -1328,27 +1430,40 @@ class Timeline:
         return self._find_key(key) if key else None
 
     def _find_key(self, key: Any) -> list[Any] | None:
-        """`_find` of the buffer at ``key`` (an array's addresses, `_buffer_key`)."""
+        """`_find` of the buffer at ``key`` (an array's allocations, `_buffer_key`): a live
+        entry before a plain one (a caller's array may share an allocation with a Tensor's)."""
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
         for key_ in todo:
             entry = self._todo_entry(key_)
-            if entry is None or (first := _first(entry)) is None:
+            if entry is None or (first := _todo_array(key_, entry)) is None:
                 continue
             k = _buffer_key(first)
             if k is None and not first.is_deleted() and not base_array(first).is_ready():
                 self._addr_todo.append(key_)  # not ready yet: read at a later look
             elif k:
-                index[k] = entry
-                for p in k:
-                    index.setdefault((p,), entry)  # its per-shard views
+                for at in (k, *((p,) for p in k)):  # and its per-shard views
+                    slot = index.setdefault(at, [])
+                    if all(e is not entry for e in slot):
+                        slot.append(entry)
         if len(index) > 4096 and len(index) > 4 * (len(self._live) + len(self._plain)):
-            self._addr = index = {k: e for k, e in index.items() if self._entry_alive(e)}
+            self._addr = index = {
+                k: alive for k, slot in index.items() if (alive := self._alive_in(slot, None))
+            }
         found = index.get(key)
-        if found is not None and not self._entry_alive(found):
-            del index[key]  # freed: its address may be reused
+        if not found:
             return None
-        return found
+        alive = self._alive_in(found, key)
+        if len(alive) != len(found):  # freed (or their record over it went): may be reused
+            if alive:
+                index[key] = alive
+            else:
+                del index[key]
+        return next((e for e in alive if len(e) != 2), alive[0] if alive else None)
+
+    def _alive_in(self, slot: list[list[Any]], key: Any) -> list[list[Any]]:
+        """The entries of an index slot still alive (holding ``key``, unless None)."""
+        return [e for e in slot if self._entry_alive(e) and (key is None or _holds(e, key))]
 
     def _share(self, entry: list[Any], rec: Any, tensors: tuple[int, ...]) -> None:
         """``rec`` (Tensor ids ``tensors``) is one more record over ``entry``'s buffer: no alloc."""
@@ -1356,6 +1471,8 @@ class Timeline:
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
+        self._addr_todo.append(id(rec))  # its allocations too (it may hold more of them)
+        self._relayout(entry)
         for arr in rec.arrays() if self._plain else ():  # a plain array before: a view now
             plain = self._plain_of(arr)
             if plain is not None:
@@ -1381,7 +1498,44 @@ class Timeline:
         if entry[0] is rec:
             entry[0] = alive[0]
             self._addr_todo.append(id(alive[0]))  # its key in the todo list was rec's
+        self._relayout(entry)
         return True
+
+    def _relayout(self, entry: list[Any]) -> None:
+        """The records over ``entry``'s buffer changed: when they hold it on other devices now
+        (a replicated array made from a one-device one shares its shard there and adds the
+        others; then it went), its allocation is told again with the bytes on each device they
+        hold, as ``memory().bytes_per_device`` counts them: a free and an alloc of the same
+        bytes at one moment (no peak). Records of one sharding hold one layout, read from it;
+        of several, their allocations are read (`group_spread`)."""
+        members = [m for m in entry[3] or (entry[0],) if holds(m)]
+        arrays = [arr for m in members if (arr := m.array()) is not None]
+        if not arrays:
+            return
+        a = entry[1]
+        if len({arr.sharding for arr in arrays}) == 1:
+            device, per_device = _placement(arrays[0], a[_BYTES])
+            spread = sorted(per_device or ((device, a[_BYTES]),))
+        else:
+            spread = sorted((_name(d), b) for d, b in group_spread(members).items())
+        if not spread or spread == sorted(a[_PER_DEVICE] or ((a[3], a[_BYTES]),)):
+            return
+        now = time.perf_counter()
+        rec, ids = entry[0], entry[2]
+        free = (
+            FREE, now, a[_BYTES], a[3], a[4], scope_path(rec.scope), a[6], a[7],
+            ids[0] if len(ids) == 1 else tuple(ids) or 0, a[_BUFFER], "", a[_PER_DEVICE],
+        )  # fmt: skip
+        self._append(free, -a[_BYTES])
+        self._next += 1
+        if a[_BUFFER] in self._names:  # a Variable's buffer: the same name
+            self._names[self._next] = self._names[a[_BUFFER]]
+        one = len(spread) == 1
+        device = spread[0][0] if one else ",".join(n for n, _ in spread)
+        layout = None if one else tuple(spread)
+        ev = (ALLOC, now, a[_BYTES], device, *a[4:_BUFFER], self._next, "", layout)
+        entry[1] = ev
+        self._append(ev, a[_BYTES])
 
     def _unlive(self, rec: Any, entry: list[Any]) -> None:
         if self._live.get(id(rec)) is entry:
@@ -1454,13 +1608,19 @@ class Timeline:
         recorded as a mark records what it finds, and the frees of plain arrays deleted."""
         if not self._depth or self._array_mark is None:
             return
-        self._settle()
+        # Only the records its last look saw pending: one just added may still be becoming a
+        # suspect of the registry (published first, suspected next: `_tensor.wrap_foreign`),
+        # and settled before that, a new object over a recorded buffer would be an allocation.
+        # The thread adding it settles it at its next event, or this thread at its next look.
+        seen, n = self._pending_seen
+        self._settle(n if seen is self._pending else 0)
         if self.dropped + len(self._events) != self._sampled_upto:
             self._sampled_plain.clear()  # something else was recorded since its last look
         if arrays:
             self._feed(arrays, sampled=True)
         self._check_deleted()
         self._sampled_upto = self.dropped + len(self._events)
+        self._pending_seen = (self._pending, len(self._pending))
 
     def _sampled_first(self, entry: list[Any]) -> bool:
         """Whether the plain ``entry`` is the sampler's record of an array that nothing else has
