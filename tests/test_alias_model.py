@@ -89,6 +89,8 @@ MESH8 = NamedSharding(Mesh(np.array(DEVS[:8]), ("x",)), P()) if EIGHT else None
 # destruction``) with no tidyjax involved: ``a = x.addressable_data(0);
 # d = jax.dlpack.from_dlpack(x); x.delete(); a.delete()``. Off unless asked for.
 DLPACK = bool(os.environ.get("TIDYJAX_ALIAS_DLPACK"))
+#: A file each failing program is appended to as a script that runs it again.
+SCRIPT = os.environ.get("TIDYJAX_ALIAS_SCRIPT")
 
 Key = tuple[int, int]  # one allocation: (device id, address)
 Unit = tuple[Key, int]  # an allocation and the runtime buffer object over it (DLPack: another)
@@ -273,11 +275,13 @@ class Program:
         self.made: dict[Key, int | None] = {}  # the scope a buffer belongs to (None: no rule)
         self.origin: dict[Key, str] = {}  # "tj" (tidyjax made it), "user" or "orphan"
         self.depth = 0
+        self.lines: list[str] = []
 
     # -- notes -------------------------------------------------------------------------------
 
     def emit(self, line: str) -> None:
         note("    " * self.depth + line)
+        self.lines.append("    " * self.depth + line)
 
     def fail(self, rule: str, h: Holder) -> None:
         raise RuleViolationError(
@@ -716,6 +720,11 @@ def test_random_alias_programs_keep_the_rules(eager: bool, steps: list[Step]) ->
     try:
         program.run(steps)
         program.finish()
+    except BaseException:
+        if SCRIPT:  # each failing program as a script (a flaky replay prints no notes)
+            with open(SCRIPT, "a") as f:
+                f.write("\n".join(["# ---- a failing program", *program.lines, ""]))
+        raise
     finally:
         program.cleanup()
 

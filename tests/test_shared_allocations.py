@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import weakref
 from typing import Any
 
 import jax
@@ -707,6 +708,24 @@ def test_a_variables_copy_made_in_a_scope_is_the_scopes_once_the_variable_goes()
     assert raw.is_deleted(), "the scope left the buffer the Variable it made let go of"
     assert not mine.is_deleted()  # the caller's own array: never deleted
     del v, alias, raw
+    _empty()
+
+
+@eight
+def test_a_disposed_tensor_over_a_released_buffer_holds_its_array_no_more() -> None:
+    """``t.to(sharded)`` of the caller's replicated array slices it without a copy on CPU: its
+    Tensor is over the caller's buffer, so ``dispose`` releases it (deletes nothing). The
+    disposed Tensor then drops its array: it held it, alive and counted, for as long as the
+    disposed Tensor object lived."""
+    raw = jax.device_put(np.ones(1024, np.float32), NamedSharding(_mesh(8), P()))
+    (t,) = tj.tensors([raw])
+    s = t.to(NamedSharding(_mesh(8), P("x")))
+    held = weakref.ref(s.array)
+    tj.dispose([t, s])
+    gc.collect()
+    assert s.is_disposed and not raw.is_deleted()  # the caller's array: never deleted
+    assert held() is None, "a disposed Tensor kept its released array alive"
+    del t, s, raw
     _empty()
 
 

@@ -1024,8 +1024,7 @@ def dispose_many(tensors: Iterable[Tensor], why: Reason) -> list[Any]:
                     if not rec.owned:
                         _registry.disposed_alias(rec)
                     doomed.append(rec)
-                else:
-                    survivors.append(t)
+                survivors.append(t)  # its array dropped unless deleted (a released buffer's)
     return _after_dispose(released, doomed, batched, survivors)
 
 
@@ -1033,8 +1032,8 @@ def _after_dispose(
     released: list[Any] | None, doomed: list[Any], batched: list[Any], survivors: list[Tensor]
 ) -> list[Any]:
     """`dispose_many`'s work after the lock: notify the observers, free the ``doomed`` records
-    and the arrays batches held, let the ``survivors`` (their buffers live on) drop their
-    arrays. Returns the deleted arrays."""
+    and the arrays batches held, let the ``survivors`` (their buffers live on: another holder's,
+    or released, not deleted) drop their arrays. Returns the deleted arrays."""
     if released:
         for rec in released:
             _registry.notify("tensor_removed", rec)
