@@ -32,6 +32,12 @@ import jax
 import jax.numpy as jnp
 
 import tidyjax as tj
+from tidyjax import _sites
+
+# The pictures show what a user of train.py sees: this script runs it, as a runner would (a
+# site's chain of user frames ends at a runner's frame), so no frame of it shows in a chain.
+_runner = _sites.is_runner_file
+_sites.is_runner_file = lambda file: file == __file__ or _runner(file)
 
 IMG = pathlib.Path(__file__).resolve().parent / "img"
 PLAN_GUIDE = IMG.parent / "guide-plan.md"
