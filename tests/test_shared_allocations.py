@@ -729,6 +729,29 @@ def test_a_disposed_tensor_over_a_released_buffer_holds_its_array_no_more() -> N
     _empty()
 
 
+@eight
+def test_a_variable_over_a_scopes_buffer_and_shards_of_its_own_is_freed_by_its_dispose() -> None:
+    """``t.to(replicated)`` of a one-device ``t`` keeps ``t``'s buffer as its shard on that
+    device and adds seven: made in an inner scope over the outer scope's buffer, it was an
+    alias that scope disposes as an object only. A Variable takes it; when the outer scope
+    exits, ``t``'s buffer lives on in the Variable, which inherits it: disposing the Variable
+    deletes it (it was left for ever, counted, once a report had grouped the two records).
+    """
+    with tj.tidy():
+        t = tj.tensor(np.arange(8, dtype=np.float32)) * 1
+        with tj.tidy():
+            a = t.to(NamedSharding(_mesh(8), P()))
+            tj.memory(scan_untracked=False)  # groups t's record and a's
+            v = tj.Variable(a)
+    assert t.is_disposed and a.is_disposed and _alive(v)
+    raw = v.array
+    np.testing.assert_array_equal(v.numpy(), np.arange(8))
+    tj.dispose(v)
+    assert raw.is_deleted(), "the Variable's last dispose left the buffer it inherited"
+    del t, a, v, raw
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

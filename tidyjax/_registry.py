@@ -593,8 +593,8 @@ def free(rec: Buffer) -> Any:
             others = [r for r in group if r is not rec]  # the last Tensor disposed: it goes
             _leave_group(rec)
         elif _leave_group(rec):
-            if (rec.dead is RELEASED and mine) or getattr(rec, "heir", False):
-                _hand_on(group, rec.owned and hasattr(rec.scope, "take"))  # an alias holds it
+            if mine:  # disposed, or its scope exited: an alias holds the buffer on
+                _hand_on(group, rec.owned and hasattr(rec.scope, "take"))
             _pass_arrays(rec, group)
             _drop(rec)
             return None
