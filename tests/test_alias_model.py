@@ -64,17 +64,16 @@ import tidyjax as tj
 
 from .conftest import UNDER_EIGHT, run_under_eight_devices
 
-# On one device the model runs in every test run, on a fixed set of programs (derandomized: the
-# same 120 each run); TIDYJAX_ALIAS_MODEL=1 draws new ones (seeds 1-18 of the fifth session
-# passed; every form it found that session is fixed and has its own test in
-# test_shared_allocations.py). Under eight devices it is opt-in (TIDYJAX_ALIAS_MODEL=1): it
-# loses no buffer, but it finds wrong counts where an array shares only some of its
-# allocations with another (a one-device array moved to a replicated sharding, a shard-0
-# view): memory() counts such a group as its first record's bytes, live_tensors() per record,
-# neither per allocation (seeds 22-24), an open part of issue 40.
-# On JAX older than 0.10 the fixed programs still find a rule-2 failure (a Variable over the
-# caller's array, a same-device alias of it, the Variable disposed: the scope left the alias's
-# buffer; the wheel stage of the fifth session): opt-in there too until it is fixed.
+# The model runs in every test run, on one device and (below) under eight host devices, on a
+# fixed set of programs (derandomized: the same 120 each run); TIDYJAX_ALIAS_MODEL=1 draws new
+# ones (seeds 1-18 on one device and 22, 23, 25-27 under eight passed; every form found has its
+# own test in test_shared_allocations.py). TIDYJAX_ALIAS_SCRIPT=FILE appends each failing
+# program there as a script (a flaky replay prints no notes).
+# Known, under eight devices (seed 24): a tensors() view of a Variable's buffer made in a
+# scope, the Variable disposed there, keeps the buffer past its home scope's exit (released:
+# counted, deleted by nobody; the fail-safe direction).
+# On JAX older than 0.10 it is opt-in under eight devices: random programs still end with a
+# buffer left in the books there (found in the sixth session; one device passes).
 RANDOM = bool(os.environ.get("TIDYJAX_ALIAS_MODEL"))
 OLD_JAX = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 10)
 
@@ -714,8 +713,7 @@ class Program:
     derandomize=not RANDOM,
     database=None if not RANDOM else settings.default.database,
 )
-@pytest.mark.skipif(EIGHT and not RANDOM, reason="under eight devices: opt-in (see RANDOM)")
-@pytest.mark.skipif(OLD_JAX and not RANDOM, reason="JAX < 0.10: opt-in (see OLD_JAX)")
+@pytest.mark.skipif(OLD_JAX and EIGHT and not RANDOM, reason="JAX < 0.10, eight devices: opt-in")
 @given(eager=st.booleans(), steps=_steps(0))
 def test_random_alias_programs_keep_the_rules(eager: bool, steps: list[Step]) -> None:
     gc.collect()
@@ -738,7 +736,7 @@ def test_random_alias_programs_keep_the_rules(eager: bool, steps: list[Step]) ->
 
 
 @pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
-@pytest.mark.skipif(not RANDOM, reason="wrong counts of partly shared arrays (issue 40): opt-in")
+@pytest.mark.skipif(OLD_JAX and not RANDOM, reason="JAX < 0.10, eight devices: opt-in")
 def test_under_eight_devices() -> None:
     out = run_under_eight_devices(__file__, "-x")
     assert "failed" not in out and ", 1 skipped" in out  # only this test
