@@ -784,20 +784,20 @@ def test_allocations_at_one_address_on_two_devices_are_two_for_the_timeline() ->
 
 
 @eight
-@pytest.mark.xfail(
-    strict=True,
-    reason="ownership (_registry.kill), not the reports: a tidyjax.jit donation kills the records "
-    "sharing the donated allocation only when JAX deleted their arrays, and a replicated array "
-    "one of whose shards was donated is not deleted: its Tensor stays live over a donated shard "
-    "(waiting for it raises; every report shows it as a failed allocation, 0 B)",
-)
 def test_donating_a_buffer_a_replicated_tensor_holds_as_a_shard_disposes_that_tensor() -> None:
+    """``x.to(replicated)`` of a one-device ``x`` keeps ``x``'s buffer as its shard there: when
+    ``tidyjax.jit`` donates ``x``, that Tensor is over a consumed shard (JAX does not mark its
+    array deleted; waiting for it raises). It is disposed with the donation's reason, as an
+    alias JAX deleted with the donated buffer is; it stayed live, a failed allocation of 0 B."""
     x = tj.tensor(np.ones(256, np.float32), device=DEVS[3])
     r = x.to(PLACES[3])  # its shard on cpu:3 is x's buffer
     out = DOUBLE(x)
     try:
         assert x.is_disposed
-        assert r.is_disposed  # or usable: not a live Tensor over a donated shard
+        assert r.is_disposed, "a live Tensor over a donated shard"
+        with pytest.raises(tj.DisposedError, match="donat"):
+            r.numpy()
+        assert tj.memory().num_data_buffers == 1  # out
     finally:
         tj.dispose([r, out])
 
@@ -809,4 +809,3 @@ def test_donating_a_buffer_a_replicated_tensor_holds_as_a_shard_disposes_that_te
 def test_under_eight_devices() -> None:
     out = run_under_eight_devices(__file__, "-x")
     assert not re.search(r"\d+ failed", out) and ", 1 skipped" in out  # only this test
-    assert ", 1 xfailed" in out  # the donation case above, ownership's to fix

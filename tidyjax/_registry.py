@@ -760,7 +760,9 @@ def _drop(rec: Buffer) -> None:
 
 def kill(rec: Buffer, why: Reason) -> None:
     """Mark every Tensor on ``rec`` unusable: its buffer was consumed (donated) by JAX. Every
-    record sharing an allocation with it whose array JAX deleted with it goes the same way."""
+    record sharing an allocation with it goes the same way: JAX deleted its array with it, or
+    one of its shards is the donated buffer (a replicated array made from a one-device one),
+    an array no longer usable that JAX does not mark deleted."""
     if suspects:
         resolve()
     with lock:
@@ -768,9 +770,13 @@ def kill(rec: Buffer, why: Reason) -> None:
             return
         rec.dead = why
         others = [r for r in _groups.get(id(rec), ()) if r is not rec and r.dead is None]
+        donated = getattr(rec, "keys", None)  # cached when grouped: read before the call
     for other in others:
         arr = other.array()
-        if arr is not None and arr.is_deleted():
+        theirs = getattr(other, "keys", None)
+        if arr is not None and (
+            arr.is_deleted() or (donated and theirs and not donated.isdisjoint(theirs))
+        ):
             with lock:
                 other.dead = why
             free(other)
