@@ -663,10 +663,10 @@ def _hand_on(group: list[Buffer], scopes: bool) -> None:
 
 def _vanished(group: list[Buffer]) -> None:
     """Take out of ``group`` its records whose array objects all died (collected, not
-    disposed); one that owned the buffer leaves it to the aliases still holding it
+    disposed); one that owned the buffer (or was its heir) leaves it to the aliases still holding it
     (`_hand_on`), which would otherwise dispose them as objects only and never free it."""
     for r in [r for r in group if r.array() is None]:
-        if r.owned and r.dead is None:
+        if (r.owned or getattr(r, "heir", False)) and r.dead is None:
             _hand_on(group, hasattr(r.scope, "take"))
         _leave_group(r)  # takes the lock
 
