@@ -778,6 +778,30 @@ def test_a_view_handed_to_tensors_inherits_a_buffer_whose_heir_was_collected(rep
     _empty()
 
 
+@pytest.mark.parametrize("report", [True, False])
+def test_a_view_of_a_variables_buffer_goes_home_with_it(report: bool) -> None:
+    """A Variable's copy made in a scope, a view of its buffer handed to ``tensors()`` in an
+    inner one, the Variable disposed there: the buffer is the outer scope's again (its home),
+    the view's with it, so the outer exit deletes it. The view stayed the caller's (no scope
+    owns a view of a Variable's buffer) and the buffer was left for ever."""
+    look = (lambda: tj.memory(scan_untracked=False)) if report else (lambda: None)
+    t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy():
+        v = tj.Variable(t.array.addressable_data(0))  # a raw view: the Variable copies it
+        look()
+        with tj.tidy():
+            raw = jax.device_put(v.array, DEVS[0])
+            (view,) = tj.tensors([raw])
+            look()
+            tj.dispose(v)
+            look()
+        assert view.is_disposed and not raw.is_deleted()  # the outer scope's buffer now
+    assert raw.is_deleted(), "the Variable's buffer, its home scope's again, was left"
+    tj.dispose(t)
+    del v, view, raw
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

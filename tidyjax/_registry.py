@@ -1137,8 +1137,14 @@ def let_go(rec: Buffer) -> None:
     home = getattr(rec, "home", None)
     if home is None or home is KEPT:
         rec.scope = home
-    else:
-        home.reclaim(rec)  # its scope, or the nearest open one around it (a `Tracker`)
+        return
+    owner = home.reclaim(rec)  # its scope, or the nearest open one around it (a `Tracker`)
+    if owner is not None and _groups and id(rec) in _groups:
+        # A caller's view that joined the Variable's buffer (`tensors()` of a raw alias: no
+        # scope, as a view of a scope's buffer is that scope's) goes back with it.
+        for r in _groups[id(rec)]:
+            if r is not rec and r.scope is None and r.owned and r.dead is None:
+                owner.reclaim(r)
 
 
 def same_buffer_key(arr: Any) -> Any:
