@@ -69,10 +69,6 @@ from .conftest import UNDER_EIGHT, run_under_eight_devices
 # ones (seeds 1-18 on one device and 22-26 under eight passed; every form found has
 # its own test in test_shared_allocations.py). TIDYJAX_ALIAS_SCRIPT=FILE appends each failing
 # program there as a script (a flaky replay prints no notes).
-# Known, under eight devices, in the fail-safe direction (a buffer left, counted, never one
-# lost): a tensors() view of a kept replicated Tensor's shard whose Tensor was collected is not
-# deleted by its dispose after earlier programs ran in the process (seed 27; the program alone
-# passes, as its test does).
 # On JAX older than 0.10 it is opt-in under eight devices: random programs still end with a
 # buffer left in the books there (found in the sixth session; one device passes).
 RANDOM = bool(os.environ.get("TIDYJAX_ALIAS_MODEL"))

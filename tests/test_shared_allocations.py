@@ -754,14 +754,20 @@ def test_a_variable_over_a_scopes_buffer_and_shards_of_its_own_is_freed_by_its_d
 
 @eight
 @pytest.mark.parametrize("report", [True, False])
-def test_a_view_handed_to_tensors_inherits_a_buffer_whose_heir_was_collected(report: bool) -> None:
+@pytest.mark.parametrize("held", [False, True])
+def test_a_view_handed_to_tensors_inherits_a_buffer_whose_heir_was_collected(
+    report: bool, held: bool
+) -> None:
     """A kept one-device Tensor, ``t.to(replicated)`` kept out of a scope (its shard there is
     ``t``'s buffer), ``t`` disposed: the replicated Tensor is the buffer's heir. A view of that
     shard handed to ``tensors()`` joins it (checked by a report, or still a suspect: the
     collected heir's array is held until the check); when the replicated Tensor is collected,
-    the view's Tensor inherits the buffer, and disposing it deletes it (nobody did).
+    the view's Tensor inherits the buffer, and disposing it deletes it (nobody did). ``held``:
+    the caller holds ``t.array`` (read before ``t`` was disposed) too: the replicated Tensor's
+    record holds it then (one entry per buffer), an heir whose own Tensor is gone.
     """
     t = tj.keep(tj.tensor(np.arange(4, dtype=np.float32)) * 1)
+    mine = t.array if held else None
     with tj.tidy() as s:
         r = t.to(NamedSharding(_mesh(8), P()))
         s.keep([r])
@@ -774,7 +780,8 @@ def test_a_view_handed_to_tensors_inherits_a_buffer_whose_heir_was_collected(rep
     gc.collect()
     tj.dispose(view)
     assert raw.is_deleted(), "the buffer's last Tensor was disposed; the buffer lived on"
-    del t, view, raw
+    assert mine is None or mine.is_deleted()  # the same buffer
+    del t, view, raw, mine
     _empty()
 
 

@@ -459,9 +459,10 @@ def release(rec: Buffer) -> bool:
 def disposed_alias(rec: Buffer) -> None:
     """The last Tensor on ``rec``, a record tidyjax does not own, was disposed by `dispose`
     (not by a scope's exit; under the lock): over a buffer of tidyjax's (a record of its group
-    is owned) it frees the buffer as any last Tensor does, unless a holder needs it (`free`)."""
+    is owned, or its heir) it frees the buffer as any last Tensor does, unless a holder needs
+    it (`free`)."""
     group = _groups.get(id(rec)) if _groups else None
-    if group and any(r.owned for r in group):
+    if group and any(r.owned or getattr(r, "heir", False) for r in group):
         rec.heir = True
 
 
