@@ -651,7 +651,8 @@ def test_a_replicated_tensor_made_from_a_one_device_one_is_one_buffer_on_every_d
         assert (info.num_data_buffers, info.num_bytes) == (1, 4096)
         assert _names(info.bytes_per_device) == every
         tj.dispose(r)  # x alone again: one device
-        assert _replayed_per_device(tl) == _names(tj.memory().bytes_per_device) == {"cpu:3": 4096}
+        alone = {str(DEVS[3]): 4096}
+        assert _replayed_per_device(tl) == _names(tj.memory().bytes_per_device) == alone
         assert _tracked(tl)[0].bytes == 4096
         tj.dispose(x)
     assert tl.peak_bytes == 4096
@@ -673,7 +674,8 @@ def test_a_record_that_leaves_a_shared_buffer_takes_its_allocations_with_it() ->
         tj.dispose(r)
         del r
         gc.collect()
-        assert _replayed_per_device(tl) == _names(tj.memory().bytes_per_device) == {"cpu:3": 4096}
+        alone = {str(DEVS[3]): 4096}
+        assert _replayed_per_device(tl) == _names(tj.memory().bytes_per_device) == alone
         assert tl._find_key((freed[0],)) is None  # freed: its address is anyone's
         tj.dispose(x)
 
@@ -716,7 +718,7 @@ def test_an_allocation_two_records_hold_parts_of_counts_once_at_its_largest() ->
     _merge(truth, _shards(r.array))
     _merge(truth, _shards(s.array))
     want = _per_device(truth)
-    assert want["cpu:0"] == 4096 and want["cpu:1"] == 4096 + 512
+    assert want[str(DEVS[0])] == 4096 and want[str(DEVS[1])] == 4096 + 512
     assert _names(group_spread(recs)) == _names(group_spread(recs[::-1])) == want
     assert _names(tj.memory().bytes_per_device) == want
     tj.dispose([r, s])
@@ -776,7 +778,7 @@ def test_allocations_at_one_address_on_two_devices_are_two_for_the_timeline() ->
         tj.dispose(b)
         view = jax.device_put(a.array, DEVS[0])  # a new object over a's buffer
         assert view is not a.array and not view.is_deleted()
-        assert [(r.scope, r.devices) for r in _tracked(tl)] == [("", ("cpu:0",))]
+        assert [(r.scope, r.devices) for r in _tracked(tl)] == [("", (str(DEVS[0]),))]
         assert [r for r in tl.live_at(time.perf_counter()) if r.scope == "<untracked>"] == []
         assert _replayed_per_device(tl) == _names(tj.memory().bytes_per_device)
         tj.dispose(a)
