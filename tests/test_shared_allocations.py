@@ -809,6 +809,26 @@ def test_a_view_of_a_variables_buffer_goes_home_with_it(report: bool) -> None:
     _empty()
 
 
+def test_a_variable_over_an_alias_of_a_top_level_tensor_lets_go_of_nothing_else() -> None:
+    """``t.to(one-device sharding)`` is an alias of the top-level ``t``'s buffer; a Variable
+    over it, disposed in the scope: the alias goes back to the scope, never ``t``. (A first
+    fix for views of a Variable's buffer took every record of the group without a scope back
+    with it, ``t``'s too: the scope's exit deleted a live top-level Tensor's buffer.)"""
+    one = NamedSharding(_mesh(1), P())
+    t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy():
+        a = t.to(one)
+        tj.memory(scan_untracked=False)  # groups a's record with t's
+        v = tj.Variable(a)
+        tj.memory(scan_untracked=False)
+        tj.dispose(v)
+    assert _alive(t), "a live top-level Tensor's buffer was deleted"
+    np.testing.assert_array_equal(t.numpy(), np.arange(3))
+    tj.dispose(t)
+    del a, v
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

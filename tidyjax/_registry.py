@@ -961,6 +961,8 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
     if alias.scope is None and alias.n > 0 and hasattr(owner, "take"):
         alias.scope = owner  # a caller's view (`tensors()`) of a scope's buffer: the scope's
         owner.take(alias)
+    elif alias.scope is None and alias.n > 0 and owner is VARIABLE and owned:
+        alias.home = VARIABLE  # of a Variable's own buffer: goes with it to its home (`let_go`)
     if alias.scope is owner or not hasattr(alias.scope, "take"):
         alias.owned = rec.owned = owned
     else:
@@ -1141,11 +1143,17 @@ def let_go(rec: Buffer) -> None:
         return
     owner = home.reclaim(rec)  # its scope, or the nearest open one around it (a `Tracker`)
     if owner is not None and _groups and id(rec) in _groups:
-        # A caller's view that joined the Variable's buffer (`tensors()` of a raw alias: no
-        # scope, as a view of a scope's buffer is that scope's) goes back with it.
+        # A caller's view that joined the Variable's buffer (`_made_elsewhere`: no scope, as
+        # a view of a scope's buffer is that scope's) goes back with it.
         for r in _groups[id(rec)]:
-            if r is not rec and r.scope is None and r.owned and r.dead is None:
+            if r is not rec and r.scope is None and r.dead is None and _follows(r):
+                r.home = None
                 owner.reclaim(r)
+
+
+def _follows(rec: Buffer) -> bool:
+    """Whether ``rec`` is a caller's view of a Variable's own buffer (`_made_elsewhere`)."""
+    return getattr(rec, "home", None) is VARIABLE
 
 
 def same_buffer_key(arr: Any) -> Any:
