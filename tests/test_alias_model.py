@@ -66,7 +66,7 @@ from .conftest import UNDER_EIGHT, run_under_eight_devices
 
 # The model runs in every test run, on one device and (below) under eight host devices, on a
 # fixed set of programs (derandomized: the same 120 each run); TIDYJAX_ALIAS_MODEL=1 draws new
-# ones (seeds 1-18 on one device and 22-26 under eight passed; every form found has
+# ones (seeds 1-18 on one device and 22-30 under eight passed; every form found has
 # its own test in test_shared_allocations.py). TIDYJAX_ALIAS_SCRIPT=FILE appends each failing
 # program there as a script (a flaky replay prints no notes).
 # On JAX older than 0.10 it is opt-in under eight devices: random programs still end with a
