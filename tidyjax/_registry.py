@@ -456,13 +456,18 @@ def release(rec: Buffer) -> bool:
     return last and free(rec) is not None
 
 
+def mine(rec: Buffer) -> bool:
+    """Whether tidyjax frees ``rec``'s buffer: it owns it, or ``rec`` is its heir (`_hand_on`)."""
+    return rec.owned or getattr(rec, "heir", False)
+
+
 def disposed_alias(rec: Buffer) -> None:
     """The last Tensor on ``rec``, a record tidyjax does not own, was disposed by `dispose`
     (not by a scope's exit; under the lock): over a buffer of tidyjax's (a record of its group
     is owned, or its heir) it frees the buffer as any last Tensor does, unless a holder needs
     it (`free`)."""
     group = _groups.get(id(rec)) if _groups else None
-    if group and any(r.owned or getattr(r, "heir", False) for r in group):
+    if group and any(mine(r) for r in group):
         rec.heir = True
 
 
@@ -589,12 +594,12 @@ def free(rec: Buffer) -> Any:
         _vanished(_groups[id(rec)])
     if _groups and id(rec) in _groups:
         group = _groups[id(rec)]
-        mine = rec.owned or getattr(rec, "heir", False)
-        if rec.dead is RELEASED and mine and not any(_protects(r, rec) for r in group):
+        ours = mine(rec)
+        if rec.dead is RELEASED and ours and not any(_protects(r, rec) for r in group):
             others = [r for r in group if r is not rec]  # the last Tensor disposed: it goes
             _leave_group(rec)
         elif _leave_group(rec):
-            if mine:  # disposed, or its scope exited: an alias holds the buffer on
+            if ours:  # disposed, or its scope exited: an alias holds the buffer on
                 _hand_on(group, rec.owned and hasattr(rec.scope, "take"))
             _pass_arrays(rec, group)
             _drop(rec)
@@ -667,7 +672,7 @@ def _vanished(group: list[Buffer]) -> None:
     disposed); one that owned the buffer (or was its heir) leaves it to the aliases still holding it
     (`_hand_on`), which would otherwise dispose them as objects only and never free it."""
     for r in [r for r in group if r.array() is None]:
-        if (r.owned or getattr(r, "heir", False)) and r.dead is None:
+        if mine(r) and r.dead is None:
             _hand_on(group, hasattr(r.scope, "take"))
         _leave_group(r)  # takes the lock
 

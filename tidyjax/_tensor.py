@@ -144,12 +144,7 @@ class Tensor:
             if rec.scope is _VARIABLE and rec.dead is None and getattr(self, "_var", None):
                 with _suppress(Exception):  # at interpreter exit the globals are gone
                     _registry.let_go(rec)  # a collected Variable holds its buffer no more
-            if (
-                _registry.suspects
-                and rec.n <= 0
-                and rec.dead is None
-                and (rec.owned or getattr(rec, "heir", False))  # a buffer of tidyjax's
-            ):
+            if _registry.suspects and rec.n <= 0 and rec.dead is None and _registry.mine(rec):
                 _registry.orphan(self._array)  # a suspect may be its buffer's next holder
             if _registry.observers and rec.dead is None:
                 _registry.notify("tensor_removed", rec)
