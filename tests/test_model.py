@@ -84,6 +84,10 @@ class Box:
         self.items = items
 
 
+def _alive(a) -> bool:
+    return a is not None and not a.is_deleted()
+
+
 class TidyjaxMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -390,7 +394,7 @@ class TidyjaxMachine(RuleBasedStateMachine):
         gc.collect()
         m = tj.memory()
         assert (m.num_tensors, m.num_data_buffers, m.num_bytes) == (0, 0, 0)
-        ours = {id(a) for ref in self.arrays if (a := ref()) is not None and not a.is_deleted()}
+        ours = {id(a) for a in map(weakref.ref.__call__, self.arrays) if _alive(a)}
         assert not [a for a in jax.live_arrays() if id(a) in ours]
 
 

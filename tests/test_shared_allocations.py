@@ -10,6 +10,7 @@ in a subprocess (the last test).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import gc
 import weakref
@@ -350,6 +351,33 @@ def test_a_scope_keeps_its_hands_off_a_top_level_buffer_whose_tensor_was_collect
     assert not r.is_deleted()
     np.testing.assert_array_equal(np.asarray(r), np.arange(3))
     del a, r
+    _empty()
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_scopes_disposed_alias_of_a_collected_top_level_tensor_lets_go_of_the_buffer(
+    failing: bool,
+) -> None:
+    """The scope's alias of a top-level buffer whose own Tensor was collected after a report
+    grouped them: the exit disposes the alias as an object only (the buffer was not the
+    scope's), and the disposed Tensor, still held by the caller, lets go of the array, so JAX
+    frees the buffer. It held it for ever, uncounted (the batch model, an exception's exit)."""
+    x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    held = []
+    with pytest.raises(KeyError) if failing else contextlib.nullcontext():
+        with tj.tidy():
+            a = jax.device_put(x, DEVS[0])
+            tj.memory(scan_untracked=False)  # groups a's record with x's
+            held.append(a)
+            ref = weakref.ref(a.array)
+            del a, x
+            gc.collect()
+            if failing:
+                raise KeyError("leaves the scope")
+    gc.collect()
+    assert held[0].is_disposed
+    assert ref() is None, "a disposed Tensor keeps the array (and its buffer) alive"
+    del held
     _empty()
 
 

@@ -591,7 +591,7 @@ def free(rec: Buffer) -> Any:
             on_drop(rec, rec.arrays())  # the disposed Tensors let go of their array objects
         return None
     if _groups and id(rec) in _groups:
-        _vanished(_groups[id(rec)])
+        _vanished(_groups[id(rec)], rec)
     if _groups and id(rec) in _groups:
         group = _groups[id(rec)]
         ours = mine(rec)
@@ -651,15 +651,16 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
         return
 
 
-def _hand_on(group: list[Buffer], scopes: bool) -> None:
+def _hand_on(group: list[Buffer], scopes: bool, dying: Buffer | None = None) -> None:
     """A buffer of tidyjax's lives on in aliases over it that tidyjax does not own (made in a
     scope over another's buffer, then perhaps kept) after its own last Tensor went. A scope's
     buffer (``scopes``) becomes the aliases' that a scope made: that scope deletes it unless it
     hands them out. Otherwise (a top-level, kept or Variable's buffer, or a kept alias) they
     are its heirs: no scope's exit deletes it (a raw alias made outside may still hold it), but
-    disposing their last Tensor does, as for any buffer."""
-    for r in group:  # the one being disposed now (RELEASED, in `free`) inherits it too
-        if r.owned or not (r.dead is None or r.dead is RELEASED):
+    disposing their last Tensor does, as for any buffer. ``dying``, a record `free` is freeing
+    now, inherits too (as a RELEASED one does: the one being disposed)."""
+    for r in group:
+        if r.owned or not (r.dead is None or r.dead is RELEASED or r is dying):
             continue
         if scopes and hasattr(r.scope, "take"):
             r.owned = True
@@ -667,13 +668,14 @@ def _hand_on(group: list[Buffer], scopes: bool) -> None:
             r.heir = True
 
 
-def _vanished(group: list[Buffer]) -> None:
+def _vanished(group: list[Buffer], dying: Buffer | None = None) -> None:
     """Take out of ``group`` its records whose array objects all died (collected, not
-    disposed); one that owned the buffer (or was its heir) leaves it to the aliases still holding it
-    (`_hand_on`), which would otherwise dispose them as objects only and never free it."""
+    disposed); one that owned the buffer (or was its heir) leaves it to the aliases still holding
+    it (`_hand_on`), which would otherwise dispose them as objects only and never free it.
+    ``dying``: the record `free` is freeing now (dead already); it inherits too."""
     for r in [r for r in group if r.array() is None]:
         if mine(r) and r.dead is None:
-            _hand_on(group, hasattr(r.scope, "take"))
+            _hand_on(group, hasattr(r.scope, "take"), dying)
         _leave_group(r)  # takes the lock
 
 
