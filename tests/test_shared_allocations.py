@@ -364,16 +364,15 @@ def test_a_scopes_disposed_alias_of_a_collected_top_level_tensor_lets_go_of_the_
     frees the buffer. It held it for ever, uncounted (the batch model, an exception's exit)."""
     x = tj.tensor(np.arange(3, dtype=np.float32)) * 1
     held = []
-    with pytest.raises(KeyError) if failing else contextlib.nullcontext():
-        with tj.tidy():
-            a = jax.device_put(x, DEVS[0])
-            tj.memory(scan_untracked=False)  # groups a's record with x's
-            held.append(a)
-            ref = weakref.ref(a.array)
-            del a, x
-            gc.collect()
-            if failing:
-                raise KeyError("leaves the scope")
+    with pytest.raises(KeyError) if failing else contextlib.nullcontext(), tj.tidy():
+        a = jax.device_put(x, DEVS[0])
+        tj.memory(scan_untracked=False)  # groups a's record with x's
+        held.append(a)
+        ref = weakref.ref(a.array)
+        del a, x
+        gc.collect()
+        if failing:
+            raise KeyError("leaves the scope")
     gc.collect()
     assert held[0].is_disposed
     assert ref() is None, "a disposed Tensor keeps the array (and its buffer) alive"
