@@ -20,6 +20,8 @@ import pytest
 import tidyjax as tj
 from tidyjax import _budget, _context
 
+from .conftest import UNDER_EIGHT, run_under_eight_devices
+
 DEV = jax.devices()[0]
 N = 256
 NBYTES = N * N * 4
@@ -366,3 +368,32 @@ def test_the_ini_option_applies_to_every_test_and_the_marker_overrides_it(pytest
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stderr.fnmatch_lines(["*ini option tidyjax_device_memory_limit must be*'2 GiB'*'lots'*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+# -- under eight devices ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (run under eight below)")
+def test_a_budget_across_devices_names_a_replicated_holder_once() -> None:
+    """A Tensor over four devices is one holder of the devices together, with its bytes on all
+    of them (it was listed once per device, each time with one device's bytes)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    big = tj.tensor(np.ones((N, N), np.float32)).to(NamedSharding(mesh, P()))
+    square = tj.jit(lambda a: a @ a + 1.0)
+    with tj.budget(NBYTES, per_device=False), pytest.raises(tj.BudgetError) as info:
+        square(big)
+    text = str(info.value)
+    holders = text.split("largest live holders on this process's devices together:\n")[1]
+    listed = [line for line in holders.splitlines() if line.startswith("    ")]
+    assert len(listed) == 1, text
+    assert "1 tensor, 1.0 MiB [float32[256,256]]" in listed[0], text  # 4 x 256 KiB
+    big.dispose()
+
+
+@pytest.mark.skipif(len(jax.devices()) >= 8 or UNDER_EIGHT, reason="runs itself")
+def test_under_eight_devices() -> None:
+    out = run_under_eight_devices(__file__, "-k", "names_a_replicated_holder_once")
+    assert "1 passed" in out, out

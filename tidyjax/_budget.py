@@ -19,12 +19,23 @@ from __future__ import annotations
 import decimal
 import re
 import reprlib
+from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from ._census import Census, census, holder_lines, summed
+from ._census import (
+    Census,
+    SiteStat,
+    census,
+    holder_lines,
+    site_key,
+    statistics,
+    summed,
+    top_per_device,
+)
 from ._context import BUDGETS, budget_limit, set_budget_check
 from ._decorating import decorate
 from ._errors import (
@@ -35,7 +46,7 @@ from ._errors import (
     check_flag,
 )
 from ._format import fmt_bytes
-from ._memory import memory
+from ._memory import DEVICE_TOP, memory
 from ._newarrays import ArrayMark
 from ._plan import (
     CACHE_SIZE,
@@ -217,6 +228,21 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         raise _error(*worst, call, args, kwargs, c, live, new)
 
 
+def _holders_together(c: Census) -> tuple[SiteStat, ...]:
+    """The largest live holders on the devices together: `memory()`'s rows of each device
+    merged by site (or watched name), a Tensor over several devices counted once with its
+    bytes on all of them."""
+    whole = statistics(c.of("tensor", "escaped", "untracked"), ("site",))
+    whole += statistics(c.of("watched"), ("name",))
+    split = statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
+    split += statistics(c.of("watched"), ("device", "name"))
+    on_all: Counter[Any] = Counter()
+    for r in split:
+        on_all[r.kind, site_key(r.site), r.name] += r.bytes
+    rows = [replace(r, bytes=on_all[r.kind, site_key(r.site), r.name]) for r in whole]
+    return tuple(top_per_device(rows, DEVICE_TOP))
+
+
 #: What `_over` returns for a budget of the devices together (``per_device=False``).
 ALL_DEVICES = "all devices"
 
@@ -253,7 +279,8 @@ def _error(
         where = name = str(device)
     before = max(0, live_b - since_b)
     plan = plan_now(call, args, kwargs, memory(), budget_limit())
-    message = _message(entry, call, plan, where, device, live_b, before, new_b)
+    holders = plan.holders if device is not ALL_DEVICES else _holders_together(c)
+    message = _message(entry, call, plan, holders, where, device, live_b, before, new_b)
     return BudgetError(
         message,
         plan,
@@ -270,6 +297,7 @@ def _message(
     entry: _Entry,
     call: CallFigures,
     plan: MemoryPlan,
+    holders: tuple[SiteStat, ...],
     where: str,
     device: Any,
     live: int,
@@ -297,7 +325,7 @@ def _message(
     n = len(call.devices)
     each = f"on each of its {n} devices" if n > 1 else f"on {call.devices[0]}"
     lines.append(f"  {call.name} adds, {each}: {added}")
-    shown = holder_lines(plan.holders, None if device is ALL_DEVICES else str(device))
+    shown = holder_lines(holders, None if device is ALL_DEVICES else str(device))
     if shown:
         lines.append(f"  largest live holders on {where}:")
         lines += shown
