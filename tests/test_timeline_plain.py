@@ -219,6 +219,27 @@ def test_a_plain_array_deleted_or_adopted_moves_without_double_counting():
     del a
 
 
+def test_a_lifted_transfer_of_a_plain_array_to_where_it_is_is_counted_once():
+    """``tidyjax.lift(jax.device_put)`` of a plain array the timeline recorded, to its own
+    device: a Tensor over the caller's buffer (a new array object). The timeline counted the
+    buffer twice, as the plain array and as the Tensor, while both lived."""
+    with tj.timeline(sample=None) as tl:
+        x = jnp.ones(1000, jnp.float32) + 0
+        tl.mark()
+        y = tj.lift(jax.device_put)(x, jax.devices()[0])
+        tl.mark()
+        both = time.perf_counter()
+        m = tj.memory()
+        assert (m.num_bytes, m.untracked_bytes) == (4000, 0)  # one buffer, the Tensor's now
+        y.dispose()
+        tl.mark()
+    kinds = [(e.kind, e.scope, e.bytes) for e in tl.events]
+    assert tl.peak_bytes == 4000, kinds
+    assert sum(r.bytes for r in tl.live_at(both)) == 4000, kinds
+    assert not x.is_deleted()  # the caller's
+    del x, y
+
+
 def test_arrays_false_records_tensors_only_and_resuming_reconciles():
     with tj.timeline(arrays=False) as tl:
         a = jnp.ones(10)

@@ -1356,7 +1356,9 @@ class Timeline:
             elif (entry := self._twin(rec, window)) is not None and len(entry) != 2:
                 self._share(entry, rec, (tensor,))
             else:  # a suspect's entry found is a plain array's: over its buffer
-                suspect = entry is not None and any(s is rec for s in _registry.suspects[-window:])
+                suspect = entry is not None and (
+                    not rec.owned or any(s is rec for s in _registry.suspects[-window:])
+                )
                 self._added(rec, now, (tensor,) if tensor else (), entry if suspect else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
@@ -1386,14 +1388,18 @@ class Timeline:
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
         """The live entry of another record over ``rec``'s buffer, or the plain array's entry
-        over it, or None. Reads addresses only for a suspect of the registry or a dead record
-        whose buffer lives on."""
+        over it, or None. Reads addresses only for a suspect of the registry (or one it found
+        over a caller's array: not owned) or a dead record whose buffer lives on."""
         for other in _registry.grouped(rec) or ():
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry
         # a record just added is among the registry's last ``window`` suspects
-        if rec.dead is not None or any(s is rec for s in reversed(_registry.suspects[-window:])):
+        if (
+            rec.dead is not None
+            or not rec.owned
+            or any(s is rec for s in reversed(_registry.suspects[-window:]))
+        ):
             arr = rec.array()
             _wait(arr)  # an alias of a buffer still being computed is not ready either
             entry = self._find(arr) or self._find_part(arr)
