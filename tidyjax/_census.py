@@ -35,7 +35,7 @@ from ._format import count, describe, esc, fmt_bytes, signed_bytes
 from ._jaxdoors import base_array
 from ._registry import KEPT
 from ._sites import LIBRARY_FOLDERS, Site, creation_site, library_frame
-from ._tensor import Tensor
+from ._tensor import Tensor, record
 from ._variable import Variable
 from ._watch import watched as _watched
 
@@ -678,7 +678,7 @@ def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[T
         ids = set(map(id, arrays))
         for obj in gc.get_objects():
             if isinstance(obj, Tensor):
-                rec = obj._rec
+                rec = record(obj)
                 if rec is not None and id(rec) in by_rec and id(obj._array) in ids:
                     by_rec[id(rec)][1].append(obj)
     return list(by_rec.values())
@@ -695,7 +695,7 @@ def _record(
     arr = t._array
     variable = isinstance(t, Variable)
     return TensorRecord(
-        id=t._id,
+        id=t.id,
         shape=tuple(arr.shape),
         dtype=str(arr.dtype),
         # a failed allocation holds nothing, nor a buffer deleted behind tidyjax's back
@@ -751,7 +751,7 @@ def tensor_records(
             _record(t, rec, names or {}, site_of)
             for rec, ts in (live_holders() if holding is None else holding)
             for t in ts
-            if t._id > since
+            if t.id > since
         ]
     out.sort(key=lambda r: r.id)
     return out

@@ -27,7 +27,7 @@ import numpy as np
 from . import _registry
 from ._arrays import ArrayImpl, describe, local_nbytes
 from ._errors import DisposedError, Reason
-from ._tensor import Tensor
+from ._tensor import Tensor, record
 
 __all__ = ["Decision", "FreedOutput", "Seen", "delete_unshared", "freed_reason", "held_only_by"]
 
@@ -158,7 +158,7 @@ def _freeable(obj: Any) -> bool:
     Variable. (The cell's own Tensors are decided with the cell's scope.)"""
     if type(obj) is ArrayImpl:
         return _registry.lookup(obj) is None and not obj.is_deleted()
-    rec = obj._rec if isinstance(obj, Tensor) else None
+    rec = record(obj) if isinstance(obj, Tensor) else None
     return (
         rec is not None
         and rec is not _registry.UNTRACKED

@@ -576,7 +576,7 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
         tensors: list[Any] = []
         raws: list[Any] = []
         gather_values(values, tensors, raws)
-        self._allowed.update(t._id for t in tensors)
+        self._allowed.update(t.id for t in tensors)
         for arr in raws:
             for a in (arr, base_array(arr)):  # jax.live_arrays lists a typed key's words
                 self._allowed_arrays[id(a)] = weakref.ref(a)
@@ -628,12 +628,12 @@ class check_leaks:  # noqa: N801 - used like a function, as a context manager an
                 if r.id not in self._allowed and not (self.allow_kept and r.kept)
             ]
             ids = {r.id for r in out} if apart.frame is not None else set()
-            tensors = [t for _, ts in holding for t in ts if t._id in ids]
+            tensors = [t for _, ts in holding for t in ts if t.id in ids]
             del holding  # ``tensors`` the only list holding them: `_Split.divide` counts
             if tensors:
                 _, bound, _ = apart.divide(tensors, views=False)
                 del tensors
-                names = {t._id: n for t, n in bound}
+                names = {t.id: n for t, n in bound}
                 del bound
                 apart.bound_locals += [(names[r.id], r) for r in out if r.id in names]
                 out = [r for r in out if r.id not in names]

@@ -37,7 +37,7 @@ from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
 from ._memory import device_stats
 from ._plan import call_figures, call_shapes
-from ._tensor import disposed_error
+from ._tensor import disposed_error, record
 from ._trees import tensors_in
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def raise_for(
         _raise(err, what, operands, call)
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
-            rec = t._rec
+            rec = record(t)
             if rec is not None and rec.dead is None and getattr(t._array, "is_deleted", bool)():
                 _registry.check(rec)
                 raise disposed_error(t) from err
@@ -141,7 +141,7 @@ def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
     and describe them."""
     out = []
     for t in tensors_in(operands):
-        rec = t._rec
+        rec = record(t)
         arr = t._array
         if (
             rec is not None
@@ -573,7 +573,7 @@ def _waited_text(t: Any, name: str) -> str:
 
     site = creation_site(t._array)
     made = f", computed at {site}" if site is not None else ""
-    return f"Tensor.{name}() on Tensor {describe(t._array)} (id {t._id}{made})"
+    return f"Tensor.{name}() on Tensor {describe(t._array)} (id {t.id}{made})"
 
 
 # -- oom_report --------------------------------------------------------------------------------

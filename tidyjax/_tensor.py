@@ -1092,6 +1092,12 @@ def _forget_dropped(rec: _registry.Buffer, arrays: list[Any]) -> None:
 _registry.on_drop = _forget_dropped
 
 
+def record(t: Tensor) -> Any:
+    """``t``'s record in the registry (a `_registry.Buffer`; a leaf a batch holds gets its own
+    first), or None once disposed: how other modules read it."""
+    return t._rec
+
+
 def reason(t: Tensor) -> Reason | str:
     """Why ``t`` is disposed."""
     rec = t._rec

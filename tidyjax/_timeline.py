@@ -62,6 +62,7 @@ from ._newarrays import ArrayMark
 from ._registry import VARIABLE
 from ._sites import LIBRARY_FOLDERS, chained_site
 from ._snapshot import Snapshot
+from ._tensor import record
 from ._timeline_format import (
     ALLOC,
     FREE,
@@ -1070,7 +1071,7 @@ class Timeline:
                 self._free(entry, now)
         for rec, ts in found:
             if id(rec) not in self._live and rec.dead is None:
-                ids = tuple(sorted(t._id for t in ts))
+                ids = tuple(sorted(t.id for t in ts))
                 twin = self._twin(rec) if _registry.has_groups() else None
                 if twin is not None and len(twin) != 2:  # records over one buffer (_settle)
                     self._share(twin, rec, ids)
@@ -1249,7 +1250,7 @@ class Timeline:
         self._vars_dirty = False
         live, names = self._live, self._names
         for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
-            var, entry = getattr(v, "_var", None), live.get(id(v._rec))  # None: no record's id
+            var, entry = getattr(v, "_var", None), live.get(id(record(v)))  # None: no record's id
             if var is not None and var.name is not None and entry is not None:
                 names[entry[1][_BUFFER]] = var.name
 

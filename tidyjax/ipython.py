@@ -44,7 +44,7 @@ from ._history import Decision, Seen, delete_unshared, freed_reason
 from ._memory import memory
 from ._scope import Scope, close_scope, close_through, open_scope, owned_records
 from ._snapshot import snapshot
-from ._tensor import Tensor, dispose_tensor
+from ._tensor import Tensor, dispose_tensor, record
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension"]
 
@@ -111,7 +111,9 @@ class _CellScope:
         old = [nodes[k] for k in free if k not in created and isinstance(nodes[k], Tensor)]
         arrays = [nodes[k] for k in free if type(nodes[k]) is ArrayImpl]
         # the records of the cell's Tensors its scope frees: they say why at the end
-        mine_freed = {id(t._rec): (t._rec, labels.get(k)) for k, t in created.items() if k in free}
+        mine_freed = {
+            id(record(t)): (record(t), labels.get(k)) for k, t in created.items() if k in free
+        }
         del created
         try:
             close_scope(scope)
@@ -145,7 +147,7 @@ class _CellScope:
     def _free_old(self, old: list[Tensor], labels: dict[int, Any], who: str) -> None:
         """Dispose the earlier Tensors only the history holds (the last holder frees)."""
         for t in old:
-            rec = t._rec
+            rec = record(t)
             if rec is not None and rec.dead is None:
                 size = rec.size()
                 dispose_tensor(t, freed_reason(who, labels.get(id(t))))

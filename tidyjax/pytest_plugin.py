@@ -228,7 +228,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if scope is not None:  # the fixture's scope frees these at teardown
         from ._census import live_holders
 
-        owned = {t._id for rec, ts in live_holders() for t in ts if rec.scope is scope}
+        owned = {t.id for rec, ts in live_holders() for t in ts if rec.scope is scope}
         leaked = [r for r in leaked if r.id not in owned]
     import jax
 
