@@ -74,6 +74,25 @@ def test_to_replicated_from_one_device_keeps_the_kept_source() -> None:
 
 
 @eight
+def test_a_released_replicated_array_counts_its_shared_shard_once() -> None:
+    """``x.to(replicated)`` made in a scope shares its shard on ``x``'s device with ``x``: the
+    exit releases it (a raw ``.array`` of it lives on). ``memory()`` counted that shard twice,
+    as ``x``'s buffer and again as an untracked array's."""
+    x = tj.tensor(np.arange(4, dtype=np.float32))
+    with tj.tidy():
+        raw = x.to(NamedSharding(_mesh(4), P())).array
+    assert not raw.is_deleted() and _alive(x)
+    m = tj.memory()
+    assert {str(d): b for d, b in m.bytes_per_device.items()} == {str(DEVS[0]): 16}
+    untracked = {str(d): b for d, b in m.untracked_per_device.items() if b}
+    assert untracked == {str(d): 16 for d in DEVS[1:4]}
+    assert sum(m.total_per_device.values()) == 16 * 4  # one copy on each of the four devices
+    del raw
+    tj.dispose(x)
+    _empty()
+
+
+@eight
 def test_to_four_way_replicated_from_eight_way_keeps_the_variable() -> None:
     v = tj.Variable(tj.tensor(jax.device_put(np.arange(8.0), NamedSharding(_mesh(8), P()))))
     with tj.tidy():

@@ -163,6 +163,39 @@ def _spread(arr: Any) -> tuple[tuple[Any, int], ...]:
     return tuple(shard_bytes(arr).items())
 
 
+def _unshared_spreads(
+    raw: list[Any], recs: list[_registry.Buffer]
+) -> list[tuple[tuple[Any, int], ...]]:
+    """Each of ``raw``'s bytes per device (`_spread`), less its shards that a recorded buffer
+    holds whole (counted there: a replicated array one of whose shards is a Tensor's
+    one-device buffer, released by a scope). A recorded shard that is only a slice of the
+    array's (a sharded Tensor sliced from a caller's replicated array) leaves it counted whole.
+    The records' allocations are read only when an array of ``raw`` spans several devices."""
+    spreads = [_spread(a) for a in raw]
+    wide = [i for i, sp in enumerate(spreads) if len(sp) > 1]
+    if not wide:
+        return spreads
+    held: dict[tuple[int, int], int] = {}  # (device id, address) -> the bytes recorded there
+    for rec in recs:
+        arr = rec.array()
+        if arr is None or arr.is_deleted() or failed(arr):
+            continue
+        on = {d.id: b for d, b in shard_bytes(arr).items()}
+        for key in getattr(rec, "keys", None) or _registry.shards(arr, wait=False) or ():
+            held[key] = max(held.get(key, 0), on.get(key[0], 0))
+    for i in wide:
+        on = dict(spreads[i])
+        covered = {
+            dev
+            for dev, addr in _registry.shards(raw[i], wait=False) or ()
+            for d, b in on.items()
+            if d.id == dev and held.get((dev, addr), -1) >= b
+        }
+        if covered:
+            spreads[i] = tuple((d, b) for d, b in spreads[i] if d.id not in covered)
+    return spreads
+
+
 def group_spread(group: list[_registry.Buffer]) -> dict[Any, int]:
     """The bytes on each device of a group's buffer (records sharing allocations), each
     allocation once: its records may each hold some of them (a one-device array, and the
@@ -310,7 +343,9 @@ class Census:
         self.rows += self._watched()
         if untracked:
             raw = find_untracked(self.recs, watched_ids(self.found))
-            self.rows += [Row("untracked", a, spread=_spread(a)) for a in raw]
+            spreads = _unshared_spreads(raw, self.recs)
+            rows = zip(raw, spreads, strict=True)
+            self.rows += [Row("untracked", a, spread=sp) for a, sp in rows]
 
     @staticmethod
     def _tracked(rec: _registry.Buffer) -> Row:
