@@ -87,7 +87,18 @@ def test_a_released_replicated_array_counts_its_shared_shard_once() -> None:
     untracked = {str(d): b for d, b in m.untracked_per_device.items() if b}
     assert untracked == {str(d): 16 for d in DEVS[1:4]}
     assert sum(m.total_per_device.values()) == 16 * 4  # one copy on each of the four devices
-    del raw
+    (note,) = m.reasons  # named as released, with why, not as an array to adopt
+    assert "1 array tidyjax made (48 B, counted as untracked) was released, not deleted" in note
+    assert "not owned by tidyjax" not in note and "released, not deleted" in str(m)
+    other = jax.device_put(np.ones(4, np.float32), NamedSharding(_mesh(4), P()))  # the caller's
+    reasons = tj.memory().reasons
+    assert (
+        len(reasons) == 2 and "1 jax array (16 B) alive in this process is not owned" in reasons[0]
+    )
+    del raw, other
+    gc.collect()
+    assert tj.memory().reasons == ()
+    assert not tj._registry._released  # forgotten with the array
     tj.dispose(x)
     _empty()
 

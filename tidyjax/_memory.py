@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from . import _html
+from . import _html, _registry
 from ._census import (
     Census,
     SiteStat,
@@ -197,13 +197,17 @@ def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
+#: How a reason names the arrays tidyjax released rather than delete (a note, not an alarm).
+RELEASED_NOTE = "released, not deleted"
+
+
 def _notes(m: MemoryInfo) -> list[tuple[bool, str]]:
     """Each reason, and whether it is only a note: untracked arrays that are a small stray
     rather than a gap worth an alarm."""
     u = m.untracked_bytes or 0
     total = sum(m.total_per_device.values()) or m.num_bytes + u
     minor = u < ALARM_BYTES and (total < ALARM_BYTES or u < ALARM_SHARE * total)
-    return [(minor and "not owned by tidyjax" in r, r) for r in m.reasons]
+    return [((minor and "not owned by tidyjax" in r) or RELEASED_NOTE in r, r) for r in m.reasons]
 
 
 def _headline(m: MemoryInfo) -> str:
@@ -342,6 +346,8 @@ def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
             f"{'was' if deleted == 1 else 'were'} deleted outside tidyjax "
             "(jax.Array.delete() or donation through raw jax.jit); those Tensors are unusable."
         )
+    released = [r for r in untracked if _registry.is_released(r.array)]
+    untracked = [r for r in untracked if not _registry.is_released(r.array)]
     if untracked:
         n, b = len(untracked), sum(r.bytes for r in untracked)
         reasons.append(
@@ -349,6 +355,17 @@ def _why_unreliable(deleted: int, untracked: list[Any]) -> tuple[str, ...]:
             f"{'is' if n == 1 else 'are'} not owned by tidyjax; wrap them with tidyjax.adopt(), "
             "delete them, or tidyjax.watch() the object holding them (a model, an optimizer) to "
             "make the figures complete."
+        )
+    if released:
+        n, b = len(released), sum(sum(dict(r.spread).values()) for r in released)
+        reasons.append(
+            f"{count(n, 'array')} tidyjax made ({fmt_bytes(b)}, counted as untracked) "
+            f"{'was' if n == 1 else 'were'} {RELEASED_NOTE}: part of {'its' if n == 1 else 'each'}"
+            " buffer is a live holder's (for example a copy over several devices of a one-device"
+            " Tensor, which shares that Tensor's buffer), and deleting it would delete that "
+            "holder's data. JAX "
+            "frees the rest when the last reference to it goes: drop the raw arrays you kept "
+            "(a disposed Tensor's .array)."
         )
     return tuple(reasons)
 

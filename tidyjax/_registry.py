@@ -22,6 +22,7 @@ another thread, and a decrement lost to a nested finalizer only delays a free, n
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -649,6 +650,24 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
                 other.more.append(weakref.ref(a))
                 by_array[id(a)] = other
         return
+    for a in arrays:  # released: deleting them would delete a holder's part of the buffer
+        _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
+
+
+#: The array objects tidyjax made and left undeleted because another record holds part of
+#: their buffer (`_pass_arrays`), by id, weakly: the reports name them as released.
+_released: dict[int, weakref.ref[Any]] = {}
+
+
+def _unrelease(key: int, _ref: Any) -> None:
+    _released.pop(key, None)
+
+
+def is_released(arr: Any) -> bool:
+    """Whether tidyjax made ``arr`` and released it rather than delete it: part of its buffer
+    is a live holder's (a one-device Tensor of which ``arr`` is a replicated copy)."""
+    ref = _released.get(id(arr))
+    return ref is not None and ref() is arr
 
 
 def _hand_on(group: list[Buffer], scopes: bool, dying: Buffer | None = None) -> None:
