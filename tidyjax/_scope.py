@@ -35,7 +35,7 @@ from ._lift import add_structure_hint
 from ._newarrays import ArrayMark
 from ._registry import KEPT, VARIABLE, Batch, Buffer
 from ._sites import creation_site
-from ._tensor import Tensor, dispose_many, forget_array, tensor_ids
+from ._tensor import Tensor, dispose_many, dispose_object, record, tensor_ids
 from ._trees import gather_values, is_container, records_in
 
 __all__ = [
@@ -531,19 +531,19 @@ class Scope(Tracker):
         counted: set[int] = set()  # kept Tensors (and Variables) on the list, seen once
         for ref in self._aliases:
             t = ref()
-            if t is None or t._rec is None or id(t) in handed_tensors or id(t) in counted:
+            if t is None or record(t) is None or id(t) in handed_tensors or id(t) in counted:
                 continue
-            rec = t._rec
+            rec = record(t)
             if getattr(t, "_kept", False) or getattr(t, "_var", None) is not None:
                 counted.add(id(t))
                 if getattr(t, "_var", None) is None:  # a Variable is counted in nvars
                     held.append(rec)
                 continue
-            t._rec = None
-            t._why = rec.dead if rec.dead is not None else why
             if rec.dead is None:
+                dispose_object(t, why)
                 _registry.unhold(rec)
-                forget_array(t)
+            else:
+                dispose_object(t, rec.dead)
         return held
 
     def _dispose_strays(self, strays: list[Any], handed: dict[int, Any], why: Any) -> None:
@@ -556,7 +556,7 @@ class Scope(Tracker):
         for obj in gc.get_referrers(*arrays):
             if type(obj) is not Tensor:
                 continue
-            rec = obj._rec
+            rec = record(obj)
             if (
                 rec is None
                 or id(rec) not in targets
@@ -566,10 +566,8 @@ class Scope(Tracker):
                 or getattr(obj, "_var", None) is not None
             ):
                 continue
-            obj._rec = None
-            obj._why = why
+            dispose_object(obj, why)
             _registry.unhold(rec)
-            forget_array(obj)
 
     @overload
     def keep(self, value: T, /) -> T: ...
@@ -1255,8 +1253,8 @@ def dispose(x: Any) -> None:
     disposing: dict[int, int] = {}  # id(record) -> its holders disposed by this very call
     if escaped:
         for t in tensors:
-            if t._rec is not None:
-                disposing[id(t._rec)] = disposing.get(id(t._rec), 0) + 1
+            if (rec := record(t)) is not None:
+                disposing[id(rec)] = disposing.get(id(rec), 0) + 1
     for rec in escaped:
         others = rec.n - disposing.get(id(rec), 0)  # holders left after this call
         if others > 0 or (rec.scope is VARIABLE and id(rec) not in disposing):

@@ -1092,6 +1092,14 @@ def _forget_dropped(rec: _registry.Buffer, arrays: list[Any]) -> None:
 _registry.on_drop = _forget_dropped
 
 
+def dispose_object(t: Tensor, why: Reason) -> None:
+    """Mark ``t`` disposed with ``why`` (TensorFlow.js's object disposal: its record is left to
+    its other holders, the caller unholds it) and drop its array."""
+    t._r = None
+    t._why = why
+    forget_array(t)
+
+
 def record(t: Tensor) -> Any:
     """``t``'s record in the registry (a `_registry.Buffer`; a leaf a batch holds gets its own
     first), or None once disposed: how other modules read it."""
