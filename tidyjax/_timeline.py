@@ -1232,7 +1232,7 @@ class Timeline:
     def _variables_moved(self) -> bool:
         """Whether a Variable may hold a buffer not named yet: Variables made or dropped, one's
         buffer freed (an ``assign``), or a buffer recorded since is one's (O(those buffers))."""
-        if self._vars_dirty or len(_variable._variables) != self._vars_seen:
+        if self._vars_dirty or _variable.num_variables() != self._vars_seen:
             return True
         upto = self._named_upto
         for entry in reversed(self._live.values()):  # in the order recorded: newest first
@@ -1244,12 +1244,12 @@ class Timeline:
 
     def _name_variables(self) -> None:
         """Note the name of each named Variable whose buffer is live: the page's label for it."""
-        if not _variable._variables:
+        if not _variable.num_variables():
             return
-        self._vars_seen, self._named_upto = len(_variable._variables), self._next
+        self._vars_seen, self._named_upto = _variable.num_variables(), self._next
         self._vars_dirty = False
         live, names = self._live, self._names
-        for v in [v for ref in list(_variable._variables.values()) if (v := ref()) is not None]:
+        for v in _variable.live_variables():
             var, entry = getattr(v, "_var", None), live.get(id(record(v)))  # None: no record's id
             if var is not None and var.name is not None and entry is not None:
                 names[entry[1][_BUFFER]] = var.name
@@ -1646,7 +1646,7 @@ class Timeline:
         """Record ``arrays`` (oldest first) unless known: each a plain array's allocation, or a
         view of a recorded buffer. ``sampled``: by the sampler (see `_sampled_first`)."""
         now = time.perf_counter()
-        held = watched_ids(watched()) if _watch._watched else ()  # a watched object's: apart
+        held = watched_ids(watched()) if _watch.any_watched() else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
         for arr in arrays:
             key = _buffer_key(arr) if _registry.lookup(arr) is None else None

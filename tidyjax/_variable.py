@@ -204,6 +204,16 @@ def _value_of(value: Any, what: str) -> Any:
     return copy_in(value, None, None)
 
 
+def num_variables() -> int:
+    """How many Variables are registered (live, or dropped and not yet collected)."""
+    return len(_variables)
+
+
+def live_variables() -> list[Tensor]:
+    """The live Variables, in the order they were made."""
+    return [v for ref in list(_variables.values()) if (v := ref()) is not None]
+
+
 def dispose_variables() -> int:
     """Dispose every live Variable; returns how many were disposed."""
     with _variables_lock:

@@ -158,6 +158,11 @@ def unwatch(obj: Any) -> None:
             )
 
 
+def any_watched() -> bool:
+    """Whether any object is registered with `watch`."""
+    return bool(_watched)
+
+
 def watched() -> dict[str, list[tuple[str, Any]]]:
     """Each watched name with the ``(path, array)`` pairs its object holds now, in order.
 
