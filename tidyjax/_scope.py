@@ -35,7 +35,7 @@ from ._lift import add_structure_hint
 from ._newarrays import ArrayMark
 from ._registry import KEPT, VARIABLE, Batch, Buffer
 from ._sites import creation_site
-from ._tensor import Tensor, dispose_many, dispose_object, record, tensor_ids
+from ._tensor import Tensor, dispose_many, dispose_object, mark_kept, record, tensor_ids
 from ._trees import gather_values, is_container, records_in
 
 __all__ = [
@@ -1197,7 +1197,7 @@ def keep(x: T) -> T:
             rec.scope = KEPT
     scope = current()
     for t in tensors:  # a clone made in a scope on a buffer it does not own survives it too
-        t._kept = True
+        mark_kept(t)
         if scope is not None and type(t._r) is not Batch:  # settled at the scope's exit
             scope._aliases.append(weakref.ref(t))
     return x

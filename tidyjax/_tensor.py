@@ -1092,6 +1092,22 @@ def _forget_dropped(rec: _registry.Buffer, arrays: list[Any]) -> None:
 _registry.on_drop = _forget_dropped
 
 
+def variable_tensor(arr: Any, hold: Callable[[int], Any], info: Any) -> Tensor:
+    """A Tensor over ``arr`` that is a Variable (``info``, its name and trainable flag): its
+    record is ``hold(its id)``."""
+    v = _new(Tensor)
+    v._array = arr
+    v._id = next(tensor_ids)
+    v._r = hold(v._id)
+    v._var = info
+    return v
+
+
+def mark_kept(t: Tensor) -> None:
+    """``tidyjax.keep(t)``: no scope disposes this object."""
+    t._kept = True
+
+
 def dispose_object(t: Tensor, why: Reason) -> None:
     """Mark ``t`` disposed with ``why`` (TensorFlow.js's object disposal: its record is left to
     its other holders, the caller unholds it) and drop its array."""

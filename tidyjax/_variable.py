@@ -16,7 +16,7 @@ from ._errors import (
     check_flag,
     variable_disposed,
 )
-from ._tensor import Tensor, copy_in, dispose_tensor, tensor_ids, variable_info
+from ._tensor import Tensor, copy_in, dispose_tensor, variable_info, variable_tensor
 
 __all__ = ["Variable", "dispose_variables"]
 
@@ -87,17 +87,15 @@ class Variable(Tensor, metaclass=_VariableType):
         if name is not None and not isinstance(name, str):
             raise TidyjaxTypeError(f"Variable name must be a str, got {type(name).__name__}.")
         arr = _value_of(value, "Variable()")
-        v = object.__new__(Tensor)
-        v._array = arr
-        v._id = next(tensor_ids)
-        v._rec = _hold(arr, value, v._id)
-        v._var = _VarInfo(name, bool(trainable))
+        v = variable_tensor(
+            arr, lambda tid: _hold(arr, value, tid), _VarInfo(name, bool(trainable))
+        )
         with _variables_lock:
             if len(_variables) > _prune_at[0]:
                 for key in [k for k, r in _variables.items() if r() is None]:
                     del _variables[key]
                 _prune_at[0] = max(1024, 2 * len(_variables))
-            _variables[v._id] = weakref.ref(v)
+            _variables[v.id] = weakref.ref(v)
         return v  # type: ignore[return-value]
 
 
