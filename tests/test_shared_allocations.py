@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tidyjax as tj
+from tidyjax import _registry
 
 from .conftest import UNDER_EIGHT, run_under_eight_devices
 
@@ -98,8 +99,21 @@ def test_a_released_replicated_array_counts_its_shared_shard_once() -> None:
     del raw, other
     gc.collect()
     assert tj.memory().reasons == ()
-    assert not tj._registry._released  # forgotten with the array
+    assert not _registry._released  # forgotten with the array
     tj.dispose(x)
+    _empty()
+    # The caller's own replicated array, its view let go while a Tensor over its first shard
+    # lives: the caller's, not released by tidyjax.
+    mine = jax.device_put(np.ones(4, np.float32), NamedSharding(_mesh(4), P()))
+    (view,) = tj.tensors([mine])
+    first = view.to(DEVS[0])
+    tj.memory(scan_untracked=False)  # groups the two records (they share the first shard)
+    tj.dispose(view)
+    assert not _registry._released
+    (note,) = tj.memory().reasons
+    assert "not owned by tidyjax" in note and "released" not in note
+    tj.dispose(first)
+    del mine, view, first
     _empty()
 
 

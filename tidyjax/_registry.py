@@ -650,8 +650,9 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
                 other.more.append(weakref.ref(a))
                 by_array[id(a)] = other
         return
-    for a in arrays:  # released: deleting them would delete a holder's part of the buffer
-        _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
+    if mine(rec) or rec.scope is not None:  # not a caller's view of its own array: released
+        for a in arrays:  # (deleting them would delete a holder's part of the buffer)
+            _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
 
 
 #: The array objects tidyjax made and left undeleted because another record holds part of
