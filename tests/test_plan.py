@@ -317,6 +317,33 @@ EIGHT = len(jax.devices()) == 8
 needs_eight = pytest.mark.skipif(not EIGHT, reason="needs 8 devices (test_under_eight_devices)")
 
 
+@pytest.mark.skipif(
+    jax.default_backend() != "gpu", reason="needs a GPU: compares a plan with the device's peak"
+)
+def test_a_plan_bounds_what_the_gpu_allocator_reaches():
+    """On a GPU, running a planned call never takes the allocator's peak above what was in use
+    before plus the plan's new bytes (outputs and temporaries, less donated arguments), with a
+    margin for the allocator's rounding. ``peak_bytes_in_use`` is the process's high-water mark,
+    so the check is against the larger of it and that sum. Not run on CPU runners."""
+    dev = jax.devices()[0]
+    step = tj.jit(lambda w, x: jnp.tanh(x @ w) @ w.T)
+    w = tj.tensor(jnp.ones((2048, 2048), jnp.float32))
+    x = tj.tensor(jnp.ones((4096, 2048), jnp.float32))
+    jax.block_until_ready([w.array, x.array])
+    p = tj.plan(step, w, x)
+    step(w, x).dispose()  # compiled (and its own buffers settled) before the measured call
+    before = dev.memory_stats()
+    out = step(w, x)
+    out.block_until_ready()
+    after = dev.memory_stats()
+    new = (p.output_bytes or 0) + (p.temp_bytes or 0) - (p.alias_bytes or 0)
+    margin = 32 << 20  # allocator rounding and XLA's small scratch outside the analysis
+    bound = max(before["peak_bytes_in_use"], before["bytes_in_use"] + new + margin)
+    assert after["peak_bytes_in_use"] <= bound, (p, before, after)
+    assert p.output_bytes == 4096 * 2048 * 4 and (p.temp_bytes or 0) >= 0
+    tj.dispose([out, w, x])
+
+
 @needs_eight
 def test_eight_devices_give_per_device_figures():
     mesh = jax.make_mesh((8,), ("x",))
