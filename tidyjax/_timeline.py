@@ -473,7 +473,7 @@ class Timeline:
         # allocations -> the live and plain entries over them (see _find); the entries whose
         # allocations are not read yet, by key (`_todo_entry`): numbers keep no freed entry alive
         self._addr: dict[Any, list[list[Any]]] = {}
-        self._addr_todo: dict[int, None] = {}  # ordered; a key leaves when its entry does
+        self._addr_todo: list[int] = []
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
         self._scopes: dict[int, tuple[Any, int]] = {}  # id(scope) -> (open scope, its number)
         self._next = 0  # the last buffer or scope number given
@@ -1183,9 +1183,9 @@ class Timeline:
         )  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
         todo = self._addr_todo
-        todo[id(rec)] = None
+        todo.append(id(rec))
         if len(todo) > 4096 and len(todo) > 2 * (len(self._live) + len(self._plain)):
-            self._addr_todo = {k: None for k in todo if self._todo_entry(k) is not None}
+            self._addr_todo = [k for k in todo if self._todo_entry(k) is not None]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         if plain is None:
@@ -1439,7 +1439,7 @@ class Timeline:
     def _find_key(self, key: Any) -> list[Any] | None:
         """`_find` of the buffer at ``key`` (an array's allocations, `_buffer_key`): a live
         entry before a plain one (a caller's array may share an allocation with a Tensor's)."""
-        todo, self._addr_todo = self._addr_todo, {}
+        todo, self._addr_todo = self._addr_todo, []
         index = self._addr
         for key_ in todo:
             entry = self._todo_entry(key_)
@@ -1447,7 +1447,7 @@ class Timeline:
                 continue
             k = _buffer_key(first)
             if k is None and not first.is_deleted() and not base_array(first).is_ready():
-                self._addr_todo[key_] = None  # not ready yet: read at a later look
+                self._addr_todo.append(key_)  # not ready yet: read at a later look
             elif k:
                 for at in (k, *((p,) for p in k)):  # and its per-shard views
                     slot = index.setdefault(at, [])
@@ -1478,7 +1478,7 @@ class Timeline:
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
-        self._addr_todo[id(rec)] = None  # its allocations too (it may hold more of them)
+        self._addr_todo.append(id(rec))  # its allocations too (it may hold more of them)
         self._relayout(entry)
         for arr in rec.arrays() if self._plain else ():  # a plain array before: a view now
             plain = self._plain_of(arr)
@@ -1504,7 +1504,7 @@ class Timeline:
         self._unlive(rec, entry)
         if entry[0] is rec:
             entry[0] = alive[0]
-            self._addr_todo[id(alive[0])] = None  # its key in the todo list was rec's
+            self._addr_todo.append(id(alive[0]))  # its key in the todo list was rec's
         self._relayout(entry)
         return True
 
@@ -1547,7 +1547,6 @@ class Timeline:
     def _unlive(self, rec: Any, entry: list[Any]) -> None:
         if self._live.get(id(rec)) is entry:
             del self._live[id(rec)]
-            self._addr_todo.pop(id(rec), None)  # (its addresses need reading no more)
         if self._watch:
             self._watch.pop(id(rec), None)
 
@@ -1731,7 +1730,7 @@ class Timeline:
             return None
         self._next += 1
         entry = self._plain[key] = [ref, ev]
-        self._addr_todo[-key] = None
+        self._addr_todo.append(-key)
         self._append(ev, nbytes)
         if sampled:
             self._sampled_plain[id(entry)] = entry
@@ -1766,7 +1765,7 @@ class Timeline:
         if vkey in self._plain:  # a stale entry of a dead array under that id
             self._free_plain(vkey, self._plain[vkey], now)
         self._plain[vkey] = entry
-        self._addr_todo[-vkey] = None  # its key in the todo list was the dropped array's
+        self._addr_todo.append(-vkey)  # its key in the todo list was the dropped array's
         for view in views[1:]:
             self._add_view(entry, view)
 
@@ -1774,7 +1773,6 @@ class Timeline:
         if self._plain.get(key) is not entry:
             return  # recorded already (a collection ran a callback meanwhile)
         del self._plain[key]
-        self._addr_todo.pop(-key, None)
         if self._views:
             self._pop_views(entry)
         a = entry[1]
