@@ -704,8 +704,14 @@ def _free_unowned(rec: Buffer, arrays: list[Any]) -> bool:
     ``rec`` is the buffer's heir (`_hand_on`) and its last Tensor, or its raw array, was
     disposed (`dispose`); an heir's
     buffer is otherwise left, its disposed Tensors letting go of ``arrays`` (nobody else frees
-    it); a caller's array is left alone. Returns whether they were deleted."""
+    it); a caller's array is left alone. A scope's (or a kept or Variable's) alias over a
+    buffer it did not own, neither owner nor heir, leaves the buffer to whoever holds it: its
+    disposed Tensors let go of ``arrays`` (else they would hold it for ever, uncounted; a
+    caller's plain view, made with no owner, is not searched for). Returns whether they were
+    deleted."""
     if not getattr(rec, "heir", False):
+        if rec.scope is not None and on_drop is not None:
+            on_drop(rec, arrays)
         return False
     if rec.dead is RELEASED or rec.dead is DISPOSED:  # its last Tensor, or its raw array
         for a in arrays:
