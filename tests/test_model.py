@@ -374,6 +374,14 @@ class TidyjaxMachine(RuleBasedStateMachine):
                 t.numpy()
 
     @invariant()
+    def disposed_tensors_hold_no_live_array(self):
+        # A disposed Tensor that kept its array would keep the buffer alive for as long as
+        # the caller holds the Tensor, uncounted (a deleted array holds nothing).
+        for t in self.model.disposed:
+            arr = t._array
+            assert not (isinstance(arr, jax.Array) and not arr.is_deleted()), t
+
+    @invariant()
     def memory_matches_the_model(self):
         m = tj.memory(scan_untracked=False)  # no gc: tidyjax makes no reference cycles
         groups = {}
