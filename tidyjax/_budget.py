@@ -31,8 +31,8 @@ from ._census import (
     SiteStat,
     census,
     holder_lines,
+    holder_rows,
     site_key,
-    statistics,
     summed,
     top_per_device,
 )
@@ -232,14 +232,13 @@ def _holders_together(c: Census) -> tuple[SiteStat, ...]:
     """The largest live holders on the devices together: `memory()`'s rows of each device
     merged by site (or watched name), a Tensor over several devices counted once with its
     bytes on all of them."""
-    whole = statistics(c.of("tensor", "escaped", "untracked"), ("site",))
-    whole += statistics(c.of("watched"), ("name",))
-    split = statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
-    split += statistics(c.of("watched"), ("device", "name"))
     on_all: Counter[Any] = Counter()
-    for r in split:
+    for r in holder_rows(c):
         on_all[r.kind, site_key(r.site), r.name] += r.bytes
-    rows = [replace(r, bytes=on_all[r.kind, site_key(r.site), r.name]) for r in whole]
+    rows = [
+        replace(r, bytes=on_all[r.kind, site_key(r.site), r.name])
+        for r in holder_rows(c, per_device=False)
+    ]
     return tuple(top_per_device(rows, DEVICE_TOP))
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "group_spread",
     "held",
     "holder_lines",
+    "holder_rows",
     "holders",
     "live_holders",
     "live_tensors",
@@ -591,6 +592,15 @@ def statistics(
         fields = {f: v for f, v in zip(by, key[1:], strict=True) if f != "site"}
         out.append(SiteStat(site, key[0], n, b, dict(shapes), **fields))
     return top_per_device(out, len(out) if top is None else top)
+
+
+def holder_rows(c: Census, per_device: bool = True) -> list[SiteStat]:
+    """What holds the memory in census ``c``, as every holder list shows it: Tensors and
+    untracked arrays by creation site, watched objects by name; split by device, or not."""
+    split = ("device",) if per_device else ()
+    return statistics(c.of("tensor", "escaped", "untracked"), (*split, "site")) + statistics(
+        c.of("watched"), (*split, "name")
+    )
 
 
 def top_per_device(rows: list[SiteStat], n: int) -> list[SiteStat]:

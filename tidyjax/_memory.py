@@ -16,6 +16,7 @@ from ._census import (
     SiteStat,
     census,
     holder_lines,
+    holder_rows,
     site_table,
     statistics,
     summed,
@@ -328,13 +329,7 @@ def _scanned(c: Census) -> dict[str, Any]:
         "untracked_per_device": MappingProxyType(c.per_device("untracked")),
         # on each device its largest holders: sites of Tensors and untracked arrays, watched
         # objects by name
-        "top_sites": tuple(
-            top_per_device(
-                statistics(c.of("tensor", "escaped", "untracked"), ("device", "site"))
-                + statistics(c.of("watched"), ("device", "name")),
-                DEVICE_TOP,
-            )
-        ),
+        "top_sites": tuple(top_per_device(holder_rows(c), DEVICE_TOP)),
     }
 
 
