@@ -229,6 +229,13 @@ def _layout(rec: Any, arr: Any, key: Any) -> _Layout:
     return layout
 
 
+def _maybe_alias(rec: Any, window: int) -> bool:
+    """Whether ``rec``, a record just added, may be one more object over a recorded buffer or a
+    plain array's: it is among the registry's last ``window`` suspects, or the registry found it
+    over a caller's array (not owned)."""
+    return not rec.owned or any(s is rec for s in reversed(_registry.suspects[-window:]))
+
+
 def _first(entry: list[Any]) -> Any:
     """The array object of a plain entry (``[weak reference, event]``) or of a live one."""
     return entry[0]() if len(entry) == 2 else entry[0].array()
@@ -1357,9 +1364,7 @@ class Timeline:
             elif (entry := self._twin(rec, window)) is not None and len(entry) != 2:
                 self._share(entry, rec, (tensor,))
             else:  # a suspect's entry found is a plain array's: over its buffer
-                suspect = entry is not None and (
-                    not rec.owned or any(s is rec for s in _registry.suspects[-window:])
-                )
+                suspect = entry is not None and _maybe_alias(rec, window)
                 self._added(rec, now, (tensor,) if tensor else (), entry if suspect else None)
 
     def _let_go(self, rec: Any, now: float) -> None:
@@ -1395,12 +1400,7 @@ class Timeline:
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
                 return entry
-        # a record just added is among the registry's last ``window`` suspects
-        if (
-            rec.dead is not None
-            or not rec.owned
-            or any(s is rec for s in reversed(_registry.suspects[-window:]))
-        ):
+        if rec.dead is not None or _maybe_alias(rec, window):
             arr = rec.array()
             _wait(arr)  # an alias of a buffer still being computed is not ready either
             entry = self._find(arr) or self._find_part(arr)
