@@ -185,12 +185,11 @@ def _unshared_spreads(
         for key in getattr(rec, "keys", None) or _registry.shards(arr, wait=False) or ():
             held[key] = max(held.get(key, 0), on.get(key[0], 0))
     for i in wide:
-        on = dict(spreads[i])
+        on = {d.id: b for d, b in spreads[i]}
         covered = {
             dev
             for dev, addr in _registry.shards(raw[i], wait=False) or ()
-            for d, b in on.items()
-            if d.id == dev and held.get((dev, addr), -1) >= b
+            if dev in on and held.get((dev, addr), -1) >= on[dev]
         }
         if covered:
             spreads[i] = tuple((d, b) for d, b in spreads[i] if d.id not in covered)

@@ -462,6 +462,12 @@ def mine(rec: Buffer) -> bool:
     return rec.owned or getattr(rec, "heir", False)
 
 
+def _callers_view(rec: Buffer) -> bool:
+    """Whether ``rec`` is a caller's view of its own array (``tensors()``, no owner): tidyjax
+    neither frees nor releases it."""
+    return rec.scope is None and not mine(rec)
+
+
 def disposed_alias(rec: Buffer) -> None:
     """The last Tensor on ``rec``, a record tidyjax does not own, was disposed by `dispose`
     (not by a scope's exit; under the lock): over a buffer of tidyjax's (a record of its group
@@ -650,8 +656,8 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
                 other.more.append(weakref.ref(a))
                 by_array[id(a)] = other
         return
-    if mine(rec) or rec.scope is not None:  # not a caller's view of its own array: released
-        for a in arrays:  # (deleting them would delete a holder's part of the buffer)
+    if not _callers_view(rec):  # released: deleting them would delete a holder's part of it
+        for a in arrays:
             _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
 
 
@@ -710,7 +716,7 @@ def _free_unowned(rec: Buffer, arrays: list[Any]) -> bool:
     caller's plain view, made with no owner, is not searched for). Returns whether they were
     deleted."""
     if not getattr(rec, "heir", False):
-        if rec.scope is not None and on_drop is not None:
+        if not _callers_view(rec) and on_drop is not None:
             on_drop(rec, arrays)
         return False
     if rec.dead is RELEASED or rec.dead is DISPOSED:  # its last Tensor, or its raw array

@@ -531,9 +531,11 @@ class Scope(Tracker):
         counted: set[int] = set()  # kept Tensors (and Variables) on the list, seen once
         for ref in self._aliases:
             t = ref()
-            if t is None or record(t) is None or id(t) in handed_tensors or id(t) in counted:
+            if t is None or id(t) in handed_tensors or id(t) in counted:
                 continue
             rec = record(t)
+            if rec is None:
+                continue
             if getattr(t, "_kept", False) or getattr(t, "_var", None) is not None:
                 counted.add(id(t))
                 if getattr(t, "_var", None) is None:  # a Variable is counted in nvars
