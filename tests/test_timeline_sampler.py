@@ -373,3 +373,38 @@ def test_a_look_between_publishing_a_record_and_suspecting_it_leaves_it_to_a_lat
     assert len(between) == 1  # the look came between
     assert (info.num_data_buffers, info.num_bytes) == (1, 1024) and replay == 1024
     assert [(e.kind, e.bytes) for e in tl.events] == [("alloc", 1024), ("free", 1024)]
+
+
+def test_a_new_view_of_a_buffer_whose_first_holder_just_went_is_no_plain_array(
+    monkeypatch, by_hand
+):
+    """Found by the cross-report test on a loaded machine (JAX 0.6.2, seed 12): a Variable's
+    buffer that an alias Tensor holds too (one entry, two records); the Variable is disposed
+    (its buffer lives on) and, after the registry marked its record dead but before the
+    timeline heard of it, the sampler recorded a new raw object over the buffer (JAX 0.6 makes
+    one when an address is read; here a raw device_put): a view of the alias's buffer, no
+    plain allocation."""
+    real = _registry.notify
+
+    def notify(kind, rec, tensor=0):
+        if kind == "buffer_freed" and rec.dead is not None:
+            tl._sampler._look()  # the sampler's thread looks first
+        real(kind, rec, tensor)
+
+    with tj.timeline() as tl:
+        v = tj.Variable(tj.tensor(np.full(64, 0.5, np.float32)))
+        alias = tidy.run(lambda: jax.device_put(v, v.array.sharding))  # one buffer, two holders
+        tl.mark()
+        view = jax.device_put(v.array, v.array.sharding)  # a new raw object over the buffer
+        tl._sampler._look()  # lists it
+        monkeypatch.setattr(_registry, "notify", notify)
+        v.dispose()  # the buffer lives on in the alias
+        monkeypatch.undo()
+        tl.mark()
+        replay = tl.live_at(time.perf_counter())
+        assert [r.bytes for r in replay if r.scope == "<untracked>"] == []
+        assert sum(r.bytes for r in replay) == tj.memory().num_bytes == 256
+        assert not view.is_deleted() and not alias.is_disposed
+        alias.dispose()
+        del view
+    assert tl.live_at(tl.stop_time) == []

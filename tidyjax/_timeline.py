@@ -1419,10 +1419,15 @@ class Timeline:
         return None
 
     def _entry_alive(self, entry: list[Any]) -> bool:
+        """Whether ``entry`` is recorded and its buffer held: by any of its records (its first
+        may be freed already while the registry's event of it is on its way: the sampler's
+        thread looked in between)."""
         if len(entry) == 2:  # a plain array's
             first = entry[0]()
             return first is not None and self._plain.get(id(first)) is entry
-        return self._live.get(id(entry[0])) is entry and entry[0].dead is None
+        if self._live.get(id(entry[0])) is not entry:
+            return False
+        return entry[0].dead is None or any(m.dead is None for m in entry[3] or ())
 
     def _todo_entry(self, key: int) -> list[Any] | None:
         """The live entry of ``_addr_todo``'s ``key`` (a record's id), or the plain entry of
