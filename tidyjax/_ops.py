@@ -174,8 +174,9 @@ def _binary(op: Callable[[Any, Any], Any], reflected: bool) -> Callable[[Tensor,
     return method
 
 
-def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
+def _unary(op: Callable[[Any], Any], name: str = "") -> Callable[[Tensor], Any]:
     jitted = jax.jit(op)
+    name = name or op.__name__
 
     def method(self: Tensor) -> Any:
         rec = self._r
@@ -186,7 +187,7 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Tensor], Any]:
                 return wrap(op(self._array))
             return wrap(jitted(self._array))
         except RuntimeError as e:
-            on_jax_error(e, op.__name__, (self,))
+            on_jax_error(e, name, (self,))
             raise
 
     return method
@@ -261,6 +262,10 @@ FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
     "neg": jnp.negative, "sin": jnp.sin, "cos": jnp.cos, "tanh": jnp.tanh,
     "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu,
 }  # fmt: skip
+#: The ones that take no argument (``t.exp()``): one jitted call, as a unary operator.
+_UNARY_FUNCTIONS = frozenset(
+    {"square", "exp", "log", "sqrt", "abs", "neg", "sin", "cos", "tanh", "sigmoid", "relu"}
+)
 
 
 def _inplace(attr: str) -> Callable[..., Any]:
@@ -307,7 +312,13 @@ def install_tensor_methods() -> None:
             fn = getattr(ArrayImpl, name)
             setattr(Tensor, name, _method(fn, name, jit_plain=name in _JIT_METHODS))
     for name, fn in FUNCTION_METHODS.items():
-        setattr(Tensor, name, _method(fn, name, jit_plain=False))
+        if name in _UNARY_FUNCTIONS:  # t.exp(): an operator's path, hooked while profiling
+            _install(name, _unary(fn, name), name)
+            getattr(
+                Tensor, name
+            ).__doc__ = f"Like ``{fn.__module__}.{fn.__name__}``; returns a tracked Tensor."
+        else:
+            setattr(Tensor, name, _method(fn, name, jit_plain=False))
     # round(t), round(t, 2): as on jax.Array (an int dtype without ndigits, as for a float).
     # (Declared for type checkers at the end of class Tensor, hence the ignores.)
     Tensor.__round__ = _method(ArrayImpl.__round__, "round", jit_plain=True)  # type: ignore[method-assign]
