@@ -900,6 +900,31 @@ def test_a_variable_over_an_alias_of_a_top_level_tensor_lets_go_of_nothing_else(
     _empty()
 
 
+@eight
+def test_a_variables_let_go_never_takes_a_view_of_another_variables_buffer() -> None:
+    """Found by the alias model under eight devices (seed 4): ``one``, the top-level shard 0 of
+    a Variable's replicated buffer, and a scope's ``one.to(replicated)`` (its shard 0 is
+    ``one``'s allocation) share an allocation, so their records are one group. A second
+    Variable over the scope's buffer, disposed there: the scope's buffer goes home to the
+    scope, and ``one`` (which follows the first Variable's buffer, not this one's) went with
+    it: the scope's exit disposed the live top-level Tensor."""
+    everywhere, first = NamedSharding(_mesh(8), P()), NamedSharding(_mesh(1), P())
+    x = tj.tensor(np.arange(4, dtype=np.float32), device=everywhere) * 1
+    v = tj.Variable(x)
+    one = x.to(first)  # shard 0 of v's buffer
+    with tj.tidy():
+        r = one.to(everywhere)  # its shard 0 is one's allocation
+        w = tj.Variable(r)
+        tj.dispose(w)
+    assert not one.is_disposed, "a live top-level Tensor was disposed by a scope's exit"
+    np.testing.assert_array_equal(one.numpy(), np.arange(4))
+    np.testing.assert_array_equal(v.numpy(), np.arange(4))
+    assert r.is_disposed  # the scope's own Tensor object
+    tj.dispose([x, v, one])
+    del r, w
+    _empty()
+
+
 # -- the same under eight devices ---------------------------------------------------------------
 
 

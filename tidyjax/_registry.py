@@ -55,7 +55,9 @@ VARIABLE: Any = _Marker("VARIABLE")
 class Buffer(weakref.ref):
     """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
 
-    __slots__ = ("dead", "heir", "home", "keys", "more", "n", "nbytes", "nvars", "owned", "scope")
+    __slots__ = (
+        "dead", "follows", "heir", "home", "keys", "more", "n", "nbytes", "nvars", "owned", "scope"
+    )  # fmt: skip
 
     dead: Reason | None  # why every Tensor on this buffer is unusable; None while usable
     more: list[weakref.ref[Any]] | None  # other jax.Array objects over the same buffer
@@ -72,6 +74,9 @@ class Buffer(weakref.ref):
     # False) still held it (read with getattr): disposing its last Tensor deletes the buffer,
     # the scope's exit does not (it is not the scope's).
     heir: bool
+    # Set on a caller's view of a Variable's own buffer (`_made_elsewhere`, read with getattr):
+    # that Variable's record; the view goes home with that buffer when the Variable lets go.
+    follows: Buffer | None
 
     def arrays(self) -> list[Any]:
         """The live ``jax.Array`` objects over this buffer."""
@@ -1001,7 +1006,7 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
         alias.scope = owner  # a caller's view (`tensors()`) of a scope's buffer: the scope's
         owner.take(alias)
     elif alias.scope is None and alias.n > 0 and owner is VARIABLE and owned:
-        alias.home = VARIABLE  # of a Variable's own buffer: goes with it to its home (`let_go`)
+        alias.follows = rec  # of a Variable's own buffer: goes with it to its home (`let_go`)
     if alias.scope is owner or not hasattr(alias.scope, "take"):
         alias.owned = rec.owned = owned
     else:
@@ -1185,14 +1190,16 @@ def let_go(rec: Buffer) -> None:
         # A caller's view that joined the Variable's buffer (`_made_elsewhere`: no scope, as
         # a view of a scope's buffer is that scope's) goes back with it.
         for r in _groups[id(rec)]:
-            if r is not rec and r.scope is None and r.dead is None and _follows(r):
-                r.home = None
+            # Only the views of this buffer: a group joins records sharing any allocation,
+            # and a view of another Variable's buffer in it stays where it is.
+            if r is not rec and r.scope is None and r.dead is None and _follows(r, rec):
+                r.follows = None
                 owner.reclaim(r)
 
 
-def _follows(rec: Buffer) -> bool:
-    """Whether ``rec`` is a caller's view of a Variable's own buffer (`_made_elsewhere`)."""
-    return getattr(rec, "home", None) is VARIABLE
+def _follows(rec: Buffer, buffer: Buffer) -> bool:
+    """Whether ``rec`` is a caller's view of ``buffer``, a Variable's own (`_made_elsewhere`)."""
+    return getattr(rec, "follows", None) is buffer
 
 
 def same_buffer_key(arr: Any) -> Any:
