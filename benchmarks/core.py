@@ -156,6 +156,17 @@ _FLOOR_SCOPE: contextvars.ContextVar[_FloorScope | None] = contextvars.ContextVa
 )
 
 
+def _beside_floor(
+    name: str, call: str, raw: Callable[[], object], tracked: Callable[[], object],
+    floor: Callable[[], object], number: int, rounds: int,
+) -> None:  # fmt: skip
+    """The row ``name`` (``tracked`` vs ``raw``), then its floor's (``floor``, the result of
+    ``call`` in a slotted wrapper with a registry entry, vs ``raw``) and the ratio of the two."""
+    ratio = row(name, raw, tracked, number, rounds)
+    floor_line(ratio, row(f"floor: {call} + slotted wrapper with a registry entry", raw, floor,
+                          number, rounds))  # fmt: skip
+
+
 def eager(number: int, rounds: int) -> None:
     for shape in ((4,), (256,), (1024, 1024)):
         x = jnp.ones(shape, jnp.float32)
@@ -168,22 +179,16 @@ def eager(number: int, rounds: int) -> None:
     x = jnp.linspace(0.0, 1.0, 256)
     y = x + 1.0
     t, u = tj.tensor(x), tj.tensor(y)
-    ratio = row("lifted tnp.tanh(x) vs jnp.tanh, float32[256]", lambda: jnp.tanh(x),
-                lambda: tnp.tanh(t), number, rounds)  # fmt: skip
-    # The floor of a lifted call: the raw call, its result in a slotted wrapper with a registry
-    # entry (which goes with the wrapper).
-    floor_line(ratio, row("floor: jnp.tanh + slotted wrapper with a registry entry",
-                          lambda: jnp.tanh(x), lambda: _Dropped(jnp.tanh(x)), number,
-                          rounds))  # fmt: skip
-    ratio = row("lifted tnp.add(x, y) vs jnp.add", lambda: jnp.add(x, y), lambda: tnp.add(t, u),
-                number, rounds)  # fmt: skip
-    floor_line(ratio, row("floor: jnp.add + slotted wrapper with a registry entry",
-                          lambda: jnp.add(x, y), lambda: _Dropped(jnp.add(x, y)), number,
-                          rounds))  # fmt: skip
-    ratio = row("t.exp() vs jnp.exp(x)", lambda: jnp.exp(x), lambda: t.exp(), number, rounds)
-    floor_line(ratio, row("floor: jnp.exp + slotted wrapper with a registry entry",
-                          lambda: jnp.exp(x), lambda: _Dropped(jnp.exp(x)), number,
-                          rounds))  # fmt: skip
+    # Each beside its floor: the raw call, its result in a slotted wrapper with a registry entry
+    # (which goes with the wrapper).
+    _beside_floor("lifted tnp.tanh(x) vs jnp.tanh, float32[256]", "jnp.tanh",
+                  lambda: jnp.tanh(x), lambda: tnp.tanh(t), lambda: _Dropped(jnp.tanh(x)),
+                  number, rounds)  # fmt: skip
+    _beside_floor("lifted tnp.add(x, y) vs jnp.add", "jnp.add", lambda: jnp.add(x, y),
+                  lambda: tnp.add(t, u), lambda: _Dropped(jnp.add(x, y)), number,
+                  rounds)  # fmt: skip
+    _beside_floor("t.exp() vs jnp.exp(x)", "jnp.exp", lambda: jnp.exp(x), lambda: t.exp(),
+                  lambda: _Dropped(jnp.exp(x)), number, rounds)  # fmt: skip
 
     def raw_block() -> None:
         for _ in range(100):

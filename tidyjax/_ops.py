@@ -254,18 +254,19 @@ _JIT_METHODS = frozenset(
     {"all", "any", "argmax", "argmin", "cumprod", "cumsum", "max", "mean", "min", "prod"}
     | {"std", "sum", "var", "conj", "conjugate", "ravel", "flatten", "round", "ptp", "sort"}
 )
-#: TF.js-style method names, mapped to the jax.numpy / jax.nn function they call.
-FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
-    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
-    "matmul": jnp.matmul, "pow": jnp.power, "maximum": jnp.maximum, "minimum": jnp.minimum,
+#: TF.js-style method names that take no argument (``t.exp()``), mapped to the jax.numpy /
+#: jax.nn function they call: each one jitted call, as a unary operator.
+_UNARY_FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "square": jnp.square, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt, "abs": jnp.abs,
     "neg": jnp.negative, "sin": jnp.sin, "cos": jnp.cos, "tanh": jnp.tanh,
     "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu,
 }  # fmt: skip
-#: The ones that take no argument (``t.exp()``): one jitted call, as a unary operator.
-_UNARY_FUNCTIONS = frozenset(
-    {"square", "exp", "log", "sqrt", "abs", "neg", "sin", "cos", "tanh", "sigmoid", "relu"}
-)
+#: TF.js-style method names, mapped to the jax.numpy / jax.nn function they call.
+FUNCTION_METHODS: dict[str, Callable[..., Any]] = {
+    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
+    "matmul": jnp.matmul, "pow": jnp.power, "maximum": jnp.maximum, "minimum": jnp.minimum,
+    **_UNARY_FUNCTIONS,
+}  # fmt: skip
 
 
 def _inplace(attr: str) -> Callable[..., Any]:
@@ -313,10 +314,9 @@ def install_tensor_methods() -> None:
             setattr(Tensor, name, _method(fn, name, jit_plain=name in _JIT_METHODS))
     for name, fn in FUNCTION_METHODS.items():
         if name in _UNARY_FUNCTIONS:  # t.exp(): an operator's path, hooked while profiling
-            _install(name, _unary(fn, name), name)
-            getattr(
-                Tensor, name
-            ).__doc__ = f"Like ``{fn.__module__}.{fn.__name__}``; returns a tracked Tensor."
+            unary = _unary(fn, name)
+            unary.__doc__ = f"Like ``{fn.__module__}.{fn.__name__}``; returns a tracked Tensor."
+            _install(name, unary, name)
         else:
             setattr(Tensor, name, _method(fn, name, jit_plain=False))
     # round(t), round(t, 2): as on jax.Array (an int dtype without ndigits, as for a float).
