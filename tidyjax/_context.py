@@ -57,7 +57,7 @@ class Tracker:
         self._debug_mark: ArrayMark | None = None
 
     # The named doors other modules use to change what a scope owns (the per-op path in
-    # ``_tensor`` appends to ``_owned``/``_aliases`` inline instead: a call costs more there).
+    # ``_tensor.wrap`` appends to ``_owned`` inline instead: a call costs more there).
 
     @property
     def exited(self) -> bool:
@@ -79,6 +79,15 @@ class Tracker:
         if home is not None:
             home._owned.append(rec)
         return home
+
+    def take_batch(self, b: Batch, made: int) -> None:
+        """``b``, the batch of the ``made`` new buffers of one jitted call made here, is this
+        scope's: one entry in its list, ``made`` buffers created (``num_created``)."""
+        owned = self._owned
+        owned.append(b)
+        self._extra += made - 1
+        if len(owned) > self._compact_at:
+            self._compact()
 
     def take(self, rec: Buffer) -> None:
         """``rec``, made elsewhere or split out of a batch listed here, is this scope's now

@@ -22,6 +22,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -85,10 +86,14 @@ def _is_filled_tensor(x: Any) -> bool:
     return type(x) in TENSOR_TYPES and x._array is not None
 
 
+# the combines made by `_combine_taking_tensors` (a module hooked twice is not wrapped again)
+_COMBINES: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
 def _combine_taking_tensors(combine: Callable[..., Any]) -> Callable[..., Any]:
     """``eqx.combine`` that, where Equinox's own refuses the trees and a Tensor is in them,
     combines again with each Tensor a leaf (a shell around ``None`` counting as ``None``)."""
-    if getattr(combine, "_tidyjax", False):
+    if combine in _COMBINES:
         return combine
 
     @functools.wraps(combine)
@@ -112,7 +117,7 @@ def _combine_taking_tensors(combine: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError:
             raise error from None
 
-    combine_._tidyjax = True  # type: ignore[attr-defined]
+    _COMBINES.add(combine_)
     return combine_
 
 

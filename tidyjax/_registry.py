@@ -181,21 +181,19 @@ def split(b: Batch, i: int, n: int, scope: Any = _Marker) -> Buffer:
     return rec
 
 
-def rebatch(b: Batch, tensors: list[Any]) -> Batch:
-    """Move the leaves of ``tensors`` (distinct Tensors on leaves ``b`` holds) to a new batch of
-    the same owner, which is returned; ``b`` keeps its other leaves. Cheaper than splitting
-    each out (a record apiece) when a scope hands out most of a call's outputs: the new batch
-    then moves whole and the rest goes with ``b``."""
+def rebatch(b: Batch, leaves: list[int]) -> Batch:
+    """Move ``leaves`` (distinct indexes of leaves ``b`` holds) to a new batch of the same
+    owner, in that order, which is returned; ``b`` keeps its other leaves. Cheaper than
+    splitting each out (a record apiece) when a scope hands out most of a call's outputs: the
+    new batch then moves whole and the rest goes with ``b``. The Tensors on those leaves are
+    repointed by their module (``_tensor.rebatch``)."""
     out = Batch(b.scope)
     arrays = out.arrays
     with lock:
         held = b.arrays
-        for t in tensors:
-            i = t._i
+        for i in leaves:
             arr = held[i]
             held[i] = None
-            t._i = len(arrays)
-            t._r = out
             arrays.append(arr)
             by_array[id(arr)] = out
         out.live = len(arrays)
@@ -235,26 +233,21 @@ def split_stale(b: Batch, i: int) -> Buffer:
     return rec
 
 
-def own_record(b: Batch, t: Any) -> Any:
-    """Tensor ``t``'s record, ``t`` being on batch ``b``: the leaf's own record (made now if
-    the batch still holds it), or a dead record if the batch was deleted. ``t`` points at it
-    from now on."""
+def leaf_record(b: Batch, i: int, arr: Any) -> Buffer:
+    """The record of leaf ``i`` (array ``arr``) of batch ``b``: its own record (made now if the
+    batch still holds it), or a dead record if the batch was deleted. The Tensor on the leaf
+    points at it from then on (``_tensor.own_record``)."""
     if b.dead is not None:
-        rec = fresh(t._array, None) if _weakrefable(t._array) else fresh(_Marker, None)
+        rec = fresh(arr, None) if _weakrefable(arr) else fresh(_Marker, None)
         rec.dead, rec.n = b.dead, 0
-        t._r = rec
         return rec
-    i = t._i
     with lock:
         x = b.arrays[i]
         if type(x) is Buffer:
             if b.stale is not None:
                 b.stale.discard(i)
-            rec = x
-        else:
-            rec = split(b, i, 1)
-    t._r = rec
-    return rec
+            return x
+        return split(b, i, 1)
 
 
 def _weakrefable(arr: Any) -> bool:
@@ -265,19 +258,18 @@ def _weakrefable(arr: Any) -> bool:
     return True
 
 
-def leave_batch(b: Batch, t: Any) -> Buffer | None:
-    """Tensor ``t`` on batch ``b`` is being collected (``__del__``; no lock: it may run inside
-    the lock's holder). The batch lets go of the leaf's array when nothing else references it
-    (JAX frees it now), else the array gets a record of its own with no holder, as a Tensor's
-    record does when the Tensor goes first. Returns the record ``t`` held when the leaf was
-    split out already (its holder count drops), else None."""
-    i = t._i
+def leave_batch(b: Batch, i: int) -> Buffer | None:
+    """The Tensor on leaf ``i`` of batch ``b`` is being collected (``__del__``; no lock: it may
+    run inside the lock's holder). The batch lets go of the leaf's array when nothing else
+    references it (JAX frees it now), else the array gets a record of its own with no holder,
+    as a Tensor's record does when the Tensor goes first. Returns the record the Tensor held
+    when the leaf was split out already (its holder count drops), else None."""
     x = b.arrays[i]
     if type(x) is Buffer:
         if b.stale is not None and i in b.stale:
             b.stale.discard(i)
             return x
-        return None  # split with ``t`` repointed: `t._r` was not the batch then
+        return None  # split with its Tensor repointed: that Tensor was not on the batch then
     if x is None:
         return None
     if suspects:  # a suspect may be a second object over the buffer: `resolve` decides

@@ -35,7 +35,16 @@ from ._lift import add_structure_hint
 from ._newarrays import ArrayMark
 from ._registry import KEPT, VARIABLE, Batch, Buffer
 from ._sites import creation_site
-from ._tensor import Tensor, dispose_many, dispose_object, mark_kept, record, tensor_ids
+from ._tensor import (
+    Tensor,
+    dispose_many,
+    dispose_object,
+    mark_kept,
+    own_record,
+    rebatch,
+    record,
+    tensor_ids,
+)
 from ._trees import gather_values, is_container, records_in
 
 __all__ = [
@@ -425,7 +434,7 @@ class Scope(Tracker):
             ts = on_partial[id(b)]
             if b.scope is self and not b.stale and ts:
                 # its reached leaves form a batch of their own, which moves whole
-                moved = _registry.rebatch(b, ts)
+                moved = rebatch(b, ts)
                 self._owned.append(moved)
                 self._moved_in += 1  # listed again, not made again: num_created stays
                 whole.add(id(moved))
@@ -433,7 +442,7 @@ class Scope(Tracker):
             split_out = True
             for t in ts:
                 if b.scope is self or type(b.arrays[t._i]) is Buffer:
-                    whole.add(id(_registry.own_record(b, t)))
+                    whole.add(id(own_record(b, t)))
         return split_out
 
     def _sort_owned(
@@ -643,7 +652,7 @@ class Scope(Tracker):
                 self._owned.append(b)
                 self._moved_in += 1
             else:
-                out += [_registry.own_record(b, t) for t in ts]
+                out += [own_record(b, t) for t in ts]
         return out
 
     def __enter__(self) -> Scope:
@@ -1213,7 +1222,7 @@ def _keep_batches(batched: list[Tensor]) -> list[Any]:
         if whole:
             b.scope = KEPT
         else:
-            out += [_registry.own_record(b, t) for t in ts]
+            out += [own_record(b, t) for t in ts]
     return out
 
 

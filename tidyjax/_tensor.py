@@ -13,7 +13,6 @@ import itertools
 import math
 import operator
 import sys
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -134,7 +133,7 @@ class Tensor:
             if rec.dead is not None:
                 return
             try:
-                rec = _registry.leave_batch(rec, self)
+                rec = _registry.leave_batch(rec, self._i)
             except Exception:  # at interpreter exit, with the module's globals gone
                 return
             if rec is None:
@@ -155,7 +154,7 @@ class Tensor:
         record of its own first: the batch's fast paths read ``_r``."""
         rec = self._r
         if type(rec) is _Batch:
-            return _registry.own_record(rec, self)
+            return own_record(rec, self)
         return rec
 
     @_rec.setter
@@ -828,7 +827,7 @@ def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
     if scope is not None:
         # This Tensor object was made here: the scope disposes the object at exit unless it is
         # returned or kept (TensorFlow.js), and leaves the buffer to its owner.
-        scope._aliases.append(weakref.ref(t))
+        scope.note_alias(t)
     if _registry.observers:
         _registry.notify("tensor_added", rec, t._id)
 
@@ -891,12 +890,8 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
             rec.scope = None
             buffers[key] = t._r = rec
         out.append(t)
-    if scope is not None and held:  # b is the scope's batch
-        owned = scope._owned
-        owned.append(b)
-        scope._extra += len(held) - 1  # one entry, len(held) buffers made: num_created
-        if len(owned) > scope._compact_at:
-            scope._compact()
+    if scope is not None and b is not None and held:  # the scope's batch
+        scope.take_batch(b, len(held))
     if len(buffers) > _registry.sweep_at:
         _registry.sweep()
     return out
@@ -930,7 +925,7 @@ def _wrap_unowned(arr: Any) -> Tensor:
     t._r = _registry.new(arr, None, owned=False, tensor=t._id)
     scope = CURRENT.get()
     if scope is not None:
-        scope._aliases.append(weakref.ref(t))
+        scope.note_alias(t)
     return t
 
 
@@ -1101,6 +1096,23 @@ def variable_tensor(arr: Any, hold: Callable[[int], Any], info: Any) -> Tensor:
     v._r = hold(v._id)
     v._var = info
     return v
+
+
+def own_record(b: _Batch, t: Tensor) -> Any:
+    """Tensor ``t``'s record, ``t`` being on batch ``b`` (`_registry.leaf_record`): ``t``
+    points at it from now on."""
+    rec = t._r = _registry.leaf_record(b, t._i, t._array)
+    return rec
+
+
+def rebatch(b: _Batch, tensors: list[Tensor]) -> _Batch:
+    """Move the leaves of ``tensors`` (distinct Tensors on leaves ``b`` holds) to a new batch
+    of the same owner (`_registry.rebatch`), which is returned, and point them at it."""
+    out = _registry.rebatch(b, [t._i for t in tensors])
+    for j, t in enumerate(tensors):
+        t._i = j
+        t._r = out
+    return out
 
 
 def mark_kept(t: Tensor) -> None:

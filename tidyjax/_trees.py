@@ -23,6 +23,7 @@ from ._tensor import (
     TENSOR_TYPES,
     Tensor,
     disposed_error,
+    own_record,
     wrap,
     wrap_all,
     wrap_borrowed,
@@ -384,7 +385,7 @@ def records_in(
                 batched.append(t)
                 live.append(t)
                 continue
-            rec = _registry.own_record(rec, t)
+            rec = own_record(rec, t)
             if rec.dead is not None:
                 continue
         recs.append(rec)
