@@ -75,6 +75,36 @@ def test_to_replicated_from_one_device_keeps_the_kept_source() -> None:
 
 
 @eight
+@pytest.mark.parametrize("how", ["scope.keep", "returned"])
+def test_a_replicated_copy_handed_to_its_sources_scope_is_deleted_whole_with_it(how: str) -> None:
+    """``x.to(replicated)`` made in an inner scope over an outer scope's one-device ``x`` shares
+    ``x``'s shard; kept or returned into the outer scope, both are that scope's, and its exit
+    deletes every shard. It was taken for a view of ``x``'s buffer, never tidyjax's to delete:
+    its seven other shards outlived the exit while a raw reference held them (found by the
+    alias model under eight devices, seed 8)."""
+    rep = NamedSharding(_mesh(8), P())
+    with tj.tidy():
+        x = tj.tensor(np.arange(4, dtype=np.float32)) * 1
+        if how == "returned":
+
+            def copy(src: tj.Tensor = x) -> tj.Tensor:
+                return src.to(rep)
+
+            r = tj.tidy.run(copy)
+        else:
+            with tj.tidy() as inner:
+                r = x.to(rep)
+                inner.keep(r)
+        raw = r.array
+        views = [s.data for s in raw.addressable_shards]
+        np.testing.assert_array_equal(np.asarray(views[7]), np.arange(4))
+    assert r.is_disposed and x.is_disposed
+    assert [v.is_deleted() for v in views] == [True] * 8, "shards of the scope's copy were left"
+    del x, r, raw, views
+    _empty()
+
+
+@eight
 def test_a_released_replicated_array_counts_its_shared_shard_once() -> None:
     """``x.to(replicated)`` made in a scope shares its shard on ``x``'s device with ``x``: the
     exit releases it (a raw ``.array`` of it lives on). ``memory()`` counted that shard twice,

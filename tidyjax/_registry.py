@@ -1003,7 +1003,11 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
         alias.owned = rec.owned = owned
     else:
         rec.owned = owned
-        alias.owned = False
+        theirs, held = _keys_of(alias), _keys_of(rec)
+        if theirs is None or held is None or theirs <= held:
+            alias.owned = False
+        # else ``alias`` holds allocations of its own (one device to replicated): its scope's,
+        # deleted with them unless a protected holder shares one (`free` releases it then)
 
 
 def _inherit(heir: Buffer, gone: Buffer) -> None:
