@@ -228,7 +228,7 @@ class Scope(Tracker):
                 return  # already closed by an enclosing scope that exited first
             what = "has not been entered" if self._state == _NEW else "has already exited"
             raise ScopeError(f"cannot exit scope {self.path!r}: it {what}.")
-        above, s = self._inside()
+        above, s = ([], self) if CURRENT.get() is self else self._inside()
         if s is None and self._frame is None:  # not on this context's stack
             raise ScopeError(
                 f"cannot exit scope {self.path!r} from another thread, task or context than the "
@@ -306,13 +306,19 @@ class Scope(Tracker):
         of what this scope owns is deleted, and its Tensor objects are settled."""
         if _registry.suspects:  # first: resolving splits batches, adding to the owned list
             _registry.resolve()
-        escaping, handed_tensors, only_batches = self._escaping(result)
+        if result is None and not self._handed_tensors and not self._handed_batched:
+            escaping, handed_tensors, only_batches = self._handed, {}, False  # nothing walked
+        else:
+            escaping, handed_tensors, only_batches = self._escaping(result)
         parent = _effective(self.parent)
         owned, self._owned = self._owned, []
         why: Any = scope_exited(self.path) if owned or self._aliases or handed_tensors else None
         freed, rest, collected = _registry.free_owned(owned, self, escaping, why)
         self._collected += collected
-        doomed, survivors, handed, batches = self._sort_owned(rest, escaping, parent)
+        if rest:
+            doomed, survivors, handed, batches = self._sort_owned(rest, escaping, parent)
+        else:  # each one freed or collected (the usual exit)
+            doomed, survivors, handed, batches = [], [], 0, []
         if self._taken:  # their Tensor objects made here are settled as a survivor's
             survivors += self._taken
             self._taken = None
