@@ -35,7 +35,7 @@ from ._format import count, describe, esc, fmt_bytes, signed_bytes
 from ._jaxdoors import base_array
 from ._registry import KEPT
 from ._sites import LIBRARY_FOLDERS, Site, creation_site, library_frame
-from ._tensor import Tensor, record
+from ._tensor import Tensor, held_array, record
 from ._variable import Variable
 from ._watch import watched as _watched
 
@@ -723,7 +723,7 @@ def holders(recs: list[_registry.Buffer]) -> list[tuple[_registry.Buffer, list[T
         for obj in gc.get_objects():
             if isinstance(obj, Tensor):
                 rec = record(obj)
-                if rec is not None and id(rec) in by_rec and id(obj._array) in ids:
+                if rec is not None and id(rec) in by_rec and id(held_array(obj)) in ids:
                     by_rec[id(rec)][1].append(obj)
     return list(by_rec.values())
 
@@ -736,7 +736,7 @@ def live_holders() -> list[tuple[_registry.Buffer, list[Tensor]]]:
 def _record(
     t: Tensor, rec: _registry.Buffer, names: dict[int, str], site_of: Callable[[Any], Any]
 ) -> TensorRecord:
-    arr = t._array
+    arr = held_array(t)
     variable = isinstance(t, Variable)
     return TensorRecord(
         id=t.id,

@@ -30,14 +30,14 @@ from typing import Any
 import jax
 
 from ._lift import RAW_WHEN_TRACED
-from ._tensor import TENSOR_TYPES, Tensor, shell, tensor
+from ._tensor import TENSOR_TYPES, Tensor, held_array, shell, tensor
 from ._trees import TENSORS_HOOKS, tensors_in
 
 __all__ = ["install"]
 
 
 def _to_state(t: Tensor) -> Any:
-    return t._value()
+    return t.array
 
 
 def _from_state(target: Tensor, state: Any) -> Tensor:
@@ -83,7 +83,7 @@ def _register_example_optimizers(module: ModuleType) -> None:
 
 def _is_filled_tensor(x: Any) -> bool:
     """A Tensor holding a value: not a shell around ``None`` (a partition's filtered-out leaf)."""
-    return type(x) in TENSOR_TYPES and x._array is not None
+    return type(x) in TENSOR_TYPES and held_array(x) is not None
 
 
 # the combines made by `_combine_taking_tensors` (a module hooked twice is not wrapped again)

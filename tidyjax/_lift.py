@@ -45,6 +45,8 @@ from ._tensor import (
     REBUILD,
     TENSOR_TYPES,
     Tensor,
+    held_array,
+    record,
     refused_by_jax,
     shell,
     wrap,
@@ -136,7 +138,7 @@ jax.tree_util.register_dataclass(Tensor, data_fields=["array"], meta_fields=[])
 
 def _as_jax_value(t: Tensor) -> Any:
     """What a JAX primitive is given for a Tensor: its array, or its tracer."""
-    return t._value()
+    return t.array
 
 
 # Where JAX lets a type convert itself at every primitive bind (JAX 0.10.2+), a Tensor is
@@ -442,9 +444,9 @@ def _mark_donated(args: list[Any], name: str) -> None:
     why = donated(name)
     for t in tensors_in(args):
         rec = t._r
-        if rec is None or rec is _registry.UNTRACKED or not t._array.is_deleted():
+        if rec is None or rec is _registry.UNTRACKED or not held_array(t).is_deleted():
             continue
-        rec = t._rec  # a leaf a batch holds gets its own record: it dies alone
+        rec = record(t)  # a leaf a batch holds gets its own record: it dies alone
         if rec is not None:
             _registry.kill(rec, why)
 

@@ -37,7 +37,7 @@ from ._errors import OutOfMemoryError, TidyjaxTypeError, donated
 from ._format import count, esc, fmt_bytes
 from ._memory import device_stats
 from ._plan import call_figures, call_shapes
-from ._tensor import disposed_error, record
+from ._tensor import disposed_error, held_array, record
 from ._trees import tensors_in
 
 if TYPE_CHECKING:
@@ -86,7 +86,11 @@ def raise_for(
     if "deleted" in str(err):  # "Array has been deleted", "... on deleted or donated buffer"
         for t in tensors_in(operands):
             rec = record(t)
-            if rec is not None and rec.dead is None and getattr(t._array, "is_deleted", bool)():
+            if (
+                rec is not None
+                and rec.dead is None
+                and getattr(held_array(t), "is_deleted", bool)()
+            ):
                 _registry.check(rec)
                 raise disposed_error(t) from err
 
@@ -142,7 +146,7 @@ def _consumed(operands: tuple[Any, ...], name: str) -> tuple[str, ...]:
     out = []
     for t in tensors_in(operands):
         rec = record(t)
-        arr = t._array
+        arr = held_array(t)
         if (
             rec is not None
             and rec is not _registry.UNTRACKED
@@ -571,9 +575,9 @@ def _waited_text(t: Any, name: str) -> str:
     failed asynchronously surfaces): the method, the Tensor and where it was computed."""
     from ._sites import creation_site
 
-    site = creation_site(t._array)
+    site = creation_site(held_array(t))
     made = f", computed at {site}" if site is not None else ""
-    return f"Tensor.{name}() on Tensor {describe(t._array)} (id {t.id}{made})"
+    return f"Tensor.{name}() on Tensor {describe(held_array(t))} (id {t.id}{made})"
 
 
 # -- oom_report --------------------------------------------------------------------------------

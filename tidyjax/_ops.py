@@ -337,7 +337,7 @@ class _At:
         self._t = t
 
     def __getitem__(self, index: Any) -> _AtIndex:
-        return _AtIndex(self._t._value().at[unwrap(index)])
+        return _AtIndex(self._t.array.at[unwrap(index)])
 
 
 class _AtIndex:

@@ -31,7 +31,7 @@ from ._errors import TidyjaxTypeError
 from ._format import count, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
 from ._sites import Site, site_of_stack
-from ._tensor import Tensor
+from ._tensor import Tensor, held_array
 from ._timeline import Timeline, _lock
 from ._trees import tensors_in
 
@@ -512,7 +512,9 @@ def _stop(p: ProfileInfo) -> None:
 
 
 def _shapes(values: Any) -> list[tuple[int, ...]]:
-    arrays = (v._array if isinstance(v, Tensor) else v for v in values if not isinstance(v, type))
+    arrays = (
+        held_array(v) if isinstance(v, Tensor) else v for v in values if not isinstance(v, type)
+    )
     return [tuple(a.shape) for a in arrays if getattr(a, "shape", None) is not None]
 
 
@@ -529,7 +531,8 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
         results = tensors_in(out)
-        jax.block_until_ready([t._array for t in results if type(t._array) in CONCRETE])
+        arrays = [held_array(t) for t in results]
+        jax.block_until_ready([a for a in arrays if type(a) in CONCRETE])
         elapsed = time.perf_counter() - t0
     finally:
         _sink.recs = outer

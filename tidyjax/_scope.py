@@ -306,6 +306,7 @@ class Scope(Tracker):
         of what this scope owns is deleted, and its Tensor objects are settled."""
         if _registry.suspects:  # first: resolving splits batches, adding to the owned list
             _registry.resolve()
+        handed_tensors: dict[int, Any]
         if result is None and not self._handed_tensors and not self._handed_batched:
             escaping, handed_tensors, only_batches = self._handed, {}, False  # nothing walked
         else:
@@ -533,7 +534,7 @@ class Scope(Tracker):
         parent._aliases.extend(
             weakref.ref(t)
             for t in handed_tensors.values()
-            if t._id >= first
+            if t.id >= first
             and (rec := t._r) is not None
             and type(rec) is not Batch  # its batch went to the parent as one
             and not _is_flagged(t, rec)
@@ -577,7 +578,7 @@ class Scope(Tracker):
             if (
                 rec is None
                 or id(rec) not in targets
-                or obj._id < self._first_id
+                or obj.id < self._first_id
                 or id(obj) in handed
                 or getattr(obj, "_kept", False)
                 or getattr(obj, "_var", None) is not None

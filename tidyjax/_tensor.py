@@ -1074,6 +1074,13 @@ def forget_array(t: Tensor) -> None:
         t._array = _Meta(arr)
 
 
+def held_array(t: Tensor) -> Any:
+    """The value ``t`` holds now, disposed or not (never raises): its ``jax.Array``; once a
+    dispose let go of the array, a placeholder with its shape and dtype; a tracer or ``None``
+    in a shell. For reports and checks that must not raise on a disposed Tensor."""
+    return t._array
+
+
 def _forget_dropped(rec: _registry.Buffer, arrays: list[Any]) -> None:
     """The Tensors on ``rec``, a record dropped because another record over its buffer lives
     on, drop their array objects (one referrer pass; groups are rare)."""

@@ -154,7 +154,7 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
     """
     tx = type(x)
     if tx in TENSOR_TYPES:
-        return x._value()
+        return x.array
     if tx in CONCRETE:
         if raw is not None:
             raw.append(x)
@@ -186,7 +186,7 @@ def unwrap(x: Any, raw: list[Any] | None = None) -> Any:
 
     def leaf(v: Any) -> Any:
         if isinstance(v, Tensor):
-            return v._value()
+            return v.array
         if raw is not None and type(v) in CONCRETE:
             raw.append(v)
         return v

@@ -148,12 +148,12 @@ def dispose_variable(v: Tensor) -> None:
     """Free a Variable now (its buffer too, unless a live Tensor shares it). Idempotent."""
     dispose_tensor(v, variable_disposed(_label(v)))
     with _variables_lock:
-        _variables.pop(v._id, None)
+        _variables.pop(v.id, None)
 
 
 def _label(v: Tensor) -> str:
     name = v.name
-    return f"Variable {name!r}" if name else f"Variable (id {v._id})"
+    return f"Variable {name!r}" if name else f"Variable (id {v.id})"
 
 
 def restore_variable(data: Any, name: str | None, trainable: bool) -> Tensor:
@@ -192,7 +192,7 @@ def _hold(arr: Any, value: Any, tensor: int) -> _registry.Buffer:
 def _value_of(value: Any, what: str) -> Any:
     """A jax.Array for a new variable value: a Tensor's own buffer, otherwise a copy."""
     if isinstance(value, Tensor):
-        arr = value._value()
+        arr = value.array
         if type(arr) not in CONCRETE:
             raise TidyjaxTypeError(
                 f"{what} got a traced Tensor (inside jit/grad/vmap); assign concrete values "

@@ -23,7 +23,7 @@ from . import _format
 from ._arrays import CONCRETE
 from ._errors import TidyjaxTypeError, TidyjaxValueError
 from ._jaxdoors import base_array
-from ._tensor import Tensor
+from ._tensor import Tensor, held_array
 from ._trees import is_tensor
 
 __all__ = ["unwatch", "watch", "watched"]
@@ -177,7 +177,7 @@ def watched() -> dict[str, list[tuple[str, Any]]]:
     for name, obj in objects:
         found: dict[int, tuple[str, Any]] = {}
         for path, leaf in _leaves(obj, name):
-            arr = leaf._array if isinstance(leaf, Tensor) else leaf
+            arr = held_array(leaf) if isinstance(leaf, Tensor) else leaf
             if type(arr) in CONCRETE and not base_array(arr).is_deleted():
                 found.setdefault(id(arr), (path, arr))
         out[name] = list(found.values())
