@@ -690,6 +690,12 @@ class TensorRecord:
         )  # fmt: skip
 
 
+def buffer_of(r: TensorRecord) -> int:
+    """The device buffer ``r``'s Tensor is over: the records of Tensors over one buffer (aliases,
+    a group) give the same number, so a sum over distinct numbers counts each buffer once."""
+    return r._buffer
+
+
 def _site_json(site: Site) -> dict[str, Any]:
     out: dict[str, Any] = {"file": site.file, "line": site.line, "function": site.function}
     if site.detail is not None:  # the library frame that made it

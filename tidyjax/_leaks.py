@@ -36,6 +36,7 @@ from ._census import (
     SiteStat,
     TensorRecord,
     books,
+    buffer_of,
     held,
     live_holders,
     one_per_buffer,
@@ -207,7 +208,7 @@ def _apart_lines(report: LeakReport) -> list[str]:
 
 
 def _bytes(records: Iterable[TensorRecord]) -> int:
-    return sum({r._buffer: r.bytes for r in records}.values())
+    return sum({buffer_of(r): r.bytes for r in records}.values())
 
 
 def _advice(report: LeakReport) -> str:

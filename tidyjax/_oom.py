@@ -392,14 +392,14 @@ _reporting: contextvars.ContextVar[BaseException | None] = contextvars.ContextVa
 
 def _holders_report() -> OOMReport:
     """The holders now, each list largest first; ``what`` and the message are filled in later."""
-    from ._census import census, statistics, untracked_record
+    from ._census import buffer_of, census, statistics, untracked_record
 
     temporaries = _call_temporaries(_reporting.get())  # before the census holds them too
     c = census()  # what memory() counts, read once: its sections agree
     broken = {r.buffer for r in c.rows if r.failed}
     # The Tensors only: a watched raw array is in the watched section, counted there.
     raws = ("<watched>", "<untracked>")
-    tracked = [r for r in c.records() if r.scope not in raws and r._buffer not in broken]
+    tracked = [r for r in c.records() if r.scope not in raws and buffer_of(r) not in broken]
     untracked = [untracked_record(r.array) for r in c.of("untracked")
                  if id(r.array) not in temporaries]  # fmt: skip
     tensor_rows = statistics(tracked, ("scope", "site"))
