@@ -664,7 +664,7 @@ class Timeline:
         replayed, the peak among the dropped events (``_peak_live``), and an older moment among
         them (``_dropped_best``: its bytes are known, what was alive then is not)."""
         base = list(self._base.values())
-        best = running = self._base_bytes  # summed afresh by _forget_failed, the one caller
+        best = self._base_bytes  # summed afresh by _forget_failed, the one caller
         # the moment the dropped events left (the start when none were), before the first kept
         at = self._dropped_at if self.dropped else (self.start_time or 0.0)
         seq, live = self.dropped - 1, (base if self.dropped else None)
@@ -674,13 +674,9 @@ class Timeline:
         older = self._dropped_best
         if older is not None and older[0] > best:
             best, at, seq, live = older[0], older[1], older[2], None
-        for i, ev in enumerate(self._events, self.dropped):  # i: the event's sequence number
-            if ev[_KIND] == ALLOC:
-                running += ev[_BYTES]
-                if running > best:
-                    best, at, seq, live = running, ev[_TIME], i, None
-            elif ev[_KIND] == FREE:
-                running -= ev[_BYTES]
+        most, i = _timeline_format.replay_peak(self._events, self._base_bytes)
+        if most > best:  # the kept events reach more, first at self._events[i]
+            best, at, seq, live = most, self._events[i][_TIME], self.dropped + i, None
         self.peak_bytes, self.peak_time, self._peak_seq, self._peak_live = best, at, seq, live
 
     def live_at(self, time: float) -> list[TensorRecord]:
@@ -838,12 +834,9 @@ class Timeline:
     def _replay_calls(self) -> None:
         """A loaded timeline's device peak, from its ``"temporaries"`` events."""
         running = sum(ev.bytes for ev in self._public(self._base.values()))
-        for ev in self._public(self._events):
-            if ev.kind == ALLOC:
-                running += ev.bytes
-            elif ev.kind == FREE:
-                running -= ev.bytes
-            elif ev.kind == TEMPORARIES:
+        for _, ev, sign in _timeline_format.replay((), self._public(self._events)):
+            running += sign * ev.bytes
+            if ev.kind == TEMPORARIES:
                 self._heard(running, ev.time, ev.name, ev.bytes)
 
     @classmethod

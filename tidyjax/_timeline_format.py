@@ -21,12 +21,13 @@ going back) is a `TidyjaxValueError` naming what is wrong, never another excepti
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import operator
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ._census import collector_paused, site_label
@@ -38,15 +39,16 @@ __all__ = [
     "ALLOC", "FORMAT", "FREE", "HEADER", "SCOPE_ENTER", "SCOPE_EXIT", "TEMPORARIES", "VERSION",
     "VERSIONS", "Codec", "Mark", "TimelineEvent", "check", "check_file", "chrome_trace",
     "decode_extras", "encode",
-    "is_clock", "is_count", "is_unix_time", "merge_temporaries", "read", "short",
-    "split_temporaries", "write", "write_chrome_trace",
+    "is_clock", "is_count", "is_unix_time", "merge_temporaries", "read", "replay", "replay_peak",
+    "shares", "short", "split_temporaries", "write", "write_chrome_trace",
 ]  # fmt: skip
 
 ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT = "alloc", "free", "scope_enter", "scope_exit"
 #: A ``tidyjax.jit`` call's XLA temporaries, held while it ran: no array (a replay skips it).
 TEMPORARIES = "temporaries"
 KINDS = (ALLOC, FREE, SCOPE_ENTER, SCOPE_EXIT)  # the kinds of the event columns
-_SIGNED = (ALLOC, FREE)
+#: What an event does to the bytes alive, by kind (`replay`): others hold no array.
+_SIGNS = {ALLOC: 1, FREE: -1}
 #: The file format written: version 2 gives each site its chain of user frames (a ``frames``
 #: table the ``sites`` rows index); version 1 (a site's own frame and its library frame) loads,
 #: each site a chain of one frame.
@@ -187,6 +189,38 @@ class Mark(NamedTuple):
     time: float
     label: str
     bytes: int | None = None
+
+
+def replay(base: Collection[Any], events: Collection[Any]) -> Iterator[tuple[int, Any, int]]:
+    """``(position, event, sign)`` for each of ``base`` (what dropped events left alive) from
+    position ``-len(base)``, then each of ``events`` from 0; ``sign``: 1 for an allocation, -1 for
+    a free, 0 for an event of no array. Events: TimelineEvents or a recording's tuples of their
+    fields. C iterators only: no Python call per event (a page replays 10^5 and more)."""
+    kinds = map(operator.itemgetter(0), itertools.chain(base, events))
+    return zip(itertools.count(-len(base)), itertools.chain(base, events),
+               map(_SIGNS.get, kinds, itertools.repeat(0)))  # fmt: skip
+
+
+def replay_peak(events: Iterable[Any], start: int = 0) -> tuple[int, int]:
+    """The most bytes alive as ``events`` (as in `replay`) are replayed from ``start``, and the
+    position of the first event at that many (-1: none rose above ``start``). Its own loop,
+    not `replay`'s: it runs over a whole recording (up to a million events), and comparing the
+    kind in place measured 1.5x faster than the iterators."""
+    most, at, running = start, -1, start
+    for i, ev in enumerate(events):
+        if ev[0] == ALLOC:  # ev[0]: the kind, ev[2]: the bytes
+            running += ev[2]
+            if running > most:
+                most, at = running, i
+        elif ev[0] == FREE:
+            running -= ev[2]
+    return most, at
+
+
+def shares(ev: TimelineEvent, unnamed: str = "") -> tuple[tuple[str, int], ...]:
+    """The bytes ``ev``'s buffer has on each device: its ``per_device``, else all its ``bytes``
+    on its ``device`` (``unnamed`` when that is ``""``)."""
+    return ev.per_device or ((ev.device or unnamed, ev.bytes),)
 
 
 _COLUMNS = ("kind", "time", "bytes", "meta", "scope", "tensors", "buffer", "name", "placement")
@@ -579,24 +613,19 @@ def _us(t: float, t0: float) -> float:
     return round((t - t0) * 1e6, 3)
 
 
-def _shares(ev: TimelineEvent) -> Iterable[tuple[str, int]]:
-    """The bytes ``ev``'s buffer has on each device (its own device when none is recorded)."""
-    return ev.per_device or ((ev.device or "device", ev.bytes),)
-
-
 def _counters(
     base: list[TimelineEvent], events: list[TimelineEvent], t0: float, start: float
 ) -> list[dict[str, Any]]:
     """The counter events: each device's bytes after every change, one value per moment."""
-    changes = [(start, 1, ev) for ev in base]  # what dropped events left alive, at the start
-    changes += [(ev.time, 1 if ev.kind == ALLOC else -1, ev) for ev in events if ev.kind in _SIGNED]
-    devices = dict.fromkeys((d for _, _, ev in changes for d, _ in _shares(ev)), 0)
+    changes = [(start, 1, shares(ev, "device")) for ev in base]  # alive since dropped events
+    changes += [(ev.time, sign, shares(ev, "device")) for _, ev, sign in replay((), events) if sign]
+    devices = dict.fromkeys((d for _, _, pairs in changes for d, _ in pairs), 0)
     total = "all devices" if len(devices) > 1 else None
     # per track, its value at each moment (the latest); times only grow
     values = {track: {_us(start, t0): 0} for track in ([*devices, total] if total else devices)}
-    for t, sign, ev in changes:
+    for t, sign, pairs in changes:
         ts = _us(t, t0)
-        for d, b in _shares(ev):
+        for d, b in pairs:
             devices[d] = values[d][ts] = devices[d] + sign * b
         if total:
             values[total][ts] = sum(devices.values())
@@ -652,7 +681,7 @@ def _instants(events: list[TimelineEvent], t0: float) -> list[dict[str, Any]]:
             "scope": ev.scope, "shape": list(ev.shape), "dtype": ev.dtype,
             "buffer": ev.buffer, "tensors": list(ev.tensors),
         },
-    } for ev in events if ev.kind in _SIGNED]  # fmt: skip
+    } for ev in events if ev.kind in _SIGNS]  # fmt: skip
 
 
 def _moments(tl: Any, t0: float, start: float | None) -> list[dict[str, Any]]:

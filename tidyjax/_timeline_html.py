@@ -21,6 +21,7 @@ import base64
 import bisect
 import collections
 import functools
+import itertools
 import json
 import time
 import zlib
@@ -29,7 +30,7 @@ from typing import Any
 
 from ._census import UNTRACKED, WATCHED, site_label
 from ._format import describe, esc, fmt_bytes
-from ._timeline_format import TEMPORARIES
+from ._timeline_format import ALLOC, FREE, TEMPORARIES, replay, replay_peak, shares
 
 __all__ = ["alive_after", "elapsed", "fragment", "page"]
 
@@ -45,7 +46,6 @@ _COLUMNS = 450
 #: The scopes of a plain jax.Array's events, and of one a watched object holds: each kind drawn
 #: as series apart from the Tensors made at the same site.
 _KINDS = {UNTRACKED: "untracked", WATCHED: "watched"}
-_SIGN = {"alloc": 1, "free": -1}
 # Cells carry their alignment inline: an untrusted notebook's sanitizer drops the page's style
 # sheet, and JupyterLab's own rule would right-align every cell.
 _LEFT, _RIGHT = ' style="text-align:left"', ' style="text-align:right"'
@@ -99,10 +99,11 @@ class _Chart:
         names = getattr(tl, "_names", None) or {}
         named = {name: f"Variable {name!r}" for name in set(names.values())}  # a site each
         base, events = (
-            [ev._replace(site=named[names[ev.buffer]]) if ev.kind in _SIGN and ev.buffer in names
-             else ev for ev in kept]
+            [ev._replace(site=named[names[ev.buffer]])
+             if ev.kind in (ALLOC, FREE) and ev.buffer in names else ev for ev in kept]
             for kept in tl._window()
         )  # fmt: skip
+        self.window = base, events  # replayed: _scan, _fill, peak
         self.stacks: dict[Any, list[Any]] = getattr(tl, "_stacks", None) or {}
         self.n = n = len(events)
         # a snapshot (Timeline.from_snapshot): allocations only, all at its start and stop
@@ -118,40 +119,38 @@ class _Chart:
         self._place_marks(tl, base, events, at)
 
     def _scan(self, base: list[Any], events: list[Any], sites: _Sites) -> None:
-        """Pass 1: each site's numbers, the devices, the largest total (``peak``), the scopes
-        (``scopes``: start event, -1 before the kept ones, end event, name, path, seconds)."""
+        """Pass 1: each site's numbers, the devices, the scopes (``scopes``: start event, -1
+        before the kept ones, end event, name, path, seconds)."""
         cur, most, life, since, info = sites.cur, sites.most, sites.life, sites.since, sites.info
         devices: set[str] = set()
-        total = peak = 0
         enters: dict[int, tuple[int, Any]] = {}
         self.scopes: list[tuple[int, int, str, str, float]] = []
         # per function whose XLA temporaries were recorded: its largest and its calls' scopes
         self.temp_most: dict[str, int] = {}
         self.temp_scopes: dict[str, collections.Counter[str]] = {}
         nb = len(base)
-        for i, ev in enumerate((*base, *events)):
-            kind = ev.kind
-            if kind == "alloc" or kind == "free":
+        for i, ev, sign in replay((), (*base, *events)):  # i from 0, the base's first
+            if sign:
                 s = sites.index(ev)
-                for d, _ in ev.per_device or ((ev.device, 0),):
+                for d, _ in ev.per_device or shares(ev):  # as in _fill
                     devices.add(d)
-                if kind == "free":
+                if sign < 0:
                     if cur[s] - ev.bytes <= 0 < ev.bytes:
                         life[s] += i - since[s]
-                    cur[s], total = cur[s] - ev.bytes, total - ev.bytes
+                    cur[s] -= ev.bytes
                     continue
                 key = (ev.dtype, ev.shape, ev.scope)
                 info[s][key] = info[s].get(key, 0) + 1
                 since[s] = since[s] if cur[s] else i
-                cur[s], total = cur[s] + ev.bytes, total + ev.bytes
-                most[s], peak = max(most[s], cur[s]), max(peak, total)
-            elif kind == "scope_enter":
+                cur[s] += ev.bytes
+                most[s] = max(most[s], cur[s])
+            elif ev.kind == "scope_enter":
                 enters[ev.buffer] = (i - nb, ev)
-            elif kind == "scope_exit":
+            elif ev.kind == "scope_exit":
                 start, opened = enters.pop(ev.buffer, (-1, ev))
                 self.scopes.append((start, i - nb, opened.name, opened.scope,
                                     ev.time - opened.time))  # fmt: skip
-            elif kind == TEMPORARIES and ev.bytes:  # none (0 B): no band
+            elif ev.kind == TEMPORARIES and ev.bytes:  # none (0 B): no band
                 self.temp_most[ev.name] = max(self.temp_most.get(ev.name, 0), ev.bytes)
                 scopes = self.temp_scopes.setdefault(ev.name, collections.Counter())
                 scopes[ev.scope or "(no scope)"] += 1
@@ -163,8 +162,12 @@ class _Chart:
         for start, ev in enters.values():  # still open when the recording stopped
             end_time = events[-1].time if events else ev.time
             self.scopes.append((start, len(events), ev.name, ev.scope, end_time - ev.time))
-        self.peak = peak
         self.devices = sorted(devices)
+
+    @functools.cached_property
+    def peak(self) -> int:
+        """The most bytes alive in the replay (the timeline's peak may be a dropped event's)."""
+        return replay_peak(itertools.chain(*self.window))[0]
 
     def _rank(self, sites: _Sites, top: int) -> list[int]:
         """The ``top`` sites by largest live bytes, with hover text (``sites``), the rest one
@@ -222,18 +225,17 @@ class _Chart:
         self.call_peak, self.call_at = tot[:], [-1] * nd
         self.call_ev: list[Any] = [None] * nd
         # what the events dropped left alive first (``base``: allocations, at negative positions)
-        for i, ev in enumerate((*base, *events), -len(base)):
+        for i, ev, sign in replay(base, events):
             if i > 0 and i * c // n != column:
                 column = i * c // n
                 for j in range(nd):
                     self.cols[j].append(best_vec[j])
                 self.times.append(ev.time - self.t0)
                 best, best_vec = tot[:], [v[:] for v in vec]
-            sign = _SIGN.get(ev.kind)
-            if sign is None:
+            if not sign:
                 if ev.kind == TEMPORARIES and ev.bytes:
                     ts = self.temp_slot[ev.name]
-                    for d, b in ev.per_device or ((ev.device, ev.bytes),):
+                    for d, b in shares(ev):
                         k = dindex.get(d)
                         if k is None:
                             continue
@@ -245,7 +247,7 @@ class _Chart:
                             best_vec[k][ts] += b
                 continue
             s = slot[sites.index(ev)]
-            for d, b in ev.per_device or ((ev.device, ev.bytes),):
+            for d, b in ev.per_device or shares(ev):  # shares(ev), called only when it differs
                 j = dindex[d]
                 v = vec[j]
                 v[s] += sign * b
@@ -299,14 +301,14 @@ class _Chart:
 def alive_after(base: list[Any], events: list[Any], indexes: list[int]) -> list[list[Any]]:
     """For each of ``indexes``, what was alive after ``events[index]`` (-1: before), one replay."""
     live = {ev.buffer: ev for ev in base}
-    found, want = {-1: list(live.values())}, set(indexes)
-    for i, ev in enumerate(events[: max(want, default=-1) + 1]):
-        if ev.kind == "alloc":
-            live[ev.buffer] = ev
-        elif ev.kind == "free":
-            live.pop(ev.buffer, None)
-        if i in want:
-            found[i] = list(live.values())
+    found, done, replayed = {-1: list(live.values())}, -1, replay((), events)
+    for index in sorted({i for i in indexes if 0 <= i < len(events)}):
+        for _, ev, sign in itertools.islice(replayed, index - done):  # up to events[index]
+            if sign > 0:
+                live[ev.buffer] = ev
+            elif sign:
+                live.pop(ev.buffer, None)
+        found[index], done = list(live.values()), index
     return [found[i] for i in indexes]
 
 
@@ -426,7 +428,7 @@ def _peak_table(ch: _Chart, j: int) -> str:
     device, several = ch.devices[j], len(ch.devices) > 1
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for ev in ch.live[j]:
-        nbytes = dict(ev.per_device or ((ev.device, ev.bytes),)).get(device, 0)
+        nbytes = dict(shares(ev)).get(device, 0)
         if several and not nbytes:
             continue
         kind = _KINDS.get(ev.scope)  # a plain jax.Array: no scope frees it
@@ -437,7 +439,7 @@ def _peak_table(ch: _Chart, j: int) -> str:
         g[0], g[1] = g[0] + (nbytes if several else ev.bytes), g[1] + 1
     temps = ch.temps[j] if ch.at is None else None
     if temps is not None:  # the device peak falls in a call: its temporaries are alive too
-        b = dict(temps.per_device or ((temps.device, temps.bytes),)).get(device, 0)
+        b = dict(shares(temps)).get(device, 0)
         key = (f"XLA temporaries of {temps.name}", "(while the call ran)",
                temps.scope or "(no scope)", device if several else temps.device)  # fmt: skip
         groups[key] = [b, 1]
