@@ -575,9 +575,10 @@ def _waited_text(t: Any, name: str) -> str:
     failed asynchronously surfaces): the method, the Tensor and where it was computed."""
     from ._sites import creation_site
 
-    site = creation_site(held_array(t))
+    arr = held_array(t)
+    site = creation_site(arr)
     made = f", computed at {site}" if site is not None else ""
-    return f"Tensor.{name}() on Tensor {describe(held_array(t))} (id {t.id}{made})"
+    return f"Tensor.{name}() on Tensor {describe(arr)} (id {t.id}{made})"
 
 
 # -- oom_report --------------------------------------------------------------------------------

@@ -531,8 +531,7 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
         results = tensors_in(out)
-        arrays = [held_array(t) for t in results]
-        jax.block_until_ready([a for a in arrays if type(a) in CONCRETE])
+        jax.block_until_ready([a for t in results if type(a := held_array(t)) in CONCRETE])
         elapsed = time.perf_counter() - t0
     finally:
         _sink.recs = outer

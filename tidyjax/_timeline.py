@@ -43,6 +43,7 @@ from ._census import (
     SiteStat,
     TensorRecord,
     books,
+    buffer_of,
     collector_paused,
     creation_site,
     group_spread,
@@ -853,7 +854,7 @@ class Timeline:
         tl.start_time = tl.stop_time = 0.0
         seen: dict[int, tuple[TensorRecord, list[int]]] = {}
         for r in snapshot.records:
-            seen.setdefault(r._buffer, (r, []))[1].append(r.id)
+            seen.setdefault(buffer_of(r), (r, []))[1].append(r.id)
         for n, (r, ids) in enumerate(seen.values(), 1):
             devices = r.devices or ("",)
             share = r.bytes // len(devices)  # how a buffer on several devices splits is not saved
