@@ -1,7 +1,7 @@
 """``profile()``: what a block of code allocated, its peak, and one record per op (kernel).
 
-While at least one profile is open, one count runs: a `Timeline` of tidyjax's buffers that keeps
-no event (`_Recorder`), started from what is alive when the first profile opened. Its running
+While at least one profile is open, one count runs: a `_tally.Tally` (`_Count`), an observer of
+the registry's events started from what is alive when the first profile opened. Its running
 total (``memory().num_bytes`` at every moment, each buffer once) is the profiles' bytes and lifts
 their peaks and the open scopes'; the Tensors are counted beside it. The totals and peaks are
 process-wide, like ``tf.profile``. Kernel records go to the profiles open in the running thread
@@ -31,8 +31,8 @@ from ._errors import TidyjaxTypeError
 from ._format import count, esc, signed_bytes
 from ._format import fmt_bytes as _fmt_bytes
 from ._sites import Site, site_of_stack
+from ._tally import Tally
 from ._tensor import Tensor, held_array
-from ._timeline import Timeline, _lock
 from ._trees import tensors_in
 
 __all__ = ["KernelRecord", "ProfileInfo", "profile"]
@@ -385,100 +385,66 @@ def _headline(p: ProfileInfo) -> str:
 _tokens: dict[int, contextvars.Token[tuple[ProfileInfo, ...]]] = {}
 
 
-class _Recorder(Timeline):
-    """The one count of tidyjax bytes while profiles are open: a timeline of tidyjax's buffers
-    (``arrays=False``, not listed by ``active()``) that keeps no event, only its running total
-    (``_bytes``: ``memory().num_bytes`` at every moment, aliases once, a caller's released array
-    not counted). Each rise feeds the open profiles' peaks and the open scopes'
-    (``note_peak``). It also counts the Tensors and hands each op the buffers it made."""
+class _Count(Tally):
+    """The one count of tidyjax bytes while profiles are open (``memory().num_bytes`` at every
+    moment, each buffer once). Each rise feeds the open profiles' peaks and the open scopes'
+    (``note_peak``); each new record goes to the op running in its thread."""
 
-    _listed = False
-
-    def __init__(self, tensors: int) -> None:
-        super().__init__(max_events=1, arrays=False)
+    def __init__(self) -> None:
+        super().__init__()
         self.profiles: list[ProfileInfo] = []  # open, in the order they opened
-        self.tensors = tensors
 
-    def event(self, kind: str, obj: Any, tensor: int = 0) -> None:
-        """Count the Tensors, hand the running op its new buffer, then record as a timeline."""
-        if kind == "buffer_added":
-            made = getattr(_sink, "recs", None)
-            if made is not None:
-                made.append(obj)
-        with _lock:
-            if kind in ("buffer_added", "tensor_added"):
-                self.tensors += 1
-            elif kind == "tensor_removed":
-                self.tensors -= 1
-            elif kind == "buffer_freed":  # its remaining holders are disposed with it
-                self.tensors -= max(obj.n, 0)
-            super().event(kind, obj, tensor)
+    def made(self, rec: Any) -> None:
+        out = getattr(_sink, "recs", None)
+        if out is not None:
+            out.append(rec)
 
-    def _append(self, ev: tuple[Any, ...], delta: int) -> None:
-        """No event is kept: the total moves, and a rise lifts the peaks."""
-        total = self._bytes = self._bytes + delta
-        if delta > 0 and self.profiles:
-            for p in self.profiles:
-                p.peak_bytes = max(p.peak_bytes, total)
-            scope = CURRENT.get()
-            while scope is not None:
-                scope.note_peak(total)
-                scope = scope.parent
-
-    def _alive(self) -> list[tuple[Any, Any]]:
-        """The records counted now; no Tensor id is recorded (no gc walk for them)."""
-        return [(rec, ()) for rec in books()[0]]
-
-    def _scope(self, kind: str, scope: Any) -> None:
-        """No band is drawn: a scope's event only settled what came before it (``event``)."""
-
-    def _heard(self, total: int, when: float, name: str, temps: int | None) -> None:
-        """A ``tidyjax.jit`` call returned (``Timeline.call``, its outputs settled): each open
-        profile weighs its temporaries (None: unknown) against ``total`` array bytes."""
+    def rose(self, total: int) -> None:
         for p in self.profiles:
-            p._heard_call(name, temps, total)
+            p.peak_bytes = max(p.peak_bytes, total)
+        scope = CURRENT.get()
+        while scope is not None:
+            scope.note_peak(total)
+            scope = scope.parent
 
-    def _site(self, arr: Any) -> int:
-        """No page: no creation site is read (0: none)."""
-        return 0
-
-    def _name_variables(self) -> None:
-        """No page: no Variable is named."""
+    def call(self, name: str, figures: Any) -> None:
+        """A ``tidyjax.jit`` call returned (``_plan.observe_call``): each open profile weighs its
+        temporaries (None: unknown) against the bytes alive now, its outputs counted."""
+        temps = figures.temporaries()
+        total = sum(temps.values()) if temps else None
+        with self.lock:
+            self.settle()
+            for p in self.profiles:
+                p._heard_call(name, total, self.total)
 
 
 # The recorder while a profile is open (else None); the lock of opening and closing profiles.
-_recorder: _Recorder | None = None
+_recorder: _Count | None = None
 _guard = threading.RLock()
 # per thread: the list collecting the buffers the running op makes
 _sink = threading.local()
 
 
-def _num_tensors() -> int:
-    """``memory().num_tensors``, read from the books alone (no buffer is weighed)."""
-    alive, deleted = books()
-    return sum(max(rec.n, 0) for rec in alive + deleted)
-
-
 def _start(p: ProfileInfo) -> None:
-    """Open ``p``; the first profile to open starts the recorder, from what is alive now."""
+    """Open ``p``; the first profile to open starts the count, from what is alive now."""
     global _recorder
     with _guard:
         rec = _recorder
         if rec is None:
-            rec = _Recorder(_num_tensors())
-            rec.__enter__()  # reads what is alive: its total is memory()'s
+            rec = _Count()
+            rec.start()  # what is alive: its total is memory()'s
             _recorder = rec
             _ops.set_kernel_hook(_run_kernel)
-        with _lock:
-            rec._settle()  # the buffers just added count before the baseline
+        with rec.lock:
+            rec.settle()  # the buffers just added count before the baseline
             rec.profiles.append(p)
-            p.bytes_before = p.peak_bytes = rec._bytes
+            p.bytes_before = p.peak_bytes = rec.total
             p._start_tensors = rec.tensors
     _tokens[id(p)] = _OPEN.set((*_OPEN.get(), p))
 
 
 def _stop(p: ProfileInfo) -> None:
-    """Close ``p`` and fix its results; the last profile to close stops the recorder."""
+    """Close ``p`` and fix its results; the last profile to close stops the count."""
     global _recorder
     token = _tokens.pop(id(p), None)
     if token is not None:
@@ -486,27 +452,26 @@ def _stop(p: ProfileInfo) -> None:
             _OPEN.reset(token)
         except ValueError:  # closed from another context: just drop it there
             _OPEN.set(tuple(q for q in _OPEN.get() if q is not p))
-    # The Tensors again from the books: a Tensor on a buffer deleted behind tidyjax's back (a raw
-    # jax.jit donation) is reported by no event.
-    tensors = _num_tensors()
+    # The books read again (buffers deleted behind tidyjax's back are noticed, suspects
+    # resolved), and the Tensors from them: a Tensor on a buffer deleted behind tidyjax's back
+    # (a raw jax.jit donation) is reported by no event.
+    alive, deleted = books()
+    tensors = sum(max(r.n, 0) for r in alive + deleted)
     with _guard:
         rec = _recorder
         if rec is None or p not in rec.profiles:
             return
-        # caught up (buffers just added, deleted behind tidyjax's back, failed), p still open
-        last = rec.profiles == [p]
-        if last:
-            rec.__exit__()
-        else:
-            rec._window()
-        with _lock:
+        with rec.lock:
+            rec.settle()
+            rec.forget_failed()
             rec.tensors = tensors
             rec.profiles.remove(p)
-            p.new_bytes = rec._bytes - p.bytes_before
+            p.new_bytes = rec.total - p.bytes_before
             p.new_tensors = tensors - p._start_tensors
             p._live_end = _live_at_end(p)
             p._outs = []  # the records go: only their bytes were needed
-        if last:
+        if not rec.profiles:
+            rec.stop()
             _recorder = None
             _ops.set_kernel_hook(None)
 
@@ -526,7 +491,7 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
     made: list[Any] = []
     outer = getattr(_sink, "recs", None)  # an op inside an op: both get its buffers
     _sink.recs = made
-    bytes0, tensors0 = rec._bytes, rec.tensors
+    bytes0, tensors0 = rec.total, rec.tensors
     try:
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
@@ -537,13 +502,11 @@ def _run_kernel(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs
         _sink.recs = outer
         if outer is not None:
             outer.extend(made)
-    if rec._pending:  # the buffers just added (the op's committed outputs): counted now
-        with _lock:
-            rec._settle()
+    rec.settle()  # the buffers just added (the op's committed outputs): counted now
     record = KernelRecord(
         name=name,
-        bytes_added=rec._bytes - bytes0,
-        total_bytes_snapshot=rec._bytes,
+        bytes_added=rec.total - bytes0,
+        total_bytes_snapshot=rec.total,
         tensors_added=rec.tensors - tensors0,
         total_tensors_snapshot=rec.tensors,
         input_shapes=_shapes(list(args) + list(kwargs.values())),

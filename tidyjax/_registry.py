@@ -1100,6 +1100,24 @@ def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list
     return found
 
 
+def sharing(recs: list[Buffer]) -> dict[int, list[Buffer]]:
+    """For each of ``recs`` that awaits `resolve` (a suspect), by its id, the other live records
+    sharing an allocation with it: what `resolve` will group, read now and changing nothing
+    (an observer counting a buffer once, `_tally`). Waits for those of ``recs``."""
+    waiting = {id(s) for s in suspects}
+    wanted: dict[Any, list[Buffer]] = {}
+    for rec in recs:
+        arr = rec.array() if id(rec) in waiting else None
+        for k in (shards(arr, wait=True) if arr is not None else None) or ():
+            wanted.setdefault(k, []).append(rec)
+    out: dict[int, list[Buffer]] = {}
+    for other, keys in _sharing(by_array.values(), wanted) if wanted else ():
+        for rec in {id(r): r for k in keys for r in wanted.get(k, ())}.values():
+            if rec is not other:
+                out.setdefault(id(rec), []).append(other)
+    return out
+
+
 def _address(arr: Any, wait: bool) -> Any:
     """The device addresses of ``arr``'s buffer; None if it is deleted, its allocation failed,
     or (without ``wait``) it is not ready yet. A failed buffer is "ready" and raises when
@@ -1154,6 +1172,8 @@ def _join_group(a: Buffer, b: Buffer, merge: bool = True) -> None:
             _groups[id(r)] = merged
             if merge:
                 r.owned = owned
+    if observers:
+        notify("joined", a)
 
 
 def _leave_group(rec: Buffer) -> bool:
@@ -1217,7 +1237,8 @@ def device_bytes(rec: Buffer) -> dict[Any, int]:
 #
 # While ``observers`` is non-empty (a profile or timeline is open), every change to the books is
 # reported to each observer as ``observer.event(kind, rec, tensor)``, ``tensor`` the id of the
-# Tensor made on ``rec`` ("buffer_added", "tensor_added") or 0. Scopes report themselves as
+# Tensor made on ``rec`` ("buffer_added", "tensor_added") or 0; "joined": ``rec`` and other
+# records are one buffer now (`grouped`: one buffer, counted once). Scopes report themselves as
 # ``observer.event("scope_enter" or "scope_exit", scope)``. Empty, the cost is one truthiness
 # check on each path.
 

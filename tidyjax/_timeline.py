@@ -1084,8 +1084,8 @@ class Timeline:
     def event(self, kind: str, obj: Any, tensor: int = 0) -> None:
         """A change to the registry's books, or a scope entered or exited. ``tensor`` is the id
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
-        if kind == "tensor_removed" and not released(obj):  # a holder fewer: nothing to record
-            return
+        if kind == "joined" or (kind == "tensor_removed" and not released(obj)):
+            return  # records over one buffer (found by address here), a holder fewer
         with _lock:
             if not self._depth:
                 return
