@@ -674,8 +674,30 @@ def profiler_check(number: int, rounds: int) -> None:
         max(1, number // 100), rounds)  # fmt: skip
 
 
+def alias_exit(number: int, rounds: int) -> None:
+    """A scope whose op reads a raw ``jax.device_put`` alias of an outer Tensor (a new array
+    object over the same buffer, grouped at the exit and dropped there), beside 5,000 live
+    Tensors: raw JAX vs tidyjax. The exit finds the alias's Tensors without a heap scan."""
+    live = [tj.tensor(np.ones(4, np.float32)) for _ in range(5000)]
+    x = tj.tensor(np.ones(100, np.float32))
+    xr = jnp.ones(100, jnp.float32)
+
+    def raw() -> None:
+        a = jax.device_put(xr, jax.devices()[0])
+        jax.block_until_ready(a * 2)
+
+    def tracked() -> None:
+        with tj.tidy():
+            a = jax.device_put(x, jax.devices()[0])
+            jax.block_until_ready(a * 2)
+
+    row("scope with a device_put alias, 5,000 Tensors alive", raw, tracked, number, rounds)
+    tj.dispose([live, x])
+
+
 SECTIONS = (
     "eager",
+    "alias",
     "jit",
     "block",
     "adam",
@@ -701,6 +723,8 @@ def main() -> None:
     print(HEADER)
     if "eager" in only:
         eager(number, rounds)
+    if "alias" in only:
+        alias_exit(max(1, number // 20), max(5, rounds // 2))
     if "jit" in only:
         ratios = {n: jitted_leaves(n, max(1, 20_000 // n), max(5, rounds // 2))
                   for n in (100, 1000, 10_000)}  # fmt: skip

@@ -105,6 +105,30 @@ def test_a_replicated_copy_handed_to_its_sources_scope_is_deleted_whole_with_it(
 
 
 @eight
+def test_a_scopes_replicated_copy_of_a_top_level_buffer_is_released_at_its_exit() -> None:
+    """A raw alias made outside every scope over a top-level ``x`` lives on whatever a scope
+    does with ``x``'s aliases (docs/semantics.md): here ``x.to(replicated)``, made in a scope,
+    shares ``x``'s shard and holds seven of its own; ``x`` disposed, that copy held the buffer,
+    and the scope's exit deleted it whole, the raw alias's shard with it (the alias model under
+    eight devices, seed 4). The exit releases it now."""
+    x = tj.tensor(np.arange(4, dtype=np.float32)) * 1
+    raw = jax.device_put(x.array, DEVS[0])  # made outside every scope: a new object, one buffer
+    with tj.tidy():
+        r = x.to(NamedSharding(_mesh(8), P()))
+        tj.dispose(x)
+        views = [s.data for s in r.array.addressable_shards]
+    assert r.is_disposed and x.is_disposed
+    assert not raw.is_deleted(), "the raw alias made outside every scope was deleted"
+    np.testing.assert_array_equal(np.asarray(raw), np.arange(4))
+    assert not any(v.is_deleted() for v in views)  # released: JAX frees them with their objects
+    del r, views
+    gc.collect()
+    assert not raw.is_deleted()
+    del x, raw
+    _empty()
+
+
+@eight
 def test_a_released_replicated_array_counts_its_shared_shard_once() -> None:
     """``x.to(replicated)`` made in a scope shares its shard on ``x``'s device with ``x``: the
     exit releases it (a raw ``.array`` of it lives on). ``memory()`` counted that shard twice,

@@ -683,7 +683,14 @@ def _hand_on(group: list[Buffer], scopes: bool, dying: Buffer | None = None) -> 
     disposing their last Tensor does, as for any buffer. ``dying``, a record `free` is freeing
     now, inherits too (as a RELEASED one does: the one being disposed)."""
     for r in group:
-        if r.owned or not (r.dead is None or r.dead is RELEASED or r is dying):
+        if not (r.dead is None or r.dead is RELEASED or r is dying):
+            continue
+        if r.owned:
+            if not scopes and hasattr(r.scope, "take"):
+                # A scope's alias holding allocations of its own (a replicated copy of the
+                # buffer): the buffer it shares came from outside every scope, which no
+                # scope's exit deletes; its exit releases the alias, a dispose deletes it.
+                r.owned, r.heir = False, True
             continue
         if scopes and hasattr(r.scope, "take"):
             r.owned = True
@@ -962,7 +969,7 @@ def _match(wanted: dict[Any, list[Buffer]], order: dict[int, int]) -> None:
     (``order``: their places, oldest first) the older made the buffer."""
     held = {id(a) for a in orphans}
     new = order
-    for other, keys in _sharing(by_array.values(), wanted):
+    for other, keys in _sharing(None, wanted):
         arr = other.array()
         if arr is None:
             continue
@@ -1029,22 +1036,30 @@ def _inherit(heir: Buffer, gone: Buffer) -> None:
         owner.take(heir)
 
 
-def _sharing(pool: Iterable[Any], wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]]:
-    """The live records of ``pool`` (each once) that hold an allocation in ``wanted``, with
-    their allocations; a batch's leaf that does is split out of it first."""
+def _sharing(pool: Iterable[Any] | None, wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]]:
+    """The live records of ``pool`` (None: every record) that hold an allocation in
+    ``wanted``, each once, in the pool's order, with their allocations; a batch's leaf that
+    does is split out of it first. A record's allocations are read once (`_keys_of`): after
+    that, one set test per record."""
     out: list[tuple[Buffer, Any]] = []
-    for rec in list({id(r): r for r in pool}.values()):
+    seen: set[int] = set()
+    disjoint = wanted.keys().isdisjoint
+    for rec in list(by_array.values() if pool is None else pool):
         if type(rec) is Batch:
-            if rec.dead is None:
+            if rec.dead is None and id(rec) not in seen:
+                seen.add(id(rec))
                 for i, a in rec.held():
                     keys = shards(a, wait=False)
-                    if keys and not wanted.keys().isdisjoint(keys):
+                    if keys and not disjoint(keys):
                         out.append((split_stale(rec, i), keys))
             continue
-        if rec.dead is not None:
+        keys = getattr(rec, "keys", None)
+        if keys is None and (rec.dead is not None or not (keys := _keys_of(rec))):
             continue
-        keys = _keys_of(rec)
-        if keys and not wanted.keys().isdisjoint(keys):
+        if disjoint(keys) or rec.dead is not None or id(rec) in seen:
+            continue
+        if _keys_of(rec) is not None:  # an array of it alive, undeleted: no reused address
+            seen.add(id(rec))
             out.append((rec, keys))
     return out
 
@@ -1090,7 +1105,7 @@ def aliases_of(arrays: list[Any], among: Iterable[Buffer] | None = None) -> list
     if not wanted:
         return []
     found: list[Buffer] = []
-    for rec, keys in _sharing(among if among is not None else by_array.values(), wanted):
+    for rec, keys in _sharing(among, wanted):
         twin = rec.array()
         hits = {id(a): a for k in keys for a in wanted.get(k, ()) if a is not twin}
         for arr in hits.values():
@@ -1111,7 +1126,7 @@ def sharing(recs: list[Buffer]) -> dict[int, list[Buffer]]:
         for k in (shards(arr, wait=True) if arr is not None else None) or ():
             wanted.setdefault(k, []).append(rec)
     out: dict[int, list[Buffer]] = {}
-    for other, keys in _sharing(by_array.values(), wanted) if wanted else ():
+    for other, keys in _sharing(None, wanted) if wanted else ():
         for rec in {id(r): r for k in keys for r in wanted.get(k, ())}.values():
             if rec is not other:
                 out.setdefault(id(rec), []).append(other)

@@ -13,6 +13,7 @@ import itertools
 import math
 import operator
 import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -824,6 +825,8 @@ def shell(value: Any) -> Tensor:
 def _join(t: Tensor, rec: _registry.Buffer, scope: Any) -> None:
     """``t`` is one more holder of an existing record (clone, same-dtype astype, x[...])."""
     _registry.join(rec)
+    if _holders:
+        note_holder(rec, t)
     if scope is not None:
         # This Tensor object was made here: the scope disposes the object at exit unless it is
         # returned or kept (TensorFlow.js), and leaves the buffer to its owner.
@@ -844,6 +847,7 @@ def wrap_foreign(arr: Any, raw: list[Any] | None = None) -> Any:
         fresh = rec is not None and rec is not _UNTRACKED and rec.n == 1 and rec.more is None
         if fresh:
             _registry.suspect(rec, [r for r in raw or () if type(r) in CONCRETE])
+            _watch_holders(rec, t)
     return t
 
 
@@ -913,7 +917,8 @@ def wrap_borrowed(arr: Any) -> Any:
     if rec is not None and rec.dead is None:
         return wrap(arr)
     t = _wrap_unowned(arr)
-    _registry.suspect(t._rec)
+    _registry.suspect(t._r)
+    _watch_holders(t._r, t)
     return t
 
 
@@ -1081,9 +1086,43 @@ def held_array(t: Tensor) -> Any:
     return t._array
 
 
+# The Tensors over each suspect record (`_registry.suspect`: it may be dropped from a group
+# whose buffer lives on), weakly, by the record's id: its creator's and each one joined since
+# (`_join`, a Variable). Dropped, its Tensors let go of its arrays without a heap scan.
+_holders: dict[int, tuple[_registry.Buffer, list[Any]]] = {}
+_holders_at = 1024  # more entries, and those whose arrays are all gone are forgotten
+
+
+def _watch_holders(rec: _registry.Buffer, t: Tensor) -> None:
+    """Follow the Tensors over ``rec``, a suspect, from ``t``, its first."""
+    global _holders_at
+    if len(_holders) > _holders_at:
+        for key, (r, _) in list(_holders.items()):
+            if r.array() is None:
+                del _holders[key]
+        _holders_at = max(1024, 2 * len(_holders))
+    _holders[id(rec)] = (rec, [weakref.ref(t)])
+
+
+def note_holder(rec: _registry.Buffer, t: Tensor) -> None:
+    """``t`` is one more Tensor over ``rec``: followed if ``rec`` is."""
+    got = _holders.get(id(rec)) if _holders else None
+    if got is not None and got[0] is rec:
+        got[1].append(weakref.ref(t))
+
+
 def _forget_dropped(rec: _registry.Buffer, arrays: list[Any]) -> None:
     """The Tensors on ``rec``, a record dropped because another record over its buffer lives
-    on, drop their array objects (one referrer pass; groups are rare)."""
+    on, drop their array objects: a suspect's are followed (`_holders`: every Tensor made over
+    it, `wrap_foreign`, `wrap_borrowed`, `_join`, a Variable's); another's are found by one
+    referrer pass over the heap (a buffer's first record dropped while an alias lives on)."""
+    got = _holders.pop(id(rec), None)
+    if got is not None and got[0] is rec:
+        for ref in got[1]:
+            t = ref()
+            if t is not None and t._r is rec:  # disposed with it (one with no record let go)
+                forget_array(t)
+        return
     import gc
 
     for obj in gc.get_referrers(*arrays):
@@ -1102,6 +1141,8 @@ def variable_tensor(arr: Any, hold: Callable[[int], Any], info: Any) -> Tensor:
     v._id = next(tensor_ids)
     v._r = hold(v._id)
     v._var = info
+    if _holders:
+        note_holder(v._r, v)
     return v
 
 

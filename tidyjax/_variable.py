@@ -16,7 +16,14 @@ from ._errors import (
     check_flag,
     variable_disposed,
 )
-from ._tensor import Tensor, copy_in, dispose_tensor, variable_info, variable_tensor
+from ._tensor import (
+    Tensor,
+    copy_in,
+    dispose_tensor,
+    note_holder,
+    variable_info,
+    variable_tensor,
+)
 
 __all__ = ["Variable", "dispose_variables"]
 
@@ -138,6 +145,7 @@ def assign(self: Tensor, value: Any) -> Tensor:
     rec = _hold(new, value, self._id)
     self._array = new
     self._rec = rec
+    note_holder(rec, self)  # a suspect's Tensors are followed
     if old_rec is not None and old_rec.dead is None:
         _registry.let_go(old_rec)
         _registry.release(old_rec)  # freed unless another live Tensor holds it
