@@ -129,6 +129,33 @@ def test_a_scopes_replicated_copy_of_a_top_level_buffer_is_released_at_its_exit(
 
 
 @eight
+@pytest.mark.parametrize("named", [True, False])
+def test_a_replicated_copy_of_a_callers_shard_never_makes_that_shard_tidyjaxs(named: bool) -> None:
+    """A replicated copy made from a Tensor over a caller's raw shard view shares that shard
+    and holds seven of its own; released at its scope's exit (the view's Tensor is kept), it
+    handed its buffer on to the view's record, which became its heir: disposing the view's
+    last Tensor then deleted the caller's shard view, and JAX its whole replicated array with
+    it (the alias model under eight devices, seed 6). What the copy shares is not its to hand
+    on (``named``: its Tensor lives to the exit; else collected at once, an orphan the view
+    inherited from): the view stays the caller's."""
+    mine = jax.device_put(np.arange(4, dtype=np.float32), NamedSharding(_mesh(8), P()))
+    view = mine.addressable_data(0)
+    with tj.tidy():
+        (t,) = tj.tensors([view])
+        kept = t.clone()
+        with tj.tidy():
+            copy = kept.to(NamedSharding(_mesh(8), P()))
+            if not named:
+                del copy
+            tj.keep(kept)
+    tj.dispose(kept)
+    assert not mine.is_deleted() and not view.is_deleted(), "the caller's array was deleted"
+    np.testing.assert_array_equal(np.asarray(mine), np.arange(4))
+    del t, kept
+    _empty()
+
+
+@eight
 def test_a_released_replicated_array_counts_its_shared_shard_once() -> None:
     """``x.to(replicated)`` made in a scope shares its shard on ``x``'s device with ``x``: the
     exit releases it (a raw ``.array`` of it lives on). ``memory()`` counted that shard twice,

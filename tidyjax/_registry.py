@@ -56,7 +56,8 @@ class Buffer(weakref.ref):
     """One device buffer: a weak reference to the ``jax.Array`` holding it, plus its books."""
 
     __slots__ = (
-        "dead", "follows", "heir", "home", "keys", "more", "n", "nbytes", "nvars", "owned", "scope"
+        "dead", "follows", "heir", "home", "keys", "lent", "more", "n", "nbytes", "nvars",
+        "owned", "scope",
     )  # fmt: skip
 
     dead: Reason | None  # why every Tensor on this buffer is unusable; None while usable
@@ -74,6 +75,10 @@ class Buffer(weakref.ref):
     # False) still held it (read with getattr): disposing its last Tensor deletes the buffer,
     # the scope's exit does not (it is not the scope's).
     heir: bool
+    # Set on an alias made in a scope over another's buffer with allocations of its own (a
+    # replicated copy of a one-device array, `_made_elsewhere`; read with getattr): the ones it
+    # shares, which it never hands on (`_hand_on`).
+    lent: frozenset[tuple[int, int]]
     # Set on a caller's view of a Variable's own buffer (`_made_elsewhere`, read with getattr):
     # that Variable's record; the view goes home with that buffer when the Variable lets go.
     follows: Buffer | None
@@ -471,8 +476,16 @@ def disposed_alias(rec: Buffer) -> None:
     is owned, or its heir) it frees the buffer as any last Tensor does, unless a holder needs
     it (`free`)."""
     group = _groups.get(id(rec)) if _groups else None
-    if group and any(mine(r) for r in group):
+    if group and any(mine(r) and not _only_lent(rec, r) for r in group):
         rec.heir = True
+
+
+def _only_lent(rec: Buffer, by: Buffer) -> bool:
+    """Whether ``rec`` is over no more than the allocations ``by`` shares with another's buffer
+    (``by.lent``: ``by`` was made over them, with allocations of its own): none of them is
+    tidyjax's through ``by``, which hands on, and frees with it, only its own."""
+    lent = getattr(by, "lent", None)
+    return bool(lent) and bool(keys := _keys_of(rec)) and keys <= lent
 
 
 def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
@@ -604,7 +617,7 @@ def free(rec: Buffer) -> Any:
             _leave_group(rec)
         elif _leave_group(rec):
             if ours:  # disposed, or its scope exited: an alias holds the buffer on
-                _hand_on(group, rec.owned and hasattr(rec.scope, "take"))
+                _hand_on(group, rec.owned and hasattr(rec.scope, "take"), giver=rec)
             _pass_arrays(rec, group)
             _drop(rec)
             return None
@@ -674,17 +687,23 @@ def is_released(arr: Any) -> bool:
     return ref is not None and ref() is arr
 
 
-def _hand_on(group: list[Buffer], scopes: bool, dying: Buffer | None = None) -> None:
+def _hand_on(
+    group: list[Buffer], scopes: bool, dying: Buffer | None = None, giver: Buffer | None = None
+) -> None:
     """A buffer of tidyjax's lives on in aliases over it that tidyjax does not own (made in a
     scope over another's buffer, then perhaps kept) after its own last Tensor went. A scope's
     buffer (``scopes``) becomes the aliases' that a scope made: that scope deletes it unless it
     hands them out. Otherwise (a top-level, kept or Variable's buffer, or a kept alias) they
     are its heirs: no scope's exit deletes it (a raw alias made outside may still hold it), but
     disposing their last Tensor does, as for any buffer. ``dying``, a record `free` is freeing
-    now, inherits too (as a RELEASED one does: the one being disposed)."""
+    now, inherits too (as a RELEASED one does: the one being disposed). ``giver``, the record
+    leaving: an alias made over another's buffer with allocations of its own (``lent``, those
+    it shares) hands on only its own; a record over no more than those is not its heir."""
     for r in group:
         if not (r.dead is None or r.dead is RELEASED or r is dying):
             continue
+        if giver is not None and _only_lent(r, giver):
+            continue  # over the allocations the giver shared, never tidyjax's through it
         if r.owned:
             if not scopes and hasattr(r.scope, "take"):
                 # A scope's alias holding allocations of its own (a replicated copy of the
@@ -705,7 +724,7 @@ def _vanished(group: list[Buffer], dying: Buffer | None = None) -> None:
     ``dying``: the record `free` is freeing now (dead already); it inherits too."""
     for r in [r for r in group if r.array() is None]:
         if mine(r) and r.dead is None:
-            _hand_on(group, hasattr(r.scope, "take"), dying)
+            _hand_on(group, hasattr(r.scope, "take"), dying, giver=r)
         _leave_group(r)  # takes the lock
 
 
@@ -1013,8 +1032,10 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
         theirs, held = _keys_of(alias), _keys_of(rec)
         if theirs is None or held is None or theirs <= held:
             alias.owned = False
-        # else ``alias`` holds allocations of its own (one device to replicated): its scope's,
-        # deleted with them unless a protected holder shares one (`free` releases it then)
+        else:  # allocations of its own (one device to replicated): its scope's, deleted with
+            # them unless a protected holder shares one (`free` releases it then); those it
+            # shares are not its to hand on (`_hand_on`)
+            alias.lent = theirs & held
 
 
 def _inherit(heir: Buffer, gone: Buffer) -> None:
@@ -1024,7 +1045,10 @@ def _inherit(heir: Buffer, gone: Buffer) -> None:
     took ``heir`` already (``keep``, a Variable, a scope's ``keep``): that one frees it. Made
     in a scope over a buffer from outside every scope, kept or a Variable's, ``heir`` does not
     make the buffer that scope's (a raw alias made outside may still hold it): disposing its
-    last Tensor deletes it, the scope's exit does not (`_hand_on`'s rule)."""
+    last Tensor deletes it, the scope's exit does not (`_hand_on`'s rule). Over no more than
+    the allocations ``gone`` shared with another's buffer (``lent``), it takes nothing."""
+    if _only_lent(heir, gone):
+        return
     if hasattr(heir.scope, "take") and not hasattr(gone.scope, "take") and not heir.owned:
         heir.heir = True
         return

@@ -84,15 +84,7 @@ class Tally:
         a counted one)."""
         with self.lock:
             if self._pending and not self._busy:
-                before = self.total
-                self._busy = True
-                try:
-                    self._settle()
-                    self._drain()
-                finally:
-                    self._busy = False
-                if self.total > before:
-                    self.rose(self.total)
+                self._run(settle=True)
 
     def forget_failed(self) -> None:
         """Count 0 bytes for each counted buffer whose computation has failed by now (it never
@@ -119,16 +111,22 @@ class Tally:
             elif kind == "buffer_freed":  # its remaining holders are disposed with it
                 self.tensors -= max(rec.n, 0)
             self._queue.append((kind, rec))
-            if self._busy:  # an event heard while handling one (a collection): after it
-                return
-            before = self.total
-            self._busy = True
-            try:
-                self._drain()
-            finally:
-                self._busy = False
-            if self.total > before:
-                self.rose(self.total)
+            if not self._busy:  # else an event heard while handling one (a collection): after it
+                self._run(settle=False)
+
+    def _run(self, settle: bool) -> None:
+        """Handle the queued events (the pending records first, with ``settle``); a rise of the
+        total is told once, after them."""
+        before = self.total
+        self._busy = True
+        try:
+            if settle:
+                self._settle()
+            self._drain()
+        finally:
+            self._busy = False
+        if self.total > before:
+            self.rose(self.total)
 
     def _drain(self) -> None:
         queue = self._queue
