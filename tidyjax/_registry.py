@@ -705,10 +705,12 @@ def _hand_on(
         if giver is not None and _only_lent(r, giver):
             continue  # over the allocations the giver shared, never tidyjax's through it
         if r.owned:
-            if not scopes and hasattr(r.scope, "take"):
-                # A scope's alias holding allocations of its own (a replicated copy of the
-                # buffer): the buffer it shares came from outside every scope, which no
-                # scope's exit deletes; its exit releases the alias, a dispose deletes it.
+            if not scopes and hasattr(r.scope, "take") and getattr(r, "lent", None):
+                # A scope's alias holding allocations of its own beside those it shares
+                # (``lent``: a replicated copy of a one-device buffer) over a buffer from
+                # outside every scope, which no scope's exit deletes: its exit releases the
+                # alias, a dispose deletes it. (Over the same allocations only, an alias
+                # made owned by its group stays its scope's: the model test's rules.)
                 r.owned, r.heir = False, True
             continue
         if scopes and hasattr(r.scope, "take"):
