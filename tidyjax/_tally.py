@@ -20,7 +20,20 @@ from . import _registry
 from ._arrays import failed
 from ._census import books, holds, released
 
-__all__ = ["Tally"]
+__all__ = ["Tally", "follow"]
+
+
+def follow(watch: dict[int, list[weakref.ref[Any]]], rec: Any, collected: Any) -> None:
+    """Hear of the collection of ``rec``'s array objects that the registry does not report
+    (all of them for a record made while nobody observed, the extra objects of an alias):
+    ``collected(rec, ref)`` is called for each, its weak references kept in ``watch``. For an
+    observer (the tally, the timeline)."""
+    refs = watch.setdefault(id(rec), [])
+    seen = {id(r()) for r in refs}
+    first = rec() if rec.__callback__ is not None else None
+    for arr in rec.arrays():
+        if arr is not first and id(arr) not in seen:
+            refs.append(weakref.ref(arr, functools.partial(collected, rec)))
 
 
 class _Part:
@@ -209,13 +222,7 @@ class Tally:
         part.nbytes = nbytes
 
     def _follow(self, rec: Any) -> None:
-        """Hear of the collection of ``rec``'s array objects that the registry does not report:
-        all of them for a record made while nobody observed, the extra objects of an alias."""
-        refs = self._watch.setdefault(id(rec), [])
-        seen = {id(r()) for r in refs}
-        for arr in rec.arrays():
-            if id(arr) not in seen:
-                refs.append(weakref.ref(arr, functools.partial(self._collected, rec)))
+        follow(self._watch, rec, self._collected)
 
     def _collected(self, rec: Any, _ref: Any) -> None:
         if rec.dead is None and rec.array() is None:

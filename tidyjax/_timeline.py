@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
-from . import _html, _registry, _timeline_format, _timeline_html, _variable, _watch
+from . import _html, _registry, _tally, _timeline_format, _timeline_html, _variable, _watch
 from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
 from ._census import (
     UNTRACKED,
@@ -1585,14 +1585,7 @@ class Timeline:
                 self._free(entry, now)
 
     def _watch_arrays(self, rec: Any) -> None:
-        """Follow the collection of ``rec``'s arrays that the registry does not report: all of
-        them for a record made while nobody observed, the extra objects of an aliased one."""
-        refs = self._watch.setdefault(id(rec), [])
-        seen = {id(r()) for r in refs}
-        first = rec() if rec.__callback__ is not None else None
-        for arr in rec.arrays():
-            if arr is not first and id(arr) not in seen:
-                refs.append(weakref.ref(arr, functools.partial(self._collected, rec)))
+        _tally.follow(self._watch, rec, self._collected)
 
     def _collected(self, rec: Any, _ref: Any) -> None:
         if rec.dead is None and rec.array() is None:
