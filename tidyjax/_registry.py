@@ -22,6 +22,7 @@ another thread, and a decrement lost to a nested finalizer only delays a free, n
 
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 import threading
@@ -201,6 +202,8 @@ def rebatch(b: Batch, leaves: list[int]) -> Batch:
             held[i] = None
             arrays.append(arr)
             by_array[id(arr)] = out
+        if arrays:
+            made(id(arrays[0]))  # the index reads a batch's leaves from any one of them
         out.live = len(arrays)
         b.live -= len(arrays)
     return out
@@ -337,6 +340,12 @@ def delete_batch(b: Batch, why: Reason) -> list[Any]:
 lock = threading.Lock()
 by_array: dict[int, Any] = {}  # a Buffer, or the Batch holding the array
 sweep_at = 4096
+#: The ids of the array objects put in `by_array` since the allocation index last read them
+#: (`_update_index`), newest last: one append per new record or batch. More than _MADE_MAX
+#: between two reads and the index is built again from every record.
+_MADE_MAX = 1 << 16
+_made: collections.deque[int] = collections.deque(maxlen=_MADE_MAX)
+made = _made.append
 
 
 def fresh(arr: Any, scope: Any, callback: Any = None) -> Buffer:
@@ -359,6 +368,7 @@ def new(arr: Any, scope: Any, owned: bool = True, tensor: int = 0) -> Buffer:
     rec = fresh(arr, scope, _collected if watching else None)
     rec.owned = owned
     by_array[id(arr)] = rec
+    made(id(arr))
     if len(by_array) > sweep_at:
         sweep()
     if watching:
@@ -386,6 +396,18 @@ def orphan(arr: Any) -> None:
     while suspects are pending: a suspect of its kind may be a second object over its buffer,
     so ``arr`` is held until the next `resolve` hands that suspect the buffer."""
     orphans.append(arr)
+
+
+def _join_more(rec: Buffer, arrays: list[Any]) -> None:
+    """``arrays`` are more objects over ``rec``'s buffer (under ``lock``). Those collected
+    since leave ``more`` (a long-lived Tensor aliased once a step would grow it, and each
+    lookup of it, without end); the list is replaced, never changed under a reader."""
+    alive = [r for r in rec.more or () if r() is not None]
+    for a in arrays:
+        alive.append(weakref.ref(a))
+        by_array[id(a)] = rec
+        made(id(a))
+    rec.more = alive
 
 
 def lookup(arr: Any) -> Buffer | None:
@@ -417,10 +439,7 @@ def add_alias(rec: Buffer, arr: Any) -> None:
         _join_group(rec, other)  # ``arr`` has a live record of its own: one buffer, one group
         return
     with lock:
-        if rec.more is None:
-            rec.more = []
-        rec.more.append(weakref.ref(arr))
-        by_array[id(arr)] = rec
+        _join_more(rec, [arr])
 
 
 def unhold(rec: Buffer) -> None:
@@ -660,11 +679,7 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
         if keys is None or theirs is None or not keys <= theirs:
             continue
         with lock:
-            if other.more is None:
-                other.more = []
-            for a in arrays:
-                other.more.append(weakref.ref(a))
-                by_array[id(a)] = other
+            _join_more(other, arrays)
         return
     if not _callers_view(rec):  # released: deleting them would delete a holder's part of it
         for a in arrays:
@@ -1066,7 +1081,10 @@ def _sharing(pool: Iterable[Any] | None, wanted: dict[Any, Any]) -> list[tuple[B
     """The live records of ``pool`` (None: every record) that hold an allocation in
     ``wanted``, each once, in the pool's order, with their allocations; a batch's leaf that
     does is split out of it first. A record's allocations are read once (`_keys_of`): after
-    that, one set test per record."""
+    that, one set test per record. Every record: read from the allocation index when the
+    order cannot matter (`_indexed`), else in `by_array`'s order."""
+    if pool is None and (found := _indexed(wanted)) is not None:
+        return found
     out: list[tuple[Buffer, Any]] = []
     seen: set[int] = set()
     disjoint = wanted.keys().isdisjoint
@@ -1088,6 +1106,157 @@ def _sharing(pool: Iterable[Any] | None, wanted: dict[Any, Any]) -> list[tuple[B
             seen.add(id(rec))
             out.append((rec, keys))
     return out
+
+
+# The allocation index: allocation -> {(id of a record, id of one of its array objects), or
+# (id of a batch, leaf): that array id (the leaf's, with its index)}. What it lists is checked
+# when read (a freed record's address may be another's now, a leaf may have left its batch);
+# an entry whose array id no longer leads to its record or batch leaves it then.
+_index: dict[Any, dict[Any, Any]] = {}
+_index_size = 0  # the entries listed (a rebuild drops those of freed records)
+_unread: list[Any] = []  # array ids (and (id, leaf)) not ready when read: read again next time
+_index_built = False
+
+
+def _update_index() -> None:
+    """Read the allocations of what `by_array` gained since the last read (`_made`); build
+    the index afresh the first time, after ``_made`` overflowed, or when freed records fill
+    most of it. Under ``lock``."""
+    global _index_built, _index_size
+    if not _index_built or len(_made) >= _MADE_MAX or _index_size > 4 * len(by_array) + 4096:
+        _index.clear()
+        _made.clear()
+        _unread.clear()
+        _index_size, _index_built = 0, True
+        todo: list[Any] = list(by_array)
+    else:
+        todo = [*_unread, *_made]
+        _made.clear()
+        _unread.clear()
+    batches: set[int] = set()
+    for key in todo:
+        if type(key) is tuple:  # a batch leaf not ready before
+            aid, i = key
+            x = by_array.get(aid)
+            if type(x) is Batch:
+                _index_leaf(x, aid, i)
+            elif x is not None and x.dead is None:
+                _index_record(x, aid)
+            continue
+        x = by_array.get(key)
+        if x is None:
+            continue
+        if type(x) is Batch:
+            if x.dead is None and id(x) not in batches:
+                batches.add(id(x))
+                for i, a in x.held():
+                    _index_leaf(x, id(a), i)
+        elif x.dead is None:
+            _index_record(x, key)  # under each of its array objects: any one may outlive it
+
+
+def _index_record(rec: Buffer, aid: int) -> None:
+    global _index_size
+    keys = _keys_of(rec)
+    if keys is None:
+        arr = rec.array()
+        if arr is not None and _computing(arr):
+            _unread.append(aid)
+        return
+    who = (id(rec), aid)
+    for k in keys:
+        slot = _index.setdefault(k, {})
+        _index_size += who not in slot
+        slot[who] = aid
+
+
+def _index_leaf(b: Batch, aid: int, i: int) -> None:
+    global _index_size
+    if b.dead is not None or i >= len(b.arrays) or id(a := b.arrays[i]) != aid:
+        return
+    keys = shards(a, wait=False)
+    if keys is None:
+        if _computing(a):
+            _unread.append((aid, i))
+        return
+    for k in keys:
+        slot = _index.setdefault(k, {})
+        _index_size += (id(b), i) not in slot
+        slot[(id(b), i)] = (aid, i)
+
+
+def _computing(arr: Any) -> bool:
+    """Whether ``arr``'s buffer is still being computed (its allocations unknown yet)."""
+    base = base_array(arr)
+    try:
+        return type(base) in CONCRETE and not base.is_deleted() and not base.is_ready()
+    except Exception:  # deleted meanwhile
+        return False
+
+
+def _indexed(wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]] | None:
+    """`_sharing` of every record, from the allocation index: the same records, or None when
+    more than one of them shares an allocation with another entry of ``wanted`` than itself
+    (then the order of `by_array` decides, as `_match` and `aliases_of` read it: the caller
+    scans). Batch leaves found are split out only once the answer is known to stand."""
+    hits = index_hits(wanted)
+    busy = 0
+    for x, keys, twin in hits:
+        if any(v is not x and v is not twin for k in keys for v in wanted.get(k, ())):
+            busy += 1
+    if busy > 1:
+        return None
+    return [(split_stale(*x) if type(x) is tuple else x, keys) for x, keys, _ in hits]
+
+
+def index_hits(wanted: dict[Any, Any]) -> list[tuple[Any, Any, Any]]:
+    """What the allocation index finds over the allocations of ``wanted``, each once: a live
+    record, or ``(batch, leaf)`` of a leaf a batch holds, with its allocations and its array."""
+    global _index_size
+    disjoint = wanted.keys().isdisjoint
+    entries: dict[Any, Any] = {}
+    with lock:
+        _update_index()
+        for k in wanted:
+            slot = _index.get(k)
+            if slot is None:
+                continue
+            for who, entry in list(slot.items()):
+                x = by_array.get(entry[0] if type(entry) is tuple else entry)
+                if x is not None and id(x) == who[0]:
+                    entries[who] = (x, entry)
+                    continue
+                del slot[who]  # freed, or its array id is another's now
+                _index_size -= 1
+                if type(x) is Buffer and type(entry) is tuple:  # the leaf left its batch
+                    who = (id(x), entry[0])
+                    _index_size += who not in slot
+                    slot[who] = entry[0]
+                    entries[who] = (x, entry[0])
+            if not slot:
+                del _index[k]
+    hits: dict[int, tuple[Any, Any, Any]] = {}  # id -> (record or (batch, leaf), keys, twin)
+    for x, entry in entries.values():
+        if type(x) is Batch:
+            if x.dead is not None or type(entry) is not tuple:
+                continue
+            aid, i = entry
+            a = x.arrays[i] if i < len(x.arrays) else None
+            if a is None or type(a) is Buffer or id(a) != aid:
+                continue
+            keys = shards(a, wait=False)
+            if keys and not disjoint(keys):
+                hits[aid] = ((x, i), keys, a)
+            continue
+        rec = x
+        keys = getattr(rec, "keys", None)
+        if keys is None and (rec.dead is not None or not (keys := _keys_of(rec))):
+            continue
+        if disjoint(keys) or rec.dead is not None or id(rec) in hits:
+            continue
+        if (twin := rec.array()) is not None and not twin.is_deleted():
+            hits[id(rec)] = (rec, keys, twin)
+    return list(hits.values())
 
 
 def _keys_of(rec: Buffer) -> Any:

@@ -65,6 +65,7 @@ _new = object.__new__
 _buffers = _registry.by_array
 _UNTRACKED = _registry.UNTRACKED
 _fresh = _registry.fresh
+_made = _registry.made
 _Batch = _registry.Batch
 VARIABLE = _registry.VARIABLE
 
@@ -787,6 +788,7 @@ def wrap(arr: Any) -> Any:
             else:  # `_registry.new` without the observers
                 rec = _fresh(arr, scope)
                 _buffers[id(arr)] = rec
+                _made(id(arr))
                 if len(_buffers) > _registry.sweep_at:
                     _registry.sweep()
             t._r = rec
@@ -893,8 +895,10 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
             rec.owned = True
             rec.scope = None
             buffers[key] = t._r = rec
+            _made(key)
         out.append(t)
     if scope is not None and b is not None and held:  # the scope's batch
+        _made(id(held[0]))  # the allocation index reads its leaves from one of them
         scope.take_batch(b, len(held))
     if len(buffers) > _registry.sweep_at:
         _registry.sweep()
