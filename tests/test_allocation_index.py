@@ -158,3 +158,46 @@ def test_a_record_read_into_the_index_whole_stays_found_through_its_last_array_o
         assert {id(rec)} <= _found(_registry.shards(kept, wait=True) or frozenset())
     finally:
         tj.dispose([others, kept])
+
+
+def test_four_threads_aliasing_shared_tensors_lose_nothing_while_a_profile_listens() -> None:
+    """Threads making aliases of shared top-level Tensors and of their own step outputs in
+    scopes, while a profile counts from the registry's events (its handlers read the index
+    too, from whichever thread a collection runs them in): no shared buffer is deleted, no
+    thread blocks, and the books end with the shared Tensors alone."""
+    import threading
+
+    device = jax.devices()[0]
+    shared = [tj.tensor(jnp.full(4, float(i))) for i in range(3)]
+    three = tj.jit(_three)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            for i in range(150):
+                with tj.tidy(f"w{seed}"):
+                    a = jax.device_put(shared[(seed + i) % 3], device)
+                    b = tj.tensors(jax.device_put(shared[i % 3].array, device))
+                    out = three(a + b)
+                    c = jax.device_put(out[i % 3], device)
+                    if i % 10 == 0:
+                        gc.collect()
+                    assert float((c - out[i % 3]).sum()) == 0.0
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    with tj.profile():
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads)
+    assert errors == []
+    for i, t in enumerate(shared):
+        assert not t.array.is_deleted()
+        assert t.numpy().tolist() == [float(i)] * 4
+    gc.collect()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_tensors, m.num_data_buffers) == (3, 3)
+    tj.dispose(shared)

@@ -956,25 +956,39 @@ _twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]] = {}
 # give it the buffer's ownership (else the buffer would outlive its owner as a caller's array
 # that nothing deletes), then let go.
 orphans: list[Any] = []
+_resolve_lock = threading.RLock()  # held by the one thread resolving (`resolve`)
+_resolving = False  # while it resolves
 _MAX_ORPHANS = 16  # more, and the next suspect resolves at once (memory stays bounded)
 
 
 def resolve() -> None:
     """Group each suspect record with the records that share any of its allocations (a shard
     on a device), whatever their shape, dtype, commitment or sharding. Waits for the suspects'
-    buffers (an alias is ready exactly when the allocation is)."""
+    buffers (an alias is ready exactly when the allocation is).
+
+    One thread resolves at a time, and the suspects stay listed until they are matched: a
+    thread that finds suspects pending waits for the one resolving them (else its scope exit
+    could free a suspect not yet grouped with the buffer it shares, deleting that buffer)."""
+    global _resolving
     if not suspects:
         return
-    with lock:
-        pending = suspects[:]
-        suspects.clear()
-        twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
-    try:
-        wanted = _wanted(pending, twins)
-        if wanted:
-            _match(wanted, {id(r): i for i, r in enumerate(pending)})
-    finally:
-        orphans.clear()  # grouped now, or over no suspect's buffer: JAX may free them
+    with _resolve_lock:
+        if _resolving or not suspects:  # called again inside this thread's own resolve
+            return
+        _resolving = True
+        with lock:
+            pending = suspects[:]
+            held = len(orphans)
+            twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
+        try:
+            wanted = _wanted(pending, twins)
+            if wanted:
+                _match(wanted, {id(r): i for i, r in enumerate(pending)})
+        finally:
+            with lock:
+                del suspects[: len(pending)]  # those made meanwhile wait for the next
+                del orphans[:held]  # grouped now, or over no suspect's buffer: JAX may free them
+            _resolving = False
 
 
 def _wanted(
@@ -1116,12 +1130,15 @@ _index: dict[Any, dict[Any, Any]] = {}
 _index_size = 0  # the entries listed (a rebuild drops those of freed records)
 _unread: list[Any] = []  # array ids (and (id, leaf)) not ready when read: read again next time
 _index_built = False
+# Its own lock, reentrant: a collection inside `_update_index` may run an observer's handler
+# that looks it up again in this thread (the registry's ``lock`` is not held meanwhile).
+_index_lock = threading.RLock()
 
 
 def _update_index() -> None:
     """Read the allocations of what `by_array` gained since the last read (`_made`); build
     the index afresh the first time, after ``_made`` overflowed, or when freed records fill
-    most of it. Under ``lock``."""
+    most of it. Under ``_index_lock``."""
     global _index_built, _index_size
     if not _index_built or len(_made) >= _MADE_MAX or _index_size > 4 * len(by_array) + 4096:
         _index.clear()
@@ -1129,9 +1146,8 @@ def _update_index() -> None:
         _unread.clear()
         _index_size, _index_built = 0, True
         todo: list[Any] = list(by_array)
-    else:
-        todo = [*_unread, *_made]
-        _made.clear()
+    else:  # taken one by one: another thread may queue meanwhile (its id stays for next time)
+        todo = [*_unread, *[_made.popleft() for _ in range(len(_made))]]
         _unread.clear()
     batches: set[int] = set()
     for key in todo:
@@ -1215,7 +1231,7 @@ def index_hits(wanted: dict[Any, Any]) -> list[tuple[Any, Any, Any]]:
     global _index_size
     disjoint = wanted.keys().isdisjoint
     entries: dict[Any, Any] = {}
-    with lock:
+    with _index_lock:
         _update_index()
         for k in wanted:
             slot = _index.get(k)
