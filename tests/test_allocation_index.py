@@ -64,11 +64,12 @@ OPS = st.sampled_from(
         "drop_raw",
         "memory",
         "rebuild",
+        "check",
     ]
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.tuples(OPS, st.integers(0, 1_000)), max_size=25))
 def test_the_index_finds_what_a_scan_of_every_record_finds(ops: list[tuple[str, int]]) -> None:
     device = jax.devices()[0]
@@ -94,7 +95,7 @@ def test_the_index_finds_what_a_scan_of_every_record_finds(ops: list[tuple[str, 
                 # one more array object over the Tensor's record, which may outlive its first
                 raw.append(tj.keep(jax.device_put(pick.array, device)))
             elif op == "split" and pick is not None and not pick.is_disposed:
-                live.append(tj.tensor(pick.array))  # a second Tensor over a leaf splits it out
+                live.append(tj.tensors(pick.array))  # a second Tensor: a leaf splits out
             elif op == "dispose" and pick is not None:
                 tj.dispose(live.pop(n % len(live)))
             elif op == "drop" and live:
@@ -107,7 +108,8 @@ def test_the_index_finds_what_a_scan_of_every_record_finds(ops: list[tuple[str, 
                 tj.memory()
             elif op == "rebuild":  # the next read builds the index from every record
                 _registry._index_built = False
-            _check()
+            elif op == "check":  # what was made since is read now, whatever became of it
+                _check()
     finally:
         scope.__exit__(None, None, None)
         tj.dispose(live)

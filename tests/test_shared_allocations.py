@@ -981,6 +981,30 @@ def test_a_variable_over_an_alias_of_a_top_level_tensor_lets_go_of_nothing_else(
     _empty()
 
 
+def test_a_raw_alias_a_scope_returns_of_a_variables_buffer_goes_home_with_it() -> None:
+    """Found by the alias model (seed 22): a Variable made in an inner scope, a raw
+    ``jax.device_put`` of its array returned from there, the Variable dropped: its buffer goes
+    home to the outer scope, which must delete it at its exit. The exit compared the returned
+    raw array only with the inner scope's own records, so it never joined the Variable's: once
+    the Variable's array object was collected, nothing tidyjax knew held the buffer, and it
+    outlived the outer scope uncounted."""
+    holder: dict[str, Any] = {}
+
+    def body() -> list[Any]:
+        holder["v"] = tj.Variable(np.arange(3, dtype=np.float32))
+        return [jax.device_put(holder["v"].array, DEVS[0])]
+
+    with tj.tidy():
+        raw = tj.tidy.run(body)[0]
+        del holder["v"]
+        gc.collect()
+        assert not raw.is_deleted()  # the outer scope's buffer now
+        np.testing.assert_array_equal(np.asarray(raw), np.arange(3))
+    assert raw.is_deleted(), "the Variable's buffer, its outer scope's now, was left"
+    del raw
+    _empty()
+
+
 @eight
 def test_a_variables_let_go_never_takes_a_view_of_another_variables_buffer() -> None:
     """Found by the alias model under eight devices (seed 4): ``one``, the top-level shard 0 of

@@ -202,8 +202,7 @@ def rebatch(b: Batch, leaves: list[int]) -> Batch:
             held[i] = None
             arrays.append(arr)
             by_array[id(arr)] = out
-        if arrays:
-            made(id(arrays[0]))  # the index reads a batch's leaves from any one of them
+        made_all(map(id, arrays))
         out.live = len(arrays)
         b.live -= len(arrays)
     return out
@@ -341,11 +340,12 @@ lock = threading.Lock()
 by_array: dict[int, Any] = {}  # a Buffer, or the Batch holding the array
 sweep_at = 4096
 #: The ids of the array objects put in `by_array` since the allocation index last read them
-#: (`_update_index`), newest last: one append per new record or batch. More than _MADE_MAX
+#: (`_update_index`), newest last: one per new record or batch leaf. More than _MADE_MAX
 #: between two reads and the index is built again from every record.
 _MADE_MAX = 1 << 16
 _made: collections.deque[int] = collections.deque(maxlen=_MADE_MAX)
 made = _made.append
+made_all = _made.extend
 
 
 def fresh(arr: Any, scope: Any, callback: Any = None) -> Buffer:

@@ -376,7 +376,7 @@ class Scope(Tracker):
         if result is None:
             return (), ()
         try:
-            return records_in(result, self._owned, batched)
+            return records_in(result, None, batched)  # a raw alias of any record joins it
         except BaseException as e:
             self._hand_everything_out()
             if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they are

@@ -66,6 +66,7 @@ _buffers = _registry.by_array
 _UNTRACKED = _registry.UNTRACKED
 _fresh = _registry.fresh
 _made = _registry.made
+_made_all = _registry.made_all
 _Batch = _registry.Batch
 VARIABLE = _registry.VARIABLE
 
@@ -898,7 +899,7 @@ def wrap_all(arrays: list[Any]) -> list[Any]:
             _made(key)
         out.append(t)
     if scope is not None and b is not None and held:  # the scope's batch
-        _made(id(held[0]))  # the allocation index reads its leaves from one of them
+        _made_all(map(id, held))  # each leaf's: any one may be split out or let go first
         scope.take_batch(b, len(held))
     if len(buffers) > _registry.sweep_at:
         _registry.sweep()
