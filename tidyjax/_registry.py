@@ -342,7 +342,7 @@ sweep_at = 4096
 #: The ids of the array objects put in `by_array` since the allocation index last read them
 #: (`_update_index`), newest last: one per new record or batch leaf. More than _MADE_MAX
 #: between two reads and the index is built again from every record.
-_MADE_MAX = 1 << 16
+_MADE_MAX = 1 << 14  # ids of ~40 bytes each: 640 kB at most
 _made: collections.deque[int] = collections.deque(maxlen=_MADE_MAX)
 made = _made.append
 made_all = _made.extend
