@@ -1006,6 +1006,38 @@ def test_a_raw_alias_a_scope_returns_of_a_variables_buffer_goes_home_with_it() -
 
 
 @eight
+@pytest.mark.parametrize("dispose_view", [True, False])
+def test_a_view_of_an_heirs_shard_is_its_heir_in_turn(dispose_view: bool) -> None:
+    """Found by the alias model under eight devices (seed 27): a scope's replicated copy of a
+    kept top-level Tensor becomes the heir of its buffer when the Tensor is disposed (the
+    copy's shard 0 is that buffer). A one-device view of that shard made then, and the copy
+    disposed: the view is the last holder. Disposing it deletes the buffer; the scope's exit
+    does not (a raw alias made outside every scope still holds it). The copy kept the shard
+    as "lent" (shared with another's buffer, never handed on) after it became its heir, so
+    the view's dispose only released it."""
+    everywhere = NamedSharding(_mesh(8), P())
+    x = tj.keep(tj.tensor(np.arange(1, dtype=np.float32)) * 1)
+    outside = jax.device_put(x.array, DEVS[0])  # a raw alias made outside every scope
+    with tj.tidy():
+        with tj.tidy() as inner:
+            copy = inner.keep(x.to(everywhere))
+        tj.dispose(x)
+        (view,) = tj.tensors([jax.device_put(copy.array, DEVS[0])])
+        raw = view.array
+        tj.dispose(copy)
+        assert not raw.is_deleted()
+        if dispose_view:
+            tj.dispose(view)
+            assert raw.is_deleted(), "the last Tensor over the buffer was disposed: it goes"
+    if not dispose_view:
+        assert not outside.is_deleted(), "the scope's exit deleted a top-level buffer"
+        np.testing.assert_array_equal(np.asarray(outside), np.arange(1))
+    del x, copy, view, raw, outside
+    gc.collect()
+    _empty()
+
+
+@eight
 def test_a_variables_let_go_never_takes_a_view_of_another_variables_buffer() -> None:
     """Found by the alias model under eight devices (seed 4): ``one``, the top-level shard 0 of
     a Variable's replicated buffer, and a scope's ``one.to(replicated)`` (its shard 0 is

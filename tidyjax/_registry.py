@@ -727,6 +727,8 @@ def _hand_on(
                 # alias, a dispose deletes it. (Over the same allocations only, an alias
                 # made owned by its group stays its scope's: the model test's rules.)
                 r.owned, r.heir = False, True
+                if giver is not None and (theirs := _keys_of(giver)):  # its heir's own now
+                    r.lent = r.lent - theirs
             continue
         if scopes and hasattr(r.scope, "take"):
             r.owned = True
