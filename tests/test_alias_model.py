@@ -76,9 +76,9 @@ from .conftest import UNDER_EIGHT, run_under_eight_devices
 # "buffer left" was not that: a replicated copy kept into its source's scope lost seven shards
 # (test_shared_allocations.py; its dumped script had passed alone because a partly deleted
 # array reads as deleted). Eleventh session: seeds 1-35 on one device and under eight; 22 (one
-# device, a raw alias of a Variable's buffer returned from a scope) failed on the session's
-# starting code and passes now; 27 under eight fails on it too and still does (a one-device
-# view of a released replicated buffer, disposed last, is released, not deleted): open.
+# device, a raw alias of a Variable's buffer returned from a scope) and 27 under eight (a
+# view of an heir's shard, disposed last, was released, not deleted) failed on the session's
+# starting code and pass now (test_shared_allocations.py).
 RANDOM = bool(os.environ.get("TIDYJAX_ALIAS_MODEL"))
 OLD_JAX = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 10)
 
