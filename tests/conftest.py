@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -58,6 +60,26 @@ def _registry_is_empty_after_each_test():
     info = tj.memory(scan_untracked=False)
     assert info.num_tensors == 0, f"test left live tensors: {info!r}"
     assert info.num_data_buffers == 0
+
+
+def run_threads(worker: Callable[[int], None], n: int, timeout: float = 120.0) -> None:
+    """Run ``worker(0)`` .. ``worker(n - 1)`` in ``n`` threads at once; assert that every one
+    ended within ``timeout`` seconds and raised nothing."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            worker(i)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=timeout)
+    assert not any(th.is_alive() for th in threads)
+    assert errors == []
 
 
 def counts() -> tuple[int, int, int]:

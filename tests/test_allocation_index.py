@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 import tidyjax as tj
 from tidyjax import _registry
 
+from .conftest import run_threads
+
 
 def _everything() -> dict[int, frozenset[Any]]:
     """Every live record and batch leaf tidyjax books, by the id of the record (of the leaf's
@@ -167,35 +169,23 @@ def test_four_threads_aliasing_shared_tensors_lose_nothing_while_a_profile_liste
     scopes, while a profile counts from the registry's events (its handlers read the index
     too, from whichever thread a collection runs them in): no shared buffer is deleted, no
     thread blocks, and the books end with the shared Tensors alone."""
-    import threading
-
     device = jax.devices()[0]
     shared = [tj.tensor(jnp.full(4, float(i))) for i in range(3)]
     three = tj.jit(_three)
-    errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
-        try:
-            for i in range(150):
-                with tj.tidy(f"w{seed}"):
-                    a = jax.device_put(shared[(seed + i) % 3], device)
-                    b = tj.tensors(jax.device_put(shared[i % 3].array, device))
-                    out = three(a + b)
-                    c = jax.device_put(out[i % 3], device)
-                    if i % 10 == 0:
-                        gc.collect()
-                    assert float((c - out[i % 3]).sum()) == 0.0
-        except BaseException as e:  # reported below
-            errors.append(e)
+        for i in range(150):
+            with tj.tidy(f"w{seed}"):
+                a = jax.device_put(shared[(seed + i) % 3], device)
+                b = tj.tensors(jax.device_put(shared[i % 3].array, device))
+                out = three(a + b)
+                c = jax.device_put(out[i % 3], device)
+                if i % 10 == 0:
+                    gc.collect()
+                assert float((c - out[i % 3]).sum()) == 0.0
 
     with tj.profile():
-        threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=120)
-    assert not any(th.is_alive() for th in threads)
-    assert errors == []
+        run_threads(worker, 4)
     for i, t in enumerate(shared):
         assert not t.array.is_deleted()
         assert t.numpy().tolist() == [float(i)] * 4

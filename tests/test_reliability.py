@@ -14,47 +14,37 @@ import tidyjax as tj
 import tidyjax.numpy as tnp
 from tidyjax import DisposedError, ScopeError, TidyjaxTypeError, TidyjaxValueError, tidy
 
-from .conftest import counts
+from .conftest import counts, run_threads
 
 # -- concurrency stress (bounded in count and time) --------------------------------------------
 
 
 def test_eight_threads_of_five_hundred_random_scopes():
     shared = tj.tensor(np.arange(4, dtype=np.float32))  # read by every thread, freed by none
-    errors: list[BaseException] = []
     results: list[tj.Tensor] = []
     lock = threading.Lock()
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            for i in range(500):
-                with tidy(f"t{seed}") as scope:
-                    x = tj.tensor([float(seed), float(i)])
-                    y = x * 2
-                    for _ in range(rng.randrange(4)):
-                        y = rng.choice([lambda v: v + 1, lambda v: v.clone(), lambda v: v[...]])(y)
-                    z = (shared.sum() + y.sum()) * 1
-                    if rng.random() < 0.1:
-                        with tidy("inner"):
-                            w = tj.keep(z + 0)  # outlives every scope
-                        with lock:
-                            results.append(w)
-                    out = scope.keep(z)
-                assert x.is_disposed and not out.is_disposed
-                expected = 6.0 + 2 * (seed + i)
-                assert out.item() >= expected  # + n_additions * 2
-                out.dispose()
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for i in range(500):
+            with tidy(f"t{seed}") as scope:
+                x = tj.tensor([float(seed), float(i)])
+                y = x * 2
+                for _ in range(rng.randrange(4)):
+                    y = rng.choice([lambda v: v + 1, lambda v: v.clone(), lambda v: v[...]])(y)
+                z = (shared.sum() + y.sum()) * 1
+                if rng.random() < 0.1:
+                    with tidy("inner"):
+                        w = tj.keep(z + 0)  # outlives every scope
+                    with lock:
+                        results.append(w)
+                out = scope.keep(z)
+            assert x.is_disposed and not out.is_disposed
+            expected = 6.0 + 2 * (seed + i)
+            assert out.item() >= expected  # + n_additions * 2
+            out.dispose()
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-    assert not any(th.is_alive() for th in threads)
-    assert errors == []
+    run_threads(worker, 8)
     np.testing.assert_array_equal(shared.numpy(), [0.0, 1.0, 2.0, 3.0])
     assert counts()[0] == 1 + len(results)  # shared + the kept ones, exactly
     tj.dispose([shared, results])

@@ -25,6 +25,7 @@ __all__ = [
     "ArrayImpl",
     "PRNGKeyArray",
     "Tracer",
+    "computing",
     "describe",
     "failed",
     "is_concrete",
@@ -67,6 +68,16 @@ def failed(arr: Any, wait: bool = False) -> bool:
     except JaxRuntimeError:
         return True
     return False
+
+
+def computing(arr: Any) -> bool:
+    """Whether ``arr``'s buffer is still being computed (not deleted, not ready yet): its
+    allocations are unknown until it is. Never waits."""
+    base = base_array(arr)
+    try:
+        return type(base) in CONCRETE and not base.is_deleted() and not base.is_ready()
+    except Exception:  # deleted meanwhile
+        return False
 
 
 def local_nbytes(arr: Any) -> int:

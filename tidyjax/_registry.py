@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
+from ._arrays import CONCRETE, computing, failed, local_nbytes, shard_bytes
 from ._errors import DELETED_OUTSIDE, DISPOSED, RELEASED, Reason
 from ._jaxdoors import base_array, buffer_addresses, shard_devices
 
@@ -1113,15 +1113,22 @@ def _sharing(pool: Iterable[Any] | None, wanted: dict[Any, Any]) -> list[tuple[B
                     if keys and not disjoint(keys):
                         out.append((split_stale(rec, i), keys))
             continue
-        keys = getattr(rec, "keys", None)
-        if keys is None and (rec.dead is not None or not (keys := _keys_of(rec))):
-            continue
-        if disjoint(keys) or rec.dead is not None or id(rec) in seen:
-            continue
-        if _keys_of(rec) is not None:  # an array of it alive, undeleted: no reused address
+        if id(rec) not in seen and (keys := _wanted_keys(rec, disjoint)):
             seen.add(id(rec))
             out.append((rec, keys))
     return out
+
+
+def _wanted_keys(rec: Buffer, disjoint: Any) -> Any:
+    """``rec``'s allocations when it is live and holds one that is wanted (``disjoint``:
+    ``wanted.keys().isdisjoint``), read while an array of it is alive and undeleted (a freed
+    address may be another's); else None."""
+    keys = getattr(rec, "keys", None)
+    if keys is None and (rec.dead is not None or not (keys := _keys_of(rec))):
+        return None
+    if disjoint(keys) or rec.dead is not None or _keys_of(rec) is None:
+        return None
+    return keys
 
 
 # The allocation index: allocation -> {(id of a record, id of one of its array objects), or
@@ -1173,43 +1180,34 @@ def _update_index() -> None:
             _index_record(x, key)  # under each of its array objects: any one may outlive it
 
 
-def _index_record(rec: Buffer, aid: int) -> None:
+def _enter(keys: Any, who: Any, entry: Any) -> None:
+    """List ``who`` (with ``entry``, see `_index`) under each allocation of ``keys``."""
     global _index_size
-    keys = _keys_of(rec)
-    if keys is None:
-        arr = rec.array()
-        if arr is not None and _computing(arr):
-            _unread.append(aid)
-        return
-    who = (id(rec), aid)
     for k in keys:
         slot = _index.setdefault(k, {})
         _index_size += who not in slot
-        slot[who] = aid
+        slot[who] = entry
+
+
+def _index_record(rec: Buffer, aid: int) -> None:
+    keys = _keys_of(rec)
+    if keys is None:
+        arr = rec.array()
+        if arr is not None and computing(arr):
+            _unread.append(aid)
+        return
+    _enter(keys, (id(rec), aid), aid)
 
 
 def _index_leaf(b: Batch, aid: int, i: int) -> None:
-    global _index_size
     if b.dead is not None or i >= len(b.arrays) or id(a := b.arrays[i]) != aid:
         return
     keys = shards(a, wait=False)
     if keys is None:
-        if _computing(a):
+        if computing(a):
             _unread.append((aid, i))
         return
-    for k in keys:
-        slot = _index.setdefault(k, {})
-        _index_size += (id(b), i) not in slot
-        slot[(id(b), i)] = (aid, i)
-
-
-def _computing(arr: Any) -> bool:
-    """Whether ``arr``'s buffer is still being computed (its allocations unknown yet)."""
-    base = base_array(arr)
-    try:
-        return type(base) in CONCRETE and not base.is_deleted() and not base.is_ready()
-    except Exception:  # deleted meanwhile
-        return False
+    _enter(keys, (id(b), i), (aid, i))
 
 
 def _indexed(wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]] | None:
@@ -1248,8 +1246,7 @@ def index_hits(wanted: dict[Any, Any]) -> list[tuple[Any, Any, Any]]:
                 _index_size -= 1
                 if type(x) is Buffer and type(entry) is tuple:  # the leaf left its batch
                     who = (id(x), entry[0])
-                    _index_size += who not in slot
-                    slot[who] = entry[0]
+                    _enter((k,), who, entry[0])
                     entries[who] = (x, entry[0])
             if not slot:
                 del _index[k]
@@ -1266,14 +1263,8 @@ def index_hits(wanted: dict[Any, Any]) -> list[tuple[Any, Any, Any]]:
             if keys and not disjoint(keys):
                 hits[aid] = ((x, i), keys, a)
             continue
-        rec = x
-        keys = getattr(rec, "keys", None)
-        if keys is None and (rec.dead is not None or not (keys := _keys_of(rec))):
-            continue
-        if disjoint(keys) or rec.dead is not None or id(rec) in hits:
-            continue
-        if (twin := rec.array()) is not None and not twin.is_deleted():
-            hits[id(rec)] = (rec, keys, twin)
+        if id(x) not in hits and (keys := _wanted_keys(x, disjoint)):
+            hits[id(x)] = (x, keys, x.array())
     return list(hits.values())
 
 

@@ -788,8 +788,8 @@ def wrap(arr: Any) -> Any:
                 rec = _registry.new(arr, scope, tensor=t._id)
             else:  # `_registry.new` without the observers
                 rec = _fresh(arr, scope)
-                _buffers[id(arr)] = rec
-                _made(id(arr))
+                _buffers[key := id(arr)] = rec
+                _made(key)
                 if len(_buffers) > _registry.sweep_at:
                     _registry.sweep()
             t._r = rec

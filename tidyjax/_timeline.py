@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _tally, _timeline_format, _timeline_html, _variable, _watch
-from ._arrays import CONCRETE, failed, local_nbytes, shard_bytes
+from ._arrays import CONCRETE, computing, failed, local_nbytes, shard_bytes
 from ._census import (
     UNTRACKED,
     WATCHED,
@@ -1445,7 +1445,7 @@ class Timeline:
             if entry is None or (first := _todo_array(key_, entry)) is None:
                 continue
             k = _buffer_key(first)
-            if k is None and not first.is_deleted() and not base_array(first).is_ready():
+            if k is None and computing(first):
                 self._addr_todo.append(key_)  # not ready yet: read at a later look
             elif k:
                 for at in (k, *((p,) for p in k)):  # and its per-shard views
@@ -1682,7 +1682,7 @@ class Timeline:
                     index[k] = ref
                     for p in k:
                         index.setdefault((p,), ref)  # its per-shard views
-                elif not arr.is_deleted() and not base_array(arr).is_ready():
+                elif computing(arr):
                     self._before_todo.append(ref)  # still computing: read at a later need
         found = index.get(key)
         old = found() if found is not None else None
