@@ -216,8 +216,10 @@ def group_spread(group: list[_registry.Buffer]) -> dict[Any, int]:
 
 
 def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = False) -> list[Any]:
-    """``candidates`` less those over a buffer one of ``taken`` views, one per buffer: the
-    arrays with the most shards first (a shard view after its whole array), then in order.
+    """``candidates`` less those whose every allocation one of ``taken`` or an earlier
+    candidate holds, one per buffer: the arrays with the most shards first (a shard view, or a
+    copy replicated over fewer devices that JAX made of the same shards, after its whole
+    array), then in order.
     Addresses are read from ready buffers that did not fail (``wait``: waiting for each; a
     deleted array has none)."""
 
@@ -227,15 +229,15 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
                 return None
         except Exception:  # not an array with a buffer
             return None
-        return _registry.same_buffer_key(a)
+        return _registry.shards(a, wait=wait)  # (device, address): a host buffer's
+        # replicated copies on CPU may share one address
 
-    seen: set[Any] = set()
+    seen: set[Any] = set()  # the allocations seen
 
-    def new(k: Any) -> bool:  # whether buffer ``k`` is not seen yet; seen from now
-        if k in seen:
+    def new(k: Any) -> bool:  # whether ``k`` holds an allocation not seen yet; seen from now
+        if seen.issuperset(k):  # a view of what is seen: a shard, a subset of the devices
             return False
-        seen.add(k)
-        seen.update((p,) for p in k)  # its per-shard views
+        seen.update(k)
         return True
 
     keys = [(a, key(a)) for a in candidates]

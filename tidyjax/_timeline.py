@@ -242,16 +242,6 @@ def _first(entry: list[Any]) -> Any:
     return entry[0]() if len(entry) == 2 else entry[0].array()
 
 
-def _todo_array(key: int, entry: list[Any]) -> Any:
-    """The array whose addresses ``_addr_todo``'s ``key`` stands for: the record of that id
-    among a live entry's records (one joining it may hold more allocations), else the entry's."""
-    if key > 0 and len(entry) != 2 and entry[3]:
-        for rec in entry[3]:
-            if id(rec) == key:
-                return rec.array()
-    return _first(entry)
-
-
 def _holds(entry: list[Any], key: Any) -> bool:
     """Whether ``entry``'s arrays hold the allocations ``key`` (`_buffer_key`) still: a record
     over some of them may have left it (its allocations freed, their addresses reused), a plain
@@ -478,8 +468,8 @@ class Timeline:
         # the buffer of a live or plain entry; id(view) -> (weak reference, entry): the same
         self._views: dict[int, list[Any]] = {}
         self._view_of: dict[int, tuple[Any, list[Any]]] = {}
-        # allocations -> the live and plain entries over them (see _find); the entries whose
-        # allocations are not read yet, by key (`_todo_entry`): numbers keep no freed entry alive
+        # allocations -> the plain entries over them (`_plain_over`; the registry's index finds
+        # the records'); the ids of plain arrays whose allocations are not read yet
         self._addr: dict[Any, list[list[Any]]] = {}
         self._addr_todo: list[int] = []
         self._watch: dict[int, list[weakref.ref[Any]]] = {}  # our own collection callbacks
@@ -1183,10 +1173,6 @@ class Timeline:
             ids[0] if len(ids) == 1 else ids or 0, number, "", per_device,
         )  # fmt: skip
         entry = self._live[id(rec)] = [rec, ev, list(ids), None]
-        todo = self._addr_todo
-        todo.append(id(rec))
-        if len(todo) > 4096 and len(todo) > 2 * (len(self._live) + len(self._plain)):
-            self._addr_todo = [k for k in todo if self._todo_entry(k) is not None]
         if rec.__callback__ is None or rec.more:
             self._watch_arrays(rec)
         if plain is None:
@@ -1387,9 +1373,10 @@ class Timeline:
             self._plain_again(arrays, now)
 
     def _twin(self, rec: Any, window: int = 16) -> list[Any] | None:
-        """The live entry of another record over ``rec``'s buffer, or the plain array's entry
-        over it, or None. Reads addresses only for a suspect of the registry (or one it found
-        over a caller's array: not owned) or a dead record whose buffer lives on."""
+        """The live entry of another record over ``rec``'s buffer (the registry groups them, or
+        its index finds one sharing an allocation), or the plain array's entry over it, or
+        None. Reads addresses only for a suspect of the registry (or one it found over a
+        caller's array: not owned) or a dead record whose buffer lives on."""
         for other in _registry.grouped(rec) or ():
             entry = self._live.get(id(other))
             if other is not rec and entry is not None:
@@ -1397,20 +1384,21 @@ class Timeline:
         if rec.dead is not None or _maybe_alias(rec, window):
             arr = rec.array()
             _wait(arr)  # an alias of a buffer still being computed is not ready either
-            entry = self._find(arr) or self._find_part(arr)
+            key = _buffer_key(arr)
+            entry = (self._recorded(key, rec) or self._plain_over(key)) if key else None
             if entry is not None and entry[0] is not rec:
                 return entry
         return None
 
-    def _find_part(self, arr: Any) -> list[Any] | None:
-        """The live entry sharing some of ``arr``'s allocations (a replicated array made from a
-        one-device one holds it as its shard there), or None."""
-        key = _buffer_key(arr)
-        for p in key if key and len(key) > 1 else ():
-            entry = self._find_key((p,))
-            if entry is not None and len(entry) != 2:
-                return entry
-        return None
+    def _recorded(self, key: Any, rec: Any = None) -> list[Any] | None:
+        """The live entry whose records hold every allocation of ``key``, or with ``rec`` (a
+        record joining) any of them: read from the registry's allocation index."""
+        held: dict[int, tuple[list[Any], set[Any]]] = {}
+        for x, keys, _ in _registry.index_hits(dict.fromkeys(key, ())):
+            entry = self._live.get(id(x)) if x is not rec else None
+            if entry is not None and self._entry_alive(entry):
+                held.setdefault(id(entry), (entry, set()))[1].update(keys)
+        return next((e for e, got in held.values() if rec is not None or got >= set(key)), None)
 
     def _entry_alive(self, entry: list[Any]) -> bool:
         """Whether ``entry`` is recorded and its buffer held: by any of its records (its first
@@ -1423,49 +1411,51 @@ class Timeline:
             return False
         return entry[0].dead is None or any(m.dead is None for m in entry[3] or ())
 
-    def _todo_entry(self, key: int) -> list[Any] | None:
-        """The live entry of ``_addr_todo``'s ``key`` (a record's id), or the plain entry of
-        ``-key`` (an array's id); None once freed."""
-        entry = self._live.get(key) if key > 0 else self._plain.get(-key)
-        return entry if entry is not None and self._entry_alive(entry) else None
-
     def _find(self, arr: Any) -> list[Any] | None:
         """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
-        an alias shares its readiness). Each entry's addresses are read once, when ready."""
+        an alias shares its readiness)."""
         key = _buffer_key(arr)  # None for None
         return self._find_key(key) if key else None
 
     def _find_key(self, key: Any) -> list[Any] | None:
         """`_find` of the buffer at ``key`` (an array's allocations, `_buffer_key`): a live
         entry before a plain one (a caller's array may share an allocation with a Tensor's)."""
+        return self._recorded(key) or self._plain_over(key)
+
+    def _plain_over(self, key: Any) -> list[Any] | None:
+        """The plain entry over the buffer at ``key``, from the plain arrays' own index (the
+        registry knows no plain array). Each plain array's addresses are read once, when ready."""
         todo, self._addr_todo = self._addr_todo, []
         index = self._addr
-        for key_ in todo:
-            entry = self._todo_entry(key_)
-            if entry is None or (first := _todo_array(key_, entry)) is None:
+        for aid in todo:
+            entry = self._plain.get(aid)
+            if entry is None or not self._entry_alive(entry):
                 continue
-            k = _buffer_key(first)
+            k = _buffer_key(first := entry[0]())
             if k is None and computing(first):
-                self._addr_todo.append(key_)  # not ready yet: read at a later look
+                self._addr_todo.append(aid)  # not ready yet: read at a later look
             elif k:
                 for at in (k, *((p,) for p in k)):  # and its per-shard views
                     slot = index.setdefault(at, [])
                     if all(e is not entry for e in slot):
                         slot.append(entry)
-        if len(index) > 4096 and len(index) > 4 * (len(self._live) + len(self._plain)):
+        if len(index) > 4096 and len(index) > 4 * len(self._plain):
             self._addr = index = {
                 k: alive for k, slot in index.items() if (alive := self._alive_in(slot, None))
             }
         found = index.get(key)
+        if not found and len(key) > 1:  # a copy over fewer devices made of its shards
+            slots = [index.get((p,), []) for p in key]
+            found = [e for e in slots[0] if all(any(e is f for f in s) for s in slots[1:])]
         if not found:
             return None
         alive = self._alive_in(found, key)
-        if len(alive) != len(found):  # freed (or their record over it went): may be reused
+        if len(alive) != len(found) and key in index:  # freed: its address may be reused
             if alive:
                 index[key] = alive
             else:
                 del index[key]
-        return next((e for e in alive if len(e) != 2), alive[0] if alive else None)
+        return alive[0] if alive else None
 
     def _alive_in(self, slot: list[list[Any]], key: Any) -> list[list[Any]]:
         """The entries of an index slot still alive (holding ``key``, unless None)."""
@@ -1477,7 +1467,6 @@ class Timeline:
         if all(m is not rec for m in members):
             members.append(rec)
         self._live[id(rec)] = entry
-        self._addr_todo.append(id(rec))  # its allocations too (it may hold more of them)
         self._relayout(entry)
         for arr in rec.arrays() if self._plain else ():  # a plain array before: a view now
             plain = self._plain_of(arr)
@@ -1503,7 +1492,6 @@ class Timeline:
         self._unlive(rec, entry)
         if entry[0] is rec:
             entry[0] = alive[0]
-            self._addr_todo.append(id(alive[0]))  # its key in the todo list was rec's
         self._relayout(entry)
         return True
 
@@ -1722,7 +1710,10 @@ class Timeline:
             return None
         self._next += 1
         entry = self._plain[key] = [ref, ev]
-        self._addr_todo.append(-key)
+        todo = self._addr_todo
+        todo.append(key)
+        if len(todo) > 4096 and len(todo) > 2 * len(self._plain):
+            self._addr_todo = [k for k in todo if k in self._plain]
         self._append(ev, nbytes)
         if sampled:
             self._sampled_plain[id(entry)] = entry
@@ -1757,7 +1748,7 @@ class Timeline:
         if vkey in self._plain:  # a stale entry of a dead array under that id
             self._free_plain(vkey, self._plain[vkey], now)
         self._plain[vkey] = entry
-        self._addr_todo.append(-vkey)  # its key in the todo list was the dropped array's
+        self._addr_todo.append(vkey)  # its key in the todo list was the dropped array's
         for view in views[1:]:
             self._add_view(entry, view)
 
