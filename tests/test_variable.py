@@ -158,3 +158,38 @@ def test_a_buffer_a_variable_lets_go_is_its_creating_scopes_again(let_go):
     assert counts()[:2] == ((1, 1) if let_go == "assign" else (0, 0))
     if let_go != "collected":
         v.dispose()
+
+
+@pytest.mark.parametrize("let_go", ["assign", "dispose", "collected"])
+@pytest.mark.parametrize("returned", [False, True])
+def test_a_tensor_a_scope_kept_survives_when_its_variable_lets_go_of_the_buffer(let_go, returned):
+    """Found by the alias model (seed 41): ``scope.keep(t)`` while a Variable made from ``t``
+    held its buffer handed out nothing (the scope did not own the buffer then); the Variable let
+    go, the buffer came home to the scope, and the exit deleted it under the kept Tensor. A
+    returned ``t`` (the exit walks the result) was handed out."""
+    variables = []
+
+    def body(scope=None):
+        t = tj.tensor([1.0, 2.0]) * 1
+        v = tj.Variable(t)
+        if scope is not None:
+            scope.keep(t)
+        if let_go == "assign":
+            v.assign(tj.tensor([3.0, 4.0]))
+        elif let_go == "dispose":
+            v.dispose()
+        else:
+            del v
+            gc.collect()
+        variables.extend([v] if let_go != "collected" else [])
+        return t
+
+    if returned:
+        t = tj.tidy.run(body)
+    else:
+        with tj.tidy() as scope:
+            t = body(scope)
+    assert not t.is_disposed and not t.array.is_deleted(), "a kept Tensor was freed"
+    np.testing.assert_array_equal(t.numpy(), [1.0, 2.0])
+    tj.dispose([t, variables])
+    assert counts()[:2] == (0, 0)

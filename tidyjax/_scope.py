@@ -120,7 +120,8 @@ class Scope(Tracker):
         self.path = name or "<tidy>"
         self._state = _NEW
         self._token: Any = None
-        self._handed: set[int] = set()  # ids of records handed out by scope.keep
+        # the records handed out by scope.keep, by id (held: an id is never another's meanwhile)
+        self._handed: dict[int, Any] = {}
         # Tensor objects handed out likewise, by id, held weakly: a kept Tensor the caller
         # drops is collected as any other (its buffer still leaves with its record)
         self._handed_tensors: dict[int, weakref.ref[Any]] = {}
@@ -308,7 +309,7 @@ class Scope(Tracker):
             _registry.resolve()
         handed_tensors: dict[int, Any]
         if result is None and not self._handed_tensors and not self._handed_batched:
-            escaping, handed_tensors, only_batches = self._handed, {}, False  # nothing walked
+            escaping, handed_tensors, only_batches = set(self._handed), {}, False  # none walked
         else:
             escaping, handed_tensors, only_batches = self._escaping(result)
         parent = _effective(self.parent)
@@ -331,7 +332,7 @@ class Scope(Tracker):
         for b in batches:
             self._freed += _registry.delete_batch(b, why)
         if self._handed:
-            self._handed = set()
+            self._handed = {}
         if parent is not None and _overgrown(parent):  # a long loop of child scopes inside
             parent._compact()
         self._count_exit(len(owned), handed)
@@ -350,7 +351,7 @@ class Scope(Tracker):
             self._handed_tensors = {}
         for t in tensors:
             handed_tensors[id(t)] = t
-        escaping = self._handed | {id(r) for r in recs} if recs else self._handed
+        escaping = self._handed.keys() | {id(r) for r in recs}
         only_batches = False
         if batched or self._handed_batched:
             whole, only_batches = self._reached_batches(handed_tensors)
@@ -505,7 +506,7 @@ class Scope(Tracker):
             parent._aliases.extend(self._aliases)
         self._aliases = []
         self._handed_tensors = {}
-        self._handed = set()
+        self._handed = {}
         self._taken = None
         self._freed = []
 
@@ -635,8 +636,9 @@ class Scope(Tracker):
                         owner._taken = []
                     owner._taken.append(rec)
                 owner = self
-            if owner is self:
-                self._handed.add(id(rec))
+            # Kept whoever owns it now: a buffer a Variable holds comes home to its scope
+            # when the Variable lets go (`_registry.let_go`), and goes out then
+            self._handed[id(rec)] = rec
         for scope in (*inner, self):
             if isinstance(scope, Scope):
                 scope._handed_tensors.update((id(t), weakref.ref(t)) for t in tensors)
