@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 import threading
 
 import jax.numpy as jnp
@@ -226,3 +228,47 @@ def test_bad_input_raises_a_clear_error_and_changes_nothing(call, exc, match):
     assert counts() == before
     assert keep_alive.item() == 7.0
     keep_alive.dispose()
+
+
+_FINALIZER_UNDER_A_REGISTRY_LOCK = """
+import sys, threading, numpy as np, tidyjax as tj
+from tidyjax import _registry, _timeline
+t = tj.tensor(np.ones(4, np.float32)) * 1
+observer = tj.profile() if sys.argv[1] == "profile" else tj.timeline(sample=None)
+with observer:
+    lock = _registry.observers[-1].lock if sys.argv[1] == "profile" else _timeline._lock
+    holding = threading.Event()
+
+    def handler():  # an observer's handler asking the registry (a suspect's buffers)
+        with lock:
+            holding.set()
+            _registry.index_hits({})
+
+    with _registry._index_lock:  # a thread inside the registry's index...
+        thread = threading.Thread(target=handler, daemon=True)
+        thread.start()
+        holding.wait(10)
+        del t  # ...where a collection runs a Tensor's finalizer: it tells the observers
+    thread.join(10)
+    print("stuck" if thread.is_alive() else f"done: {tj.memory().num_tensors} tensors")
+"""
+
+
+@pytest.mark.parametrize("observer", ["profile", "timeline"])
+def test_a_finalizer_telling_an_observer_never_waits_for_a_thread_waiting_for_the_registry(
+    observer,
+):
+    """A Tensor collected in a thread that holds a lock of the registry tells the observers
+    (a profile's count, a timeline); another thread handling an event under the observer's lock
+    may be waiting for that registry lock (the allocation index, asked for a suspect's
+    buffers). The finalizer's event waited for the observer's lock: both threads stuck for
+    ever. It is queued now, handled by the lock's holder as it lets go."""
+    code = _FINALIZER_UNDER_A_REGISTRY_LOCK
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, observer], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the two threads deadlocked")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done: 0 tensors", out.stdout + out.stderr

@@ -59,7 +59,8 @@ class Tally:
         self._zero: set[int] = set()  # ids of counted records whose computation failed
         self._seq = 0
         self._pending: list[Any] = []  # committed records just added: over a counted buffer?
-        self._queue: collections.deque[tuple[str, Any]] = collections.deque()
+        # the events told and not handled yet: (kind, record, change in the Tensors counted)
+        self._queue: collections.deque[tuple[str, Any, int]] = collections.deque()
         self._busy = False
         self._watch: dict[int, list[weakref.ref[Any]]] = {}
 
@@ -83,6 +84,7 @@ class Tally:
                 if id(rec) not in self._parts:
                     self._add(rec)
             self.forget_failed()
+        self.pump()  # what another thread told meanwhile
 
     def stop(self) -> None:
         with self.lock:
@@ -91,13 +93,15 @@ class Tally:
             self._parts.clear()
             self._watch.clear()
             self._pending.clear()
+            self._queue.clear()
 
     def settle(self) -> None:
         """Count the committed records just added (each a new buffer, or one more record over
         a counted one)."""
         with self.lock:
-            if self._pending and not self._busy:
+            if (self._pending or self._queue) and not self._busy:
                 self._run(settle=True)
+        self.pump()  # what another thread told meanwhile
 
     def forget_failed(self) -> None:
         """Count 0 bytes for each counted buffer whose computation has failed by now (it never
@@ -113,19 +117,32 @@ class Tally:
     # -- the observer ----------------------------------------------------------------------
 
     def event(self, kind: str, rec: Any, tensor: int = 0) -> None:
-        """A change to the registry's books (see ``_registry.notify``)."""
+        """A change to the registry's books (see ``_registry.notify``): queued, then handled
+        (`pump`)."""
         if kind == "buffer_added":
             self.made(rec)
-        with self.lock:
-            if kind in ("buffer_added", "tensor_added"):
-                self.tensors += 1
-            elif kind == "tensor_removed":
-                self.tensors -= 1
-            elif kind == "buffer_freed":  # its remaining holders are disposed with it
-                self.tensors -= max(rec.n, 0)
-            self._queue.append((kind, rec))
-            if not self._busy:  # else an event heard while handling one (a collection): after it
-                self._run(settle=False)
+        if kind in ("buffer_added", "tensor_added"):
+            delta = 1
+        elif kind == "tensor_removed":
+            delta = -1
+        else:  # a freed buffer's remaining holders are disposed with it
+            delta = -max(rec.n, 0) if kind == "buffer_freed" else 0
+        self._queue.append((kind, rec, delta))
+        self.pump()
+
+    def pump(self) -> None:
+        """Handle the queued events, unless another thread holds ``lock`` or this thread is
+        handling one already (a collection inside a handler). The holder handles them as it
+        lets go: an event a finalizer tells must never wait for it (it may be waiting for a
+        lock of the registry that the finalizer's thread holds)."""
+        while self._queue and not self._busy:
+            if not self.lock.acquire(blocking=False):
+                return
+            try:
+                if not self._busy:
+                    self._run(settle=False)
+            finally:
+                self.lock.release()
 
     def _run(self, settle: bool) -> None:
         """Handle the queued events (the pending records first, with ``settle``); a rise of the
@@ -144,7 +161,8 @@ class Tally:
     def _drain(self) -> None:
         queue = self._queue
         while queue:
-            kind, rec = queue.popleft()
+            kind, rec, delta = queue.popleft()
+            self.tensors += delta
             if kind == "buffer_added":
                 if getattr(rec(), "committed", False):
                     self._pending.append(rec)  # an alias of a counted buffer? (`_settle`)

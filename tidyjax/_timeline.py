@@ -84,8 +84,35 @@ __all__ = ["UNTRACKED", "Timeline", "TimelineEvent", "active", "timeline"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 # One lock for every timeline: events arrive from any thread, and reentrantly when a collection
-# runs a finalizer (a Tensor's __del__, a weak reference's callback) inside a handler.
+# runs a finalizer (a Tensor's __del__, a weak reference's callback) inside a handler. An event
+# never waits for it: it goes to ``_inbox``, handled by whichever thread holds the lock as it
+# lets go (`_pump`; a finalizer's thread may hold a lock of the registry that the holder waits
+# for).
 _lock = threading.RLock()
+_inbox: collections.deque[tuple[Any, ...]] = collections.deque()
+
+
+def _pump() -> None:
+    """Handle the events told, unless another thread holds ``_lock`` (it does as it lets go)."""
+    while _inbox:
+        if not _lock.acquire(blocking=False):
+            return
+        try:
+            while _inbox:
+                tl, kind, obj, tensor = _inbox.popleft()
+                tl._event(kind, obj, tensor)
+        finally:
+            _lock.release()
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """``_lock`` held, and the events told meanwhile handled as it is let go."""
+    with _lock:
+        yield
+    _pump()
+
+
 _recording: list[Timeline] = []  # open timelines, in the order they started
 
 #: The sampler's interval by default, in seconds (``timeline(sample=...)``).
@@ -366,7 +393,7 @@ class _Sampler:
                     return
                 wait = max(self.interval, _DUTY * (time.perf_counter() - began))
         except Exception as e:  # a thread must not raise: the timeline says sampling stopped
-            with _lock:
+            with _locked():
                 self.tl._sample_error = f"{type(e).__name__}: {e}"
 
     def _look(self) -> bool:
@@ -396,6 +423,7 @@ class _Sampler:
             self.tl._sampled(ready)
         finally:
             _lock.release()
+            _pump()
         return True  # ``ready`` goes now, outside the lock
 
 
@@ -517,7 +545,7 @@ class Timeline:
     def annotations(self) -> list[Mark]:
         """The moments marked with [`annotate`][tidyjax.Timeline.annotate], oldest first: each
         a named tuple ``(time, label, bytes)``."""
-        with _lock:
+        with _locked():
             return list(self._marks)
 
     @property
@@ -555,7 +583,7 @@ class Timeline:
         alive now (its outputs settled first). Unknown figures record no event."""
         temps = figures.temporaries()
         total = sum(temps.values()) if temps else None  # None: unknown (or no device)
-        with _lock:
+        with _locked():
             if not self._depth:
                 return
             self._settle()
@@ -587,7 +615,7 @@ class Timeline:
             return self._unseen_note
         if not self.arrays:
             return "plain arrays not recorded: arrays=False"
-        with _lock:
+        with _locked():
             if self._sample_error is not None:
                 return f"plain arrays sampled until the sampler failed ({self._sample_error})"
             if self.sample is None and not self._marked:
@@ -597,7 +625,7 @@ class Timeline:
     def _window(self) -> tuple[list[TimelineEvent], list[TimelineEvent]]:
         """What dropped events left alive, and the events kept: together, the whole replay
         (while recording, caught up first)."""
-        with _lock:
+        with _locked():
             if self._depth:
                 self._settle()
                 self._check_deleted_buffers()
@@ -700,7 +728,7 @@ class Timeline:
         return Snapshot(self.live_at(moment)).statistics()[:n]
 
     def __repr__(self) -> str:
-        with _lock:
+        with _locked():
             self._forget_failed()
         state = "loaded" if self._loaded else "recording" if self._depth else "stopped"
         at = ""
@@ -731,7 +759,7 @@ class Timeline:
         Raises:
             TidyjaxValueError: no annotation has the label ``at``.
         """
-        with _lock:
+        with _locked():
             found = [m for m in self._marks if m.label == at]  # none for at=None
         if at is not None and not found:
             known = ", ".join(repr(m.label) for m in self._marks[:5]) or "none"
@@ -862,7 +890,7 @@ class Timeline:
                 "this Timeline was loaded from a file or a snapshot and cannot record; "
                 "record a new one with tidyjax.timeline()."
             )
-        with _lock:
+        with _locked():
             self._depth += 1
             if self._depth > 1:
                 return self
@@ -893,7 +921,7 @@ class Timeline:
         # collection inside that lock may report to us.
         try:
             found = self._alive()
-            with _lock:
+            with _locked():
                 self._reconcile(before, found)
                 self._forget_failed()  # a buffer that failed before: not counted from the start
                 self._name_variables()
@@ -907,7 +935,7 @@ class Timeline:
     def __exit__(self, *exc: object) -> None:
         sampler = None
         try:
-            with _lock:
+            with _locked():
                 sampler = self._exit()
         finally:
             # The sampler's thread ends: it sees the stop at its next wait or lock, and never
@@ -974,14 +1002,14 @@ class Timeline:
         if not isinstance(label, str):
             raise TidyjaxTypeError(f"section() takes a str label, got {type(label).__name__}.")
         with self:
-            with _lock:
+            with _locked():
                 self._settle()
                 number = self._next = self._next + 1
                 self._mark(SCOPE_ENTER, label, label, number)
             try:
                 yield self
             finally:
-                with _lock:
+                with _locked():
                     self._see_arrays()
                     self._mark(SCOPE_EXIT, label, label, number)
 
@@ -1012,7 +1040,7 @@ class Timeline:
             raise TidyjaxTypeError(
                 f"annotate()'s bytes must be an int or None, got {type(bytes).__name__}."
             )
-        with _lock:
+        with _locked():
             if not self._depth:
                 raise TidyjaxTypeError(
                     f"this Timeline is not recording, so it cannot mark {label!r}; call "
@@ -1031,7 +1059,7 @@ class Timeline:
         of each plain array alive. With ``arrays=False`` it only settles tidyjax's own buffers
         (records just added, buffers deleted behind tidyjax's back); while not recording it
         does nothing."""
-        with _lock:
+        with _locked():
             if self._depth:
                 self._marked = True
             self._look()
@@ -1075,33 +1103,45 @@ class Timeline:
         """A change to the registry's books, or a scope entered or exited. ``tensor`` is the id
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
         if kind == "joined" or (kind == "tensor_removed" and not released(obj)):
-            return  # records over one buffer (found by address here), a holder fewer
-        with _lock:
-            if not self._depth:
+            return  # records over one buffer (found through the registry's index), a holder fewer
+        if not _inbox and _lock.acquire(blocking=False):  # the usual case: nothing waits
+            try:
+                self._event(kind, obj, tensor)
+            finally:
+                _lock.release()
+            if not _inbox:
                 return
-            if self._pending:  # first what came before: the buffers just added
-                if kind == "buffer_freed":
-                    self._adopt_pending(obj)
-                self._settle()
-            if kind == "buffer_added" and getattr(obj(), "committed", False):
-                self._pending.append((obj, time.perf_counter(), tensor))  # over a recorded one?
-            elif kind == "buffer_added":
+        else:
+            _inbox.append((self, kind, obj, tensor))
+        _pump()
+
+    def _event(self, kind: str, obj: Any, tensor: int) -> None:
+        """`event`, under ``_lock``."""
+        if not self._depth:
+            return
+        if self._pending:  # first what came before: the buffers just added
+            if kind == "buffer_freed":
+                self._adopt_pending(obj)
+            self._settle()
+        if kind == "buffer_added" and getattr(obj(), "committed", False):
+            self._pending.append((obj, time.perf_counter(), tensor))  # over a recorded one?
+        elif kind == "buffer_added":
+            self._added(obj, time.perf_counter(), (tensor,) if tensor else ())
+        elif kind == "tensor_removed":
+            # The last Tensor on an array nothing of tidyjax frees (see _census.released):
+            # the array is plain again if it outlives the Tensor (decided at the next event:
+            # dropped together, the array is collected first).
+            self._pending.append((obj, time.perf_counter(), _LET_GO))
+        elif kind in ("buffer_freed", "buffer_collected"):
+            self._freed(obj)
+        elif kind == "tensor_added":  # one more holder, or a caller's array tidyjax's again
+            entry = self._live.get(id(obj))
+            if entry is not None:
+                self._hold(entry, obj, (tensor,), obj.more)
+            elif holds(obj):
                 self._added(obj, time.perf_counter(), (tensor,) if tensor else ())
-            elif kind == "tensor_removed":
-                # The last Tensor on an array nothing of tidyjax frees (see _census.released):
-                # the array is plain again if it outlives the Tensor (decided at the next event:
-                # dropped together, the array is collected first).
-                self._pending.append((obj, time.perf_counter(), _LET_GO))
-            elif kind in ("buffer_freed", "buffer_collected"):
-                self._freed(obj)
-            elif kind == "tensor_added":  # one more holder, or a caller's array tidyjax's again
-                entry = self._live.get(id(obj))
-                if entry is not None:
-                    self._hold(entry, obj, (tensor,), obj.more)
-                elif holds(obj):
-                    self._added(obj, time.perf_counter(), (tensor,) if tensor else ())
-            elif kind in (SCOPE_ENTER, SCOPE_EXIT):
-                self._scope(kind, obj)
+        elif kind in (SCOPE_ENTER, SCOPE_EXIT):
+            self._scope(kind, obj)
 
     def _freed(self, rec: Any) -> None:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
@@ -1731,7 +1771,7 @@ class Timeline:
 
     def _plain_collected(self, key: int, ref: Any) -> None:
         """A plain array was dropped (while stopped: recorded when recording resumes)."""
-        with _lock:
+        with _locked():
             entry = self._plain.get(key)
             if entry is not None and entry[0] is ref and self._depth:
                 self._plain_gone(key, entry, time.perf_counter())
@@ -1863,5 +1903,5 @@ def timeline(
 
 def active() -> Timeline | None:
     """The innermost open timeline (the one started last and still recording), or None."""
-    with _lock:
+    with _locked():
         return _recording[-1] if _recording else None
