@@ -5,6 +5,7 @@ was last read; and the books of a Tensor aliased once a step stay the size of wh
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 import jax
@@ -193,3 +194,40 @@ def test_four_threads_aliasing_shared_tensors_lose_nothing_while_a_profile_liste
     m = tj.memory(scan_untracked=False)
     assert (m.num_tensors, m.num_data_buffers) == (3, 3)
     tj.dispose(shared)
+
+
+def test_four_threads_aliasing_while_a_profile_and_a_timeline_listen_agree_at_the_end() -> None:
+    """The same threads with a profile and a sampling timeline open: events a thread tells
+    while another holds an observer's lock are queued and handled by that thread (none
+    waits: see test_reliability), so once the threads are done both observers count what
+    ``memory()`` counts, each buffer once."""
+    device = jax.devices()[0]
+    shared = [tj.tensor(jnp.full(4, float(i))) for i in range(3)]
+    three = tj.jit(_three)
+    kept: list[Any] = []
+
+    def worker(seed: int) -> None:
+        for i in range(100):
+            with tj.tidy(f"w{seed}") as scope:
+                a = jax.device_put(shared[(seed + i) % 3], device)
+                b = tj.tensors(jax.device_put(shared[i % 3].array, device))
+                out = three(a + b)
+                if i % 25 == 0:
+                    kept.append(scope.keep(jax.device_put(out[0], device)))
+                if i % 10 == 0:
+                    gc.collect()
+
+    with tj.profile(), tj.timeline(sample=0.001) as tl:
+        run_threads(worker, 4)
+        gc.collect()
+        m = tj.memory(scan_untracked=False)
+        assert (m.num_tensors, m.num_data_buffers) == (3 + len(kept), 3 + len(kept))
+        with tj.profile() as inner:  # starts from the running count
+            pass
+        assert inner.bytes_before == m.num_bytes
+        tl.mark()
+        live = tl.live_at(time.perf_counter())
+        tracked = [r for r in live if r.scope not in ("<untracked>", "<watched>")]
+        assert len(tracked) == m.num_data_buffers
+        assert sum(r.bytes for r in tracked) == m.num_bytes
+    tj.dispose([shared, kept])
