@@ -1062,6 +1062,27 @@ def test_a_variables_let_go_never_takes_a_view_of_another_variables_buffer() -> 
     _empty()
 
 
+def test_a_tensors_view_made_while_the_buffers_tensor_is_collected_joins_its_raw_alias() -> None:
+    """Found by the alias model (seed 60): a top-level Tensor's buffer with a raw alias the
+    caller holds (the array of a ``device_put`` alias made in a scope) and a ``tensors()`` view
+    of it not yet resolved when the Tensor is collected. The view took the buffer over as if
+    the collected Tensor's array were its last object, while the raw alias kept that record
+    alive: two records over one buffer, counted twice. It joins it now."""
+    t = tj.tensor(np.arange(3, dtype=np.float32)) * 1
+    with tj.tidy():
+        held = jax.device_put(t, DEVS[0]).array  # the caller keeps the alias's array object
+    view = tj.tensors([jax.device_put(t.array, DEVS[0])])[0]
+    del t
+    gc.collect()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_tensors, m.num_data_buffers, m.num_bytes) == (1, 1, 12), m
+    np.testing.assert_array_equal(view.numpy(), [0.0, 1.0, 2.0])
+    tj.dispose(view)  # the buffer's last Tensor: deleted under the raw alias tidyjax saw
+    assert held.is_deleted()
+    del held
+    _empty()
+
+
 @eight
 @pytest.mark.parametrize("over", ["tensor", "plain"])
 def test_a_raw_copy_over_fewer_devices_made_of_the_same_shards_is_no_new_memory(

@@ -1026,8 +1026,14 @@ def _match(wanted: dict[Any, list[Buffer]], order: dict[int, int]) -> None:
         if arr is None:
             continue
         found = {id(r): r for k in keys for r in wanted.get(k, ()) if r is not other}
-        # references to an orphan's array: `orphans`, ``arr``, getrefcount's argument
-        only_orphans = id(arr) in held and other.n <= 0 and sys.getrefcount(arr) <= 3
+        # references to an orphan's array: `orphans`, ``arr``, getrefcount's argument; and
+        # no other object of it alive (a raw alias the caller holds: its record lives on)
+        only_orphans = (
+            id(arr) in held
+            and other.n <= 0
+            and sys.getrefcount(arr) <= 3
+            and not any(r() is not None for r in other.more or ())
+        )
         for rec in found.values():
             if only_orphans:
                 # Only `orphans` holds ``other``'s object (no group: it goes with it). A
