@@ -20,7 +20,12 @@ from . import _registry
 from ._arrays import failed
 from ._census import books, holds, released
 
-__all__ = ["Tally", "follow"]
+__all__ = ["WAIT", "Tally", "follow"]
+
+#: How long (seconds) an event waits for an observer's lock that another thread holds before it
+#: is queued for that thread: long enough for a handler or a sampler's look, short enough that
+#: a thread holding a lock of the registry which that thread waits for is held up once, briefly.
+WAIT = 0.02
 
 
 def follow(watch: dict[int, list[weakref.ref[Any]]], rec: Any, collected: Any) -> None:
@@ -131,12 +136,12 @@ class Tally:
         self.pump()
 
     def pump(self) -> None:
-        """Handle the queued events, unless another thread holds ``lock`` or this thread is
-        handling one already (a collection inside a handler). The holder handles them as it
-        lets go: an event a finalizer tells must never wait for it (it may be waiting for a
-        lock of the registry that the finalizer's thread holds)."""
+        """Handle the queued events, unless another thread holds ``lock`` past `WAIT` or this
+        thread is handling one already (a collection inside a handler). The holder handles
+        them as it lets go: an event a finalizer tells must not wait for it (it may be waiting
+        for a lock of the registry that the finalizer's thread holds)."""
         while self._queue and not self._busy:
-            if not self.lock.acquire(blocking=False):
+            if not self.lock.acquire(timeout=WAIT):
                 return
             try:
                 if not self._busy:

@@ -85,17 +85,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # One lock for every timeline: events arrive from any thread, and reentrantly when a collection
 # runs a finalizer (a Tensor's __del__, a weak reference's callback) inside a handler. An event
-# never waits for it: it goes to ``_inbox``, handled by whichever thread holds the lock as it
-# lets go (`_pump`; a finalizer's thread may hold a lock of the registry that the holder waits
-# for).
+# waits for it at most ``_tally.WAIT``, then goes to ``_inbox``, handled by the thread holding
+# the lock as it lets go (`_pump`; a finalizer's thread may hold a lock of the registry that
+# the holder waits for).
 _lock = threading.RLock()
 _inbox: collections.deque[tuple[Any, ...]] = collections.deque()
 
 
 def _pump() -> None:
-    """Handle the events told, unless another thread holds ``_lock`` (it does as it lets go)."""
+    """Handle the events told, unless another thread holds ``_lock`` past ``_tally.WAIT`` (it
+    does as it lets go)."""
     while _inbox:
-        if not _lock.acquire(blocking=False):
+        if not _lock.acquire(timeout=_tally.WAIT):
             return
         try:
             while _inbox:
@@ -1104,7 +1105,7 @@ class Timeline:
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
         if kind == "joined" or (kind == "tensor_removed" and not released(obj)):
             return  # records over one buffer (found through the registry's index), a holder fewer
-        if not _inbox and _lock.acquire(blocking=False):  # the usual case: nothing waits
+        if not _inbox and _lock.acquire(timeout=_tally.WAIT):  # the usual case
             try:
                 self._event(kind, obj, tensor)
             finally:
