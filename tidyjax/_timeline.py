@@ -89,6 +89,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # the lock as it lets go (`_pump`; a finalizer's thread may hold a lock of the registry that
 # the holder waits for).
 _lock = threading.RLock()
+_acquire, _release = _lock.acquire, _lock.release  # bound once, called positionally: per event
+_WAIT = _tally.WAIT
 _inbox: collections.deque[tuple[Any, ...]] = collections.deque()
 
 
@@ -96,14 +98,14 @@ def _pump() -> None:
     """Handle the events told, unless another thread holds ``_lock`` past ``_tally.WAIT`` (it
     does as it lets go)."""
     while _inbox:
-        if not _lock.acquire(timeout=_tally.WAIT):
+        if not _acquire(True, _tally.WAIT):
             return
         try:
             while _inbox:
                 tl, kind, obj, tensor = _inbox.popleft()
                 tl._event(kind, obj, tensor)
         finally:
-            _lock.release()
+            _release()
 
 
 @contextlib.contextmanager
@@ -1105,11 +1107,11 @@ class Timeline:
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
         if kind == "joined" or (kind == "tensor_removed" and not released(obj)):
             return  # records over one buffer (found through the registry's index), a holder fewer
-        if not _inbox and _lock.acquire(timeout=_tally.WAIT):  # the usual case
+        if not _inbox and _acquire(True, _WAIT):  # the usual case
             try:
                 self._event(kind, obj, tensor)
             finally:
-                _lock.release()
+                _release()
             if not _inbox:
                 return
         else:
