@@ -66,8 +66,10 @@ EIGHT = len(DEVS) >= 8
 DEV0 = DEVS[0]
 if EIGHT:
     _MESH = Mesh(np.array(DEVS[:8]), ("x",))
-    #: Where a Tensor is made or moved: one device, another one, sharded over eight, replicated.
+    #: Where a Tensor is made or moved: one device, another one, sharded over eight, replicated,
     PLACES: list[Any] = [DEV0, DEVS[3], NamedSharding(_MESH, P("x")), NamedSharding(_MESH, P())]
+    #: and replicated over four of them: moved there from eight, it is four of their shards
+    PLACES.append(NamedSharding(Mesh(np.array(DEVS[:4]), ("x",)), P()))
 else:
     PLACES = [DEV0, NamedSharding(Mesh(np.array(DEVS[:1]), ("x",)), P())]
 SIZES = (64, 256, 1024)  # float32 elements, each a multiple of 8 (sharded over eight)
