@@ -94,24 +94,31 @@ _WAIT = _tally.WAIT
 _inbox: collections.deque[tuple[Any, ...]] = collections.deque()
 
 
+def _handle_inbox() -> None:
+    """Handle the events told and queued, in order (under ``_lock``)."""
+    while _inbox:
+        tl, kind, obj, tensor = _inbox.popleft()
+        tl._event(kind, obj, tensor)
+
+
 def _pump() -> None:
     """Handle the events told, unless another thread holds ``_lock`` past ``_tally.WAIT`` (it
     does as it lets go)."""
     while _inbox:
-        if not _acquire(True, _tally.WAIT):
+        if not _acquire(True, _WAIT):
             return
         try:
-            while _inbox:
-                tl, kind, obj, tensor = _inbox.popleft()
-                tl._event(kind, obj, tensor)
+            _handle_inbox()
         finally:
             _release()
 
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    """``_lock`` held, and the events told meanwhile handled as it is let go."""
+    """``_lock`` held, the events told before handled first and those told meanwhile as it is
+    let go."""
     with _lock:
+        _handle_inbox()
         yield
     _pump()
 
@@ -423,6 +430,7 @@ class _Sampler:
         try:
             if self.stop.is_set() or self.tl._sampler is not self:
                 return False
+            _handle_inbox()
             self.tl._sampled(ready)
         finally:
             _lock.release()
