@@ -197,9 +197,9 @@ def test_four_threads_aliasing_shared_tensors_lose_nothing_while_a_profile_liste
 
 
 def test_four_threads_aliasing_while_a_profile_and_a_timeline_listen_agree_at_the_end() -> None:
-    """The same threads with a profile and a sampling timeline open: events a thread tells
-    while another holds an observer's lock are queued and handled by that thread (none
-    waits: see test_reliability), so once the threads are done both observers count what
+    """The same threads with a profile and a sampling timeline open: an event a thread tells
+    while another holds an observer's lock past a short wait is queued and handled by that
+    thread (see test_reliability), so once the threads are done both observers count what
     ``memory()`` counts, each buffer once."""
     device = jax.devices()[0]
     shared = [tj.tensor(jnp.full(4, float(i))) for i in range(3)]
