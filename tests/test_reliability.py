@@ -262,7 +262,7 @@ def test_a_finalizer_telling_an_observer_never_waits_for_a_thread_waiting_for_th
     (a profile's count, a timeline); another thread handling an event under the observer's lock
     may be waiting for that registry lock (the allocation index, asked for a suspect's
     buffers). The finalizer's event waited for the observer's lock: both threads stuck for
-    ever. It is queued now, handled by the lock's holder as it lets go."""
+    ever. After a short wait (20 ms) it is queued now, handled by the holder as it lets go."""
     code = _FINALIZER_UNDER_A_REGISTRY_LOCK
     try:
         out = subprocess.run(
