@@ -229,8 +229,8 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
                 return None
         except Exception:  # not an array with a buffer
             return None
-        return _registry.shards(a, wait=wait)  # (device, address): a host buffer's
-        # replicated copies on CPU may share one address
+        # (device, address) pairs: a host buffer's replicated copies on CPU share one address
+        return _registry.shards(a, wait=wait)
 
     seen: set[Any] = set()  # the allocations seen
 

@@ -1129,10 +1129,13 @@ def _wanted_keys(rec: Buffer, disjoint: Any) -> Any:
     """``rec``'s allocations when it is live and holds one that is wanted (``disjoint``:
     ``wanted.keys().isdisjoint``), read while an array of it is alive and undeleted (a freed
     address may be another's); else None."""
-    keys = getattr(rec, "keys", None)
-    if keys is None and (rec.dead is not None or not (keys := _keys_of(rec))):
+    if rec.dead is not None:
         return None
-    if disjoint(keys) or rec.dead is not None or _keys_of(rec) is None:
+    keys = getattr(rec, "keys", None)
+    if keys is None:  # read now: `_keys_of` read it from a live, undeleted array
+        keys = _keys_of(rec)
+        return keys if keys and not disjoint(keys) else None
+    if disjoint(keys) or _keys_of(rec) is None:  # cached: still an array of it alive?
         return None
     return keys
 

@@ -1436,7 +1436,7 @@ class Timeline:
             arr = rec.array()
             _wait(arr)  # an alias of a buffer still being computed is not ready either
             key = _buffer_key(arr)
-            entry = (self._recorded(key, rec) or self._plain_over(key)) if key else None
+            entry = self._find_key(key, rec) if key else None
             if entry is not None and entry[0] is not rec:
                 return entry
         return None
@@ -1449,7 +1449,9 @@ class Timeline:
             entry = self._live.get(id(x)) if x is not rec else None
             if entry is not None and self._entry_alive(entry):
                 held.setdefault(id(entry), (entry, set()))[1].update(keys)
-        return next((e for e, got in held.values() if rec is not None or got >= set(key)), None)
+        if rec is None:
+            return next((e for e, got in held.values() if got.issuperset(key)), None)
+        return next((e for e, _ in held.values()), None)
 
     def _entry_alive(self, entry: list[Any]) -> bool:
         """Whether ``entry`` is recorded and its buffer held: by any of its records (its first
@@ -1462,16 +1464,11 @@ class Timeline:
             return False
         return entry[0].dead is None or any(m.dead is None for m in entry[3] or ())
 
-    def _find(self, arr: Any) -> list[Any] | None:
-        """The live or plain entry over ``arr``'s buffer, or None (also while it is not ready:
-        an alias shares its readiness)."""
-        key = _buffer_key(arr)  # None for None
-        return self._find_key(key) if key else None
-
-    def _find_key(self, key: Any) -> list[Any] | None:
-        """`_find` of the buffer at ``key`` (an array's allocations, `_buffer_key`): a live
+    def _find_key(self, key: Any, rec: Any = None) -> list[Any] | None:
+        """The live or plain entry over the buffer at ``key`` (an array's allocations,
+        `_buffer_key`; with ``rec``, a record joining, a live entry sharing any of them): a live
         entry before a plain one (a caller's array may share an allocation with a Tensor's)."""
-        return self._recorded(key) or self._plain_over(key)
+        return self._recorded(key, rec) or self._plain_over(key)
 
     def _plain_over(self, key: Any) -> list[Any] | None:
         """The plain entry over the buffer at ``key``, from the plain arrays' own index (the
