@@ -408,3 +408,40 @@ def test_a_new_view_of_a_buffer_whose_first_holder_just_went_is_no_plain_array(
         alias.dispose()
         del view
     assert tl.live_at(tl.stop_time) == []
+
+
+def test_a_view_listed_before_its_records_event_is_handled_is_no_plain_array(
+    monkeypatch, by_hand
+):
+    """Found by the cross-report test on a loaded machine (JAX 0.6.2, seed 7): an op's result
+    committed to its device was published, its event waited (queued while the sampler's thread
+    held the timeline), and meanwhile a new object over its buffer was made (JAX 0.6 makes one
+    when the address is read). The sampler listed that object, heard of the record only then
+    (pending: settled at a later look), and at its next look recorded the object as a plain
+    allocation: the buffer counted twice from then on. The look now leaves such an object to
+    a later look, when the record is settled and the object is one of its views."""
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    views: list[jax.Array] = []
+    with tj.timeline() as tl:
+        tl.mark()
+        real = tl.event
+
+        def event(kind, obj, tensor=0):
+            if kind == "buffer_added" and not views:
+                arr = obj()
+                views.append(jax.device_put(arr, one))  # a new object over its buffer
+                tl._sampler._look()  # lists the object before the record's event is handled
+            real(kind, obj, tensor)
+
+        monkeypatch.setattr(tl, "event", event)
+        t = tj.tensor(np.ones(64, np.float32), device=jax.devices()[0])  # committed
+        monkeypatch.undo()
+        assert views and views[0] is not t.array and not views[0].is_deleted()
+        tl._sampler._look()  # the object is ready; the record was heard of after the last look
+        tl._sampler._look()
+        replay = tl.live_at(time.perf_counter())
+        assert [r.bytes for r in replay if r.scope == "<untracked>"] == []
+        assert sum(r.bytes for r in replay) == tj.memory().num_bytes == 256
+        t.dispose()
+        views.clear()
+    assert tl.live_at(tl.stop_time) == []

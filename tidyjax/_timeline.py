@@ -431,10 +431,12 @@ class _Sampler:
             if self.stop.is_set() or self.tl._sampler is not self:
                 return False
             _handle_inbox()
-            self.tl._sampled(ready)
+            later = self.tl._sampled(ready)
         finally:
             _lock.release()
             _pump()
+        if later:  # over a record's buffer that this look could not settle yet: looked at next
+            self.seen[:0] = [weakref.ref(a) for a in later]
         return True  # ``ready`` goes now, outside the lock
 
 
@@ -1638,11 +1640,12 @@ class Timeline:
         if arrays:
             self._feed(arrays[::-1])  # oldest first: buffer numbers in creation order
 
-    def _sampled(self, arrays: list[Any]) -> None:
+    def _sampled(self, arrays: list[Any]) -> list[Any]:
         """The sampler's look (under ``_lock``): ``arrays`` (oldest first, ready, not failed)
-        recorded as a mark records what it finds, and the frees of plain arrays deleted."""
+        recorded as a mark records what it finds, and the frees of plain arrays deleted; those
+        left to its next look (over the buffer of a record still pending, `_feed`)."""
         if not self._depth or self._array_mark is None:
-            return
+            return []
         # Only the records its last look saw pending: one just added may still be becoming a
         # suspect of the registry (published first, suspected next: `_tensor.wrap_foreign`),
         # and settled before that, a new object over a recorded buffer would be an allocation.
@@ -1651,11 +1654,11 @@ class Timeline:
         self._settle(n if seen is self._pending else 0)
         if self.dropped + len(self._events) != self._sampled_upto:
             self._sampled_plain.clear()  # something else was recorded since its last look
-        if arrays:
-            self._feed(arrays, sampled=True)
+        later = self._feed(arrays, sampled=True) if arrays else []
         self._check_deleted()
         self._sampled_upto = self.dropped + len(self._events)
         self._pending_seen = (self._pending, len(self._pending))
+        return later
 
     def _sampled_first(self, entry: list[Any]) -> bool:
         """Whether the plain ``entry`` is the sampler's record of an array that nothing else has
@@ -1670,17 +1673,23 @@ class Timeline:
             and self.dropped + len(self._events) == self._sampled_upto
         )
 
-    def _feed(self, arrays: list[Any], sampled: bool = False) -> None:
+    def _feed(self, arrays: list[Any], sampled: bool = False) -> list[Any]:
         """Record ``arrays`` (oldest first) unless known: each a plain array's allocation, or a
-        view of a recorded buffer. ``sampled``: by the sampler (see `_sampled_first`)."""
+        view of a recorded buffer. ``sampled``: by the sampler (see `_sampled_first`), which
+        leaves to its next look (returned) a new object over the buffer of a record it may not
+        settle yet (`_sampled`): recorded now, it would count that buffer twice."""
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch.any_watched() else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
+        later: list[Any] = []
         for arr in arrays:
             key = _buffer_key(arr) if _registry.lookup(arr) is None else None
             entry = self._find_key(key) if key else None
             if entry is None and key and self._made_before(key):
                 continue  # a new object over a buffer alive before the recording: not counted
+            if entry is None and key and sampled and self._pending_over(key):
+                later.append(arr)
+                continue
             if entry is None or (len(entry) == 2 and entry[0]() is arr):  # or the array itself
                 scope = WATCHED if id(arr) in held else UNTRACKED
                 entry = self._add_plain(arr, now, scope, sampled)
@@ -1693,6 +1702,16 @@ class Timeline:
                 self._add_view(entry, arr)
         if named:
             self._amend(named)
+        return later
+
+    def _pending_over(self, key: Any) -> bool:
+        """Whether a record just added (not settled yet) holds an allocation of ``key``."""
+        for rec, _, tensor in self._pending:
+            arr = rec.array() if tensor != _LET_GO else None
+            other = _buffer_key(arr) if arr is not None else None
+            if other and not set(other).isdisjoint(key):
+                return True
+        return False
 
     def _made_before(self, key: Any) -> bool:
         """Whether the buffer at ``key`` (an array's addresses, `_buffer_key`) is that of a plain
