@@ -745,3 +745,24 @@ def test_events_reach_the_oldest_generation_untracked():
     a.dispose()
     assert len(tl._events) > 40_000
     assert len(new) < 200, collections.Counter(type(o).__name__ for o in new).most_common(3)
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_script_ending_with_a_plain_array_a_timeline_recorded_exits_quietly(stopped):
+    """A plain array a timeline recorded, alive when the script ends (the recording stopped, or
+    still on): its weak reference's callback ran as Python tore the module down and printed
+    "Exception ignored ... 'NoneType' object is not callable" on every such exit. The callback
+    does nothing now while stopped (its next start looks at the arrays again) or exiting."""
+    script = (
+        "import jax.numpy as jnp, tidyjax as tj\n"
+        "tl = tj.timeline(sample=None).__enter__()\n"
+        "a = jnp.ones(1024)\n"
+        "tl.mark()\n"
+        + ("tl.__exit__(None, None, None)\n" if stopped else "")
+        + "assert [e.kind for e in tl.events] == ['alloc']\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr

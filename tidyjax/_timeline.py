@@ -357,8 +357,15 @@ def _usable(arr: Any) -> bool | None:
 _samplers: weakref.WeakSet[_Sampler] = weakref.WeakSet()
 
 
+#: True until the interpreter exits: then a weak reference's callback records nothing (the
+#: module may be torn down under it; None then too).
+_running: bool | None = True
+
+
 @atexit.register
 def _stop_samplers() -> None:
+    global _running
+    _running = False
     for sampler in list(_samplers):
         sampler.stop.set()
         if sampler.thread.is_alive():
@@ -1740,6 +1747,10 @@ class Timeline:
                 elif computing(arr):
                     self._before_todo.append(ref)  # still computing: read at a later need
         found = index.get(key)
+        if found is None and len(key) > 1:  # over fewer devices, made of one array's shards
+            refs = {id(r): r for p in key if (r := index.get((p,))) is not None}
+            if len(refs) == 1 and all((p,) in index for p in key):
+                (found,) = refs.values()
         old = found() if found is not None else None
         return old is not None and not old.is_deleted()  # (a freed one's address is reused)
 
@@ -1797,7 +1808,10 @@ class Timeline:
                 self._free_plain(key, entry, now)
 
     def _plain_collected(self, key: int, ref: Any) -> None:
-        """A plain array was dropped (while stopped: recorded when recording resumes)."""
+        """A plain array was dropped (while stopped: recorded when recording resumes; then
+        the lock is not taken, nor at interpreter exit, when the module may be torn down)."""
+        if not self._depth or _running is not True:
+            return
         with _locked():
             entry = self._plain.get(key)
             if entry is not None and entry[0] is ref and self._depth:
