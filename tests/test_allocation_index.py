@@ -231,3 +231,51 @@ def test_four_threads_aliasing_while_a_profile_and_a_timeline_listen_agree_at_th
         assert len(tracked) == m.num_data_buffers
         assert sum(r.bytes for r in tracked) == m.num_bytes
     tj.dispose([shared, kept])
+
+
+def test_a_buffer_ready_just_after_its_first_read_is_indexed_and_its_new_object_a_view(
+    monkeypatch,
+):
+    """Found by the cross-report test on a loaded machine (JAX 0.6.2, seed 7): the index read
+    an op's result while it was still being computed (no address yet), then asked whether it
+    was still computing: it was ready by then, so it was neither read nor kept for the next
+    update, and never indexed. A new object over its buffer (JAX 0.6 makes one when an address
+    is read) was then a plain allocation for the timeline. The index asks first now."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    real_shards, real_computing = _registry.shards, _registry.computing
+    late: list[str] = []  # the first look at the buffer finds it computing; every later one ready
+
+    def shards(arr: Any, wait: bool) -> Any:
+        if arr is target and not wait and not late:
+            late.append("read")
+            return None
+        return real_shards(arr, wait)
+
+    def computing(arr: Any) -> bool:
+        if arr is target and not late:
+            late.append("asked")
+            return True
+        return real_computing(arr)
+
+    with tj.timeline(sample=None) as tl:
+        t = tj.numpy.sin(tj.tensor(jnp.ones(64)))
+        target = t.array
+        target.block_until_ready()
+        monkeypatch.setattr(_registry, "shards", shards)
+        monkeypatch.setattr(_registry, "computing", computing)
+        _registry.index_hits({})  # an update of the index reads the new record
+        monkeypatch.undo()
+        view = jax.device_put(target, one)  # a new object over the buffer
+        assert view is not target
+        tl.mark()
+        replay = tl.live_at(time.perf_counter())
+        assert len(late) == 1
+        assert [r.bytes for r in replay if r.scope == "<untracked>"] == []
+        assert sum(r.bytes for r in replay) == tj.memory().num_bytes == 256
+        t.dispose()
+        del view
+    assert tl.live_at(tl.stop_time) == []

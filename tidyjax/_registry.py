@@ -1198,25 +1198,30 @@ def _enter(keys: Any, who: Any, entry: Any) -> None:
         slot[who] = entry
 
 
+# A buffer still being computed is read again at the next update. Whether it is computing is
+# asked before the read: asked after a read that found it not ready, it may be ready by then,
+# and the array would never be read (the index would miss it: a view of it counted apart).
+
+
 def _index_record(rec: Buffer, aid: int) -> None:
-    keys = _keys_of(rec)
-    if keys is None:
-        arr = rec.array()
-        if arr is not None and computing(arr):
-            _unread.append(aid)
+    arr = rec.array()
+    if arr is not None and getattr(rec, "keys", None) is None and computing(arr):
+        _unread.append(aid)
         return
-    _enter(keys, (id(rec), aid), aid)
+    keys = _keys_of(rec)
+    if keys is not None:
+        _enter(keys, (id(rec), aid), aid)
 
 
 def _index_leaf(b: Batch, aid: int, i: int) -> None:
     if b.dead is not None or i >= len(b.arrays) or id(a := b.arrays[i]) != aid:
         return
-    keys = shards(a, wait=False)
-    if keys is None:
-        if computing(a):
-            _unread.append((aid, i))
+    if computing(a):
+        _unread.append((aid, i))
         return
-    _enter(keys, (id(b), i), (aid, i))
+    keys = shards(a, wait=False)
+    if keys is not None:
+        _enter(keys, (id(b), i), (aid, i))
 
 
 def _indexed(wanted: dict[Any, Any]) -> list[tuple[Buffer, Any]] | None:

@@ -1488,10 +1488,9 @@ class Timeline:
             entry = self._plain.get(aid)
             if entry is None or not self._entry_alive(entry):
                 continue
-            k = _buffer_key(first := entry[0]())
-            if k is None and computing(first):
+            if computing(first := entry[0]()):  # asked first (see _registry._index_record)
                 self._addr_todo.append(aid)  # not ready yet: read at a later look
-            elif k:
+            elif k := _buffer_key(first):
                 for at in (k, *((p,) for p in k)):  # and its per-shard views
                     slot = index.setdefault(at, [])
                     if all(e is not entry for e in slot):
@@ -1739,13 +1738,12 @@ class Timeline:
                 rec = _registry.lookup(arr) if arr is not None else None
                 if arr is None or (rec is not None and not released(rec)):
                     continue  # gone, or a Tensor's: its entry knows the objects over it
-                k = _buffer_key(arr)
-                if k:
+                if computing(arr):  # asked first (see _registry._index_record)
+                    self._before_todo.append(ref)  # still computing: read at a later need
+                elif k := _buffer_key(arr):
                     index[k] = ref
                     for p in k:
                         index.setdefault((p,), ref)  # its per-shard views
-                elif computing(arr):
-                    self._before_todo.append(ref)  # still computing: read at a later need
         found = index.get(key)
         if found is None and len(key) > 1:  # over fewer devices, made of one array's shards
             refs = {id(r): r for p in key if (r := index.get((p,))) is not None}
