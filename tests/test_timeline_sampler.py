@@ -411,7 +411,7 @@ def test_a_new_view_of_a_buffer_whose_first_holder_just_went_is_no_plain_array(
 
 
 def test_a_view_listed_before_its_records_event_is_handled_is_no_plain_array(monkeypatch, by_hand):
-    """Found by the cross-report test on a loaded machine (JAX 0.6.2, seed 7): an op's result
+    """Found while tracing the cross-report test's failure (JAX 0.6.2, seed 7): an op's result
     committed to its device was published, its event waited (queued while the sampler's thread
     held the timeline), and meanwhile a new object over its buffer was made (JAX 0.6 makes one
     when the address is read). The sampler listed that object, heard of the record only then
