@@ -1746,9 +1746,9 @@ class Timeline:
                         index.setdefault((p,), ref)  # its per-shard views
         found = index.get(key)
         if found is None and len(key) > 1:  # over fewer devices, made of one array's shards
-            refs = {id(r): r for p in key if (r := index.get((p,))) is not None}
-            if len(refs) == 1 and all((p,) in index for p in key):
-                (found,) = refs.values()
+            refs = [index.get((p,)) for p in key]
+            if all(r is refs[0] for r in refs):
+                found = refs[0]
         old = found() if found is not None else None
         return old is not None and not old.is_deleted()  # (a freed one's address is reused)
 
