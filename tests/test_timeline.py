@@ -251,6 +251,29 @@ def test_an_alias_of_a_buffer_still_being_computed_is_no_allocation_of_its_own()
     tj.dispose([x, y, alias])
 
 
+def test_a_raw_object_over_a_tensors_buffer_still_being_computed_is_a_view_at_a_mark():
+    """The same with a raw object (``jax.device_put`` of the Tensor's array to its device):
+    ``mark()`` found its addresses unknown and recorded it as a plain allocation of its own,
+    counted beside the Tensor's until the object died (the replay 48 MB against ``memory()``'s
+    32 MB). A look waits for an array still being computed, and finds it a view."""
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    x = tj.tensor(np.ones((2000, 2000), np.float32))
+    tj.dispose(x @ x)  # compiled
+    with tj.timeline(sample=None) as tl:
+        y = x @ x
+        view = jax.device_put(y.array, one)
+        computing = not view.is_ready()
+        tl.mark()
+        replay = tl.live_at(time.perf_counter())
+        info = tj.memory(scan_untracked=False)
+        del view
+    assert computing  # the case this test is about
+    assert [r.scope for r in replay if r.scope == tlm.UNTRACKED] == []
+    assert sum(r.bytes for r in replay) == info.num_bytes == 2 * 16_000_000
+    assert [e.kind for e in tl.events] == ["alloc", "alloc"]  # x (alive before), y
+    tj.dispose([x, y])
+
+
 def test_recording_off_costs_nothing_and_nests():
     assert tlm.active() is None and not _registry.observers
     with tj.timeline() as outer:

@@ -169,19 +169,19 @@ def _traceback_stack(tb: Any) -> tuple[Site, ...]:
         return ()
 
 
-def _buffer_key(arr: Any) -> Any:
+def _buffer_key(arr: Any, wait: bool = False) -> Any:
     """The allocations of ``arr``'s buffer, ``(device id, address)`` for each shard, or None
-    while it is not ready, deleted or failed (that address would abort the process). The
-    device counts: two devices' allocations may have one address (on CPU, an array moved to
-    another device may keep its memory there). One device's is read directly: no shard view
-    is made."""
+    while it is not ready (unless ``wait``: then it is waited for), deleted or failed (that
+    address would abort the process). The device counts: two devices' allocations may have
+    one address (on CPU, an array moved to another device may keep its memory there). One
+    device's is read directly: no shard view is made."""
     base = base_array(arr)
     if type(base) not in CONCRETE:
         return None
     try:
-        if base.is_deleted() or not base.is_ready():
+        if base.is_deleted() or not (wait or base.is_ready()):
             return None
-        base.block_until_ready()  # ready: returns at once, or raises for a failed allocation
+        base.block_until_ready()  # returns once ready, or raises for a failed allocation
         sharding = base.sharding
         if len(sharding.device_set) == 1:
             return ((_sole_id(sharding), base.unsafe_buffer_pointer()),)
@@ -194,21 +194,6 @@ def _buffer_key(arr: Any) -> Any:
 def _sole_id(sharding: Any) -> int:
     """The id of the one device of ``sharding``."""
     return int(next(iter(sharding.device_set)).id)
-
-
-def _wait(arr: Any) -> None:
-    """Wait until ``arr``'s buffer is computed, as the registry waits for a suspect's
-    (``_registry.resolve``): until then its addresses are unknown, and a new object over a
-    recorded buffer would be told as an allocation of its own (a second one, never undone).
-    Returns at once for a deleted or failed buffer (whose address is never read)."""
-    base = base_array(arr)
-    if type(base) not in CONCRETE:
-        return
-    try:
-        if not base.is_deleted():
-            base.block_until_ready()
-    except Exception:  # failed, or deleted meanwhile: `_buffer_key` reads no address
-        return
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1076,7 +1061,8 @@ class Timeline:
         mark and still alive, and the frees of those found deleted. The sampler (``sample``)
         does this on its own every few milliseconds; with ``sample=None`` call it once per step
         of a loop without scopes. It costs O(arrays made since the last look), plus one check
-        of each plain array alive. With ``arrays=False`` it only settles tidyjax's own buffers
+        of each plain array alive; it waits for a plain array still being computed (until then
+        its allocation is unknown: it may be a new object over a Tensor's buffer). With ``arrays=False`` it only settles tidyjax's own buffers
         (records just added, buffers deleted behind tidyjax's back); while not recording it
         does nothing."""
         with _locked():
@@ -1442,9 +1428,9 @@ class Timeline:
             if other is not rec and entry is not None:
                 return entry
         if rec.dead is not None or _maybe_alias(rec, window):
-            arr = rec.array()
-            _wait(arr)  # an alias of a buffer still being computed is not ready either
-            key = _buffer_key(arr)
+            # Waited for, as the registry waits for a suspect's (``_registry.resolve``): an
+            # alias of a buffer still being computed is not ready either.
+            key = _buffer_key(rec.array(), wait=True)
             entry = self._find_key(key, rec) if key else None
             if entry is not None and entry[0] is not rec:
                 return entry
@@ -1689,7 +1675,9 @@ class Timeline:
         named: dict[int, tuple[Any, ...]] = {}
         later: list[Any] = []
         for arr in arrays:
-            key = _buffer_key(arr) if _registry.lookup(arr) is None else None
+            # Waited for while computing: its allocation is unknown until then, and a new object
+            # over a recorded buffer still being computed would be counted as one of its own.
+            key = _buffer_key(arr, wait=True) if _registry.lookup(arr) is None else None
             entry = self._find_key(key) if key else None
             if entry is None and key and self._made_before(key):
                 continue  # a new object over a buffer alive before the recording: not counted
