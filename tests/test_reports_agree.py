@@ -13,6 +13,7 @@ import gc
 import random
 import re
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import pytest
 
 import tidyjax as tj
 import tidyjax.numpy as tnp
-from tidyjax import _oom, _registry
+from tidyjax import _arrays, _oom, _registry
 from tidyjax._census import Site, TensorRecord, WatchedUsage, statistics, summary
 from tidyjax._jaxdoors import BIND_CONVERSION
 from tidyjax._watch import _watched
@@ -271,6 +272,62 @@ def test_a_same_device_view_is_one_buffer_in_memory_the_timeline_and_live_arrays
     assert summary([r for r in records if r.scope != "<untracked>"]).endswith(", 3.9 KiB")
     assert len({r._buffer for r in records if r.scope != "<untracked>"}) == 1
     tj.dispose([t, a] if form == "tensor" else t)
+
+
+def test_a_raw_view_of_a_tensors_buffer_still_being_computed_is_no_untracked_array():
+    """``memory()``'s untracked scan read the raw view's addresses without waiting: still
+    being computed, it had none, so it was a buffer of its own (16 MB untracked beside the
+    Tensor's 16 MB). The scan waits for a raw array still being computed, and finds it a view."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    x = tj.tensor(np.ones((2000, 2000), np.float32))
+    tj.dispose(x @ x)  # compiled
+    gc.collect()
+    before = tj.memory().untracked_bytes
+    y = x @ x
+    view = jax.device_put(y.array, one)
+    computing = not view.is_ready()
+    info = tj.memory()
+    assert computing  # the case this test is about
+    assert (info.num_bytes, info.untracked_bytes - before) == (2 * 16_000_000, 0)
+    records = tj.live_tensors(untracked=True)
+    assert [r.scope for r in records if r.scope == "<untracked>"] == []
+    del view
+    tj.dispose([x, y])
+
+
+def test_reports_never_wait_on_a_thread_the_runtime_made(monkeypatch):
+    """A host callback runs on a thread the runtime made (on GPU, while the computation it is
+    part of waits for it): a report made there must not wait for an array still being
+    computed, which may be that computation's output. From any other thread it waits."""
+    import _thread
+    import threading
+
+    from jax._src.array import ArrayImpl
+
+    t = _ready_tensor()
+    view = jax.device_put(t.array, jax.devices()[0]).block_until_ready()
+    waited: list[Any] = []
+    real = ArrayImpl.block_until_ready
+    monkeypatch.setattr(ArrayImpl, "is_ready", lambda self: False)  # as if still computing
+    monkeypatch.setattr(ArrayImpl, "block_until_ready", lambda a: waited.append(a) or real(a))
+    done, out = threading.Event(), []
+
+    def report() -> None:
+        try:
+            out.append((_arrays.may_wait(), tj.memory().num_bytes))
+        finally:
+            done.set()
+
+    _thread.start_new_thread(report, ())  # not a threading.Thread: as a runtime's thread
+    assert done.wait(60)
+    assert out == [(False, N_BYTES)] and waited == []
+    assert _arrays.may_wait() and tj.memory().num_bytes == N_BYTES
+    assert any(a is view for a in waited)  # here it waited for the view
+    monkeypatch.undo()
+    tj.dispose(t)
 
 
 def test_a_same_device_view_made_in_a_profile_adds_no_bytes():

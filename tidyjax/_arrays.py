@@ -5,6 +5,7 @@ Every other module asks here, so "is this a jax.Array tidyjax can own?" has one 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import jax
@@ -29,6 +30,7 @@ __all__ = [
     "describe",
     "failed",
     "is_concrete",
+    "may_wait",
 ]
 
 #: The concrete array classes a Tensor owns; anything else it wraps (a tracer) is untracked.
@@ -78,6 +80,13 @@ def computing(arr: Any) -> bool:
         return type(base) in CONCRETE and not base.is_deleted() and not base.is_ready()
     except Exception:  # deleted meanwhile
         return False
+
+
+def may_wait() -> bool:
+    """Whether this thread may wait for a buffer still being computed: not a thread the runtime
+    made (a host callback's, on GPU: the computation it is part of waits for it, so waiting
+    there for that computation's outputs, which JAX lists already, would never end)."""
+    return not isinstance(threading.current_thread(), threading._DummyThread)
 
 
 def local_nbytes(arr: Any) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from . import _html, _registry
-from ._arrays import failed, local_nbytes, shard_bytes
+from ._arrays import failed, local_nbytes, may_wait, shard_bytes
 from ._errors import check_flag
 from ._format import count, describe, esc, fmt_bytes, signed_bytes
 from ._jaxdoors import base_array
@@ -220,10 +220,11 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
     candidate holds, one per buffer: the arrays with the most shards first (a shard view, or a
     copy replicated over fewer devices that JAX made of the same shards, after its whole
     array), then in order.
-    Addresses are read from ready buffers that did not fail (``wait``: waiting for each; a
-    deleted array has none)."""
+    Addresses are read from ready buffers that did not fail (a deleted array has none): each
+    candidate's waited for (`may_wait`: one still being computed may be a new object over a
+    buffer of ``taken``, which is then ready too), each of ``taken`` only with ``wait``."""
 
-    def key(a: Any) -> Any:
+    def key(a: Any, wait: bool = wait) -> Any:
         try:
             if a.is_deleted() or failed(a, wait=wait):
                 return None
@@ -240,7 +241,8 @@ def one_per_buffer(candidates: list[Any], taken: Iterable[Any], wait: bool = Fal
         seen.update(k)
         return True
 
-    keys = [(a, key(a)) for a in candidates]
+    waits = wait or may_wait()
+    keys = [(a, key(a, waits)) for a in candidates]
     for a in taken if any(k for _, k in keys) else ():
         if a is not None and (k := key(a)) is not None:
             new(k)

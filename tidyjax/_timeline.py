@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _tally, _timeline_format, _timeline_html, _variable, _watch
-from ._arrays import CONCRETE, computing, failed, local_nbytes, shard_bytes
+from ._arrays import CONCRETE, computing, failed, local_nbytes, may_wait, shard_bytes
 from ._census import (
     UNTRACKED,
     WATCHED,
@@ -1062,9 +1062,10 @@ class Timeline:
         does this on its own every few milliseconds; with ``sample=None`` call it once per step
         of a loop without scopes. It costs O(arrays made since the last look), plus one check
         of each plain array alive; it waits for a plain array still being computed (until then
-        its allocation is unknown: it may be a new object over a Tensor's buffer). With ``arrays=False`` it only settles tidyjax's own buffers
-        (records just added, buffers deleted behind tidyjax's back); while not recording it
-        does nothing."""
+        its allocation is unknown: it may be a new object over a Tensor's buffer), except on a
+        thread the runtime made (a host callback's). With ``arrays=False`` it only settles
+        tidyjax's own buffers (records just added, buffers deleted behind tidyjax's back); while
+        not recording it does nothing."""
         with _locked():
             if self._depth:
                 self._marked = True
@@ -1430,7 +1431,7 @@ class Timeline:
         if rec.dead is not None or _maybe_alias(rec, window):
             # Waited for, as the registry waits for a suspect's (``_registry.resolve``): an
             # alias of a buffer still being computed is not ready either.
-            key = _buffer_key(rec.array(), wait=True)
+            key = _buffer_key(rec.array(), wait=may_wait())
             entry = self._find_key(key, rec) if key else None
             if entry is not None and entry[0] is not rec:
                 return entry
@@ -1674,10 +1675,11 @@ class Timeline:
         held = watched_ids(watched()) if _watch.any_watched() else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
         later: list[Any] = []
+        waits = may_wait()
         for arr in arrays:
             # Waited for while computing: its allocation is unknown until then, and a new object
             # over a recorded buffer still being computed would be counted as one of its own.
-            key = _buffer_key(arr, wait=True) if _registry.lookup(arr) is None else None
+            key = _buffer_key(arr, wait=waits) if _registry.lookup(arr) is None else None
             entry = self._find_key(key) if key else None
             if entry is None and key and self._made_before(key):
                 continue  # a new object over a buffer alive before the recording: not counted
