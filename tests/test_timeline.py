@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import zlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -251,11 +252,13 @@ def test_an_alias_of_a_buffer_still_being_computed_is_no_allocation_of_its_own()
     tj.dispose([x, y, alias])
 
 
-def test_a_raw_object_over_a_tensors_buffer_still_being_computed_is_a_view_at_a_mark():
+@pytest.mark.parametrize("look", ["mark", "scope exit, then mark", "stop"])
+def test_a_raw_object_over_a_tensors_buffer_still_being_computed_is_a_view(look):
     """The same with a raw object (``jax.device_put`` of the Tensor's array to its device):
-    ``mark()`` found its addresses unknown and recorded it as a plain allocation of its own,
-    counted beside the Tensor's until the object died (the replay 48 MB against ``memory()``'s
-    32 MB). A look waits for an array still being computed, and finds it a view."""
+    ``mark()`` (any look but the sampler's) found its addresses unknown and recorded it as a
+    plain allocation of its own, counted beside the Tensor's until the object died (the replay
+    48 MB against ``memory()``'s 32 MB). A look leaves an array still being computed to the
+    next; a mark and the stop wait for it first (outside the lock), and find it a view."""
     one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
     x = tj.tensor(np.ones((2000, 2000), np.float32))
     tj.dispose(x @ x)  # compiled
@@ -263,15 +266,61 @@ def test_a_raw_object_over_a_tensors_buffer_still_being_computed_is_a_view_at_a_
         y = x @ x
         view = jax.device_put(y.array, one)
         computing = not view.is_ready()
-        tl.mark()
-        replay = tl.live_at(time.perf_counter())
-        info = tj.memory(scan_untracked=False)
-        del view
+        if look == "scope exit, then mark":
+            with tidy():
+                pass
+        if look != "stop":
+            tl.mark()
+    replay = tl.live_at(tl.stop_time)
+    info = tj.memory(scan_untracked=False)
+    del view
     assert computing  # the case this test is about
     assert [r.scope for r in replay if r.scope == tlm.UNTRACKED] == []
     assert sum(r.bytes for r in replay) == info.num_bytes == 2 * 16_000_000
-    assert [e.kind for e in tl.events] == ["alloc", "alloc"]  # x (alive before), y
+    assert [e.kind for e in tl.events if e.kind in ("alloc", "free")] == ["alloc", "alloc"]
     tj.dispose([x, y])
+
+
+def test_a_mark_waits_for_an_array_still_being_computed_outside_the_timelines_lock(monkeypatch):
+    """On GPU a host callback runs while the computation it is part of waits for it: one that
+    calls ``tl.mark()`` needs the timeline's lock. A mark that waited for that computation's
+    output while holding the lock would never end; it waits after letting the lock go, then
+    looks again. Simulated: the array is ready only once another thread's mark returned."""
+    import _thread
+
+    from jax._src.array import ArrayImpl
+
+    joined: list[bool] = []
+    target: list[Any] = [None]
+    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
+
+    def is_ready(a: Any) -> bool:
+        return bool(real_ready(a)) and not (a is target[0] and not joined)
+
+    def block_until_ready(a: Any) -> Any:
+        if a is target[0] and not joined:  # the computation ends once its callback has marked
+            done = threading.Event()
+
+            def callback() -> None:  # on a thread the runtime made, as a host callback is
+                try:
+                    tl.mark()
+                finally:
+                    done.set()
+
+            _thread.start_new_thread(callback, ())
+            joined.append(done.wait(timeout=5))
+        return real_block(a)
+
+    with tj.timeline(sample=None) as tl:
+        arr = target[0] = (jnp.arange(16.0) + 1).block_until_ready()
+        monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
+        monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+        tl.mark()
+        monkeypatch.undo()
+        replay = [(r.scope, r.bytes) for r in tl.live_at(time.perf_counter())]
+        del arr, target[0]
+    assert joined == [True]
+    assert replay == [(tlm.UNTRACKED, 64)]
 
 
 def test_recording_off_costs_nothing_and_nests():

@@ -196,6 +196,18 @@ def _sole_id(sharding: Any) -> int:
     return int(next(iter(sharding.device_set)).id)
 
 
+def _wait(arr: Any) -> None:
+    """Wait until ``arr``'s buffer is computed (at once for a deleted or failed one, or None)."""
+    base = base_array(arr)
+    if type(base) not in CONCRETE:
+        return
+    try:
+        if not base.is_deleted():
+            base.block_until_ready()
+    except Exception:  # failed, or deleted meanwhile: `_buffer_key` reads no address
+        return
+
+
 @functools.lru_cache(maxsize=4096)
 def _sole_device(sharding: Any) -> str | None:
     """The name of the one local device of ``sharding``, or None."""
@@ -486,6 +498,10 @@ class Timeline:
         # its last look ended
         self._sampled_plain: dict[int, list[Any]] = {}
         self._sampled_upto = -1
+        # plain arrays a look (other than the sampler's) found still being computed: their
+        # allocations unknown, they are looked at again first at the next look (`_feed`)
+        self._unready: list[weakref.ref[Any]] = []
+        self._stopping = False
         # the arrays alive when the recording (re)started, as weak references read at the first
         # need (see _made_before), then their buffers' addresses; those still computing then
         self._before: Iterator[weakref.ref[Any]] = iter(())
@@ -940,6 +956,10 @@ class Timeline:
     def __exit__(self, *exc: object) -> None:
         sampler = None
         try:
+            if self._depth == 1 and self._array_mark is not None and may_wait():
+                with _locked():
+                    self._look()
+                self._look_when_ready()  # the last look below waits for nothing
             with _locked():
                 sampler = self._exit()
         finally:
@@ -958,7 +978,12 @@ class Timeline:
             sampler, self._sampler = self._sampler, None
             if sampler is not None:
                 sampler.stop.set()
-            self._look()  # a last look
+            self._stopping = True  # a last look: what is still being computed is recorded now
+            try:
+                self._look()
+            finally:
+                self._stopping = False
+            self._unready = []
             self._array_mark = None
             self._before, self._before_addr, self._before_todo = iter(()), None, []
             self._name_variables()
@@ -1069,6 +1094,17 @@ class Timeline:
         with _locked():
             if self._depth:
                 self._marked = True
+            self._look()
+        self._look_when_ready()
+
+    def _look_when_ready(self) -> None:
+        """Wait for the plain arrays the last look found still being computed, outside the
+        lock (a host callback of their computation may be waiting for it), then look again."""
+        if not self._unready or not may_wait():
+            return
+        for ref in list(self._unready):
+            _wait(ref())
+        with _locked():
             self._look()
 
     def _look(self) -> None:
@@ -1630,8 +1666,12 @@ class Timeline:
         self._settle()
         self._sampled_plain.clear()
         arrays = self._array_mark.advance() if self._array_mark is not None else None
+        arrays = arrays[::-1] if arrays else []  # oldest first: buffer numbers in creation order
+        if self._unready:  # older still
+            unready, self._unready = self._unready, []
+            arrays[:0] = [a for ref in unready if (a := ref()) is not None]
         if arrays:
-            self._feed(arrays[::-1])  # oldest first: buffer numbers in creation order
+            self._feed(arrays)
 
     def _sampled(self, arrays: list[Any]) -> list[Any]:
         """The sampler's look (under ``_lock``): ``arrays`` (oldest first, ready, not failed)
@@ -1670,16 +1710,22 @@ class Timeline:
         """Record ``arrays`` (oldest first) unless known: each a plain array's allocation, or a
         view of a recorded buffer. ``sampled``: by the sampler (see `_sampled_first`), which
         leaves to its next look (returned) a new object over the buffer of a record it may not
-        settle yet (`_sampled`): recorded now, it would count that buffer twice."""
+        settle yet (`_sampled`): recorded now, it would count that buffer twice. Another look
+        leaves an array still being computed to the next (`_unready`; `mark` and the stop wait
+        for it first, outside the lock): until it is, its allocation is unknown, and a new
+        object over a recorded buffer would be counted as one of its own. The stop's last
+        look records it as it is."""
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch.any_watched() else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
         later: list[Any] = []
-        waits = may_wait()
+        defer = not sampled and self._array_mark is not None and not self._stopping
         for arr in arrays:
-            # Waited for while computing: its allocation is unknown until then, and a new object
-            # over a recorded buffer still being computed would be counted as one of its own.
-            key = _buffer_key(arr, wait=waits) if _registry.lookup(arr) is None else None
+            plain = _registry.lookup(arr) is None
+            if plain and defer and computing(arr):  # asked first (see _registry._index_record)
+                self._unready.append(weakref.ref(arr))
+                continue
+            key = _buffer_key(arr) if plain else None
             entry = self._find_key(key) if key else None
             if entry is None and key and self._made_before(key):
                 continue  # a new object over a buffer alive before the recording: not counted
