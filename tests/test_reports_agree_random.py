@@ -466,7 +466,9 @@ class _Reports:
         for a in program.R:
             if not a.is_deleted():
                 _merge(plains, _shards(a))
-        untracked = _spread(truth.plain)  # each plain array whole, as the census counts it
+        # each plain array whole, as the census counts it, less the allocations a Tensor holds
+        # whole (counted once, as the Tensor's: docs/semantics.md, "Released, not deleted")
+        untracked = _spread(truth.plain, less=truth.allocs)
         made_since = [a for a in truth.plain if not _shards(a).keys() <= self.before_allocs]
         # the caller's arrays a leak check counts: those no view of a Tensor's allocations
         own = _one_per_buffer([a for a in program.R if not a.is_deleted()], truth.allocs.keys())
@@ -583,12 +585,16 @@ def _one_per_buffer(arrays: list[jax.Array], taken: Any) -> list[jax.Array]:
     return out
 
 
-def _spread(arrays: list[jax.Array]) -> dict[str, int]:
-    """The bytes of ``arrays`` on each device, each array whole."""
+def _spread(
+    arrays: list[jax.Array], less: dict[Key, tuple[str, int]] | None = None
+) -> dict[str, int]:
+    """The bytes of ``arrays`` on each device, each array whole, less its allocations that
+    ``less`` holds whole (at least the array's bytes there)."""
     out: dict[str, int] = {}
     for a in arrays:
-        for dev, nbytes in _shards(a).values():
-            out[dev] = out.get(dev, 0) + nbytes
+        for key, (dev, nbytes) in _shards(a).items():
+            if less is None or key not in less or less[key][1] < nbytes:
+                out[dev] = out.get(dev, 0) + nbytes
     return {d: b for d, b in out.items() if b}
 
 
@@ -662,6 +668,36 @@ def test_a_replicated_tensor_made_from_a_one_device_one_is_one_buffer_on_every_d
         assert _tracked(tl)[0].bytes == 4096
         tj.dispose(x)
     assert tl.peak_bytes == 4096
+
+
+@eight
+def test_a_callers_replicated_array_whose_tensor_went_counts_apart_from_the_group() -> None:
+    """Seed 80 (``TIDYJAX_REPORT_SEEDS=80``): ``t`` wraps the caller's array replicated over
+    eight, ``u = t.to(four devices)`` shares four of its shards (one buffer: grouped). Once
+    ``t`` is gone the array is the caller's plain array again, counted untracked on the four
+    devices ``u`` does not hold; ``memory()`` counted those four shards as ``u``'s too (its
+    group's spread took every record's allocations): 1024 B on each twice. A leak check
+    counted the array as its four shard views there (the group's Tensor "held" it)."""
+    checker = tj.check_leaks().__enter__()
+    held = [jax.device_put(np.full(256, 0.5, np.float32), PLACES[3])]  # not a local name
+    with tj.timeline(sample=None) as tl:
+        t = tj.tensors(held)[0]
+        u = t.to(PLACES[4])
+        tj.memory()  # grouped
+        del t
+        gc.collect()
+        info = tj.memory()
+        four = {str(d): 1024 for d in DEVS[:4]}
+        assert _names(info.bytes_per_device) == four
+        assert _names(info.untracked_per_device) == {str(d): 1024 for d in DEVS[4:8]}
+        assert _replayed_per_device(tl) == four
+        listed = [r for r in tj.live_tensors() if r.scope != "<untracked>"]
+        assert sum(r.bytes for r in listed) == 1024
+        report = tj.LeakReport(checker.leaked())
+        assert [(r.shape, r.bytes) for r in report.arrays] == [((256,), 1024)]
+        tj.dispose(u)
+    del held
+    checker.__exit__(None, None, None)
 
 
 @eight

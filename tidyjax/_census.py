@@ -201,11 +201,14 @@ def group_spread(group: list[_registry.Buffer]) -> dict[Any, int]:
     allocation once: its records may each hold some of them (a one-device array, and the
     replicated array made from it whose shard on that device it is: eight allocations, not
     one), or a part of one (an allocation's bytes: the most a record holds of it). Reads the
-    records' allocations (cached since they were grouped)."""
+    records' allocations (cached since they were grouped). A caller's array no live Tensor
+    holds (`released`) is no part of it: its allocations no other record holds are its own,
+    counted untracked (a caller's replicated array whose Tensor went, and a Tensor moved from
+    it to fewer devices: the group holds the shards of those)."""
     sizes: dict[tuple[int, int], tuple[Any, int]] = {}  # (device id, address) -> device, bytes
     for rec in group:
         arr = rec.array()
-        if rec.dead is not None or arr is None or arr.is_deleted() or failed(arr):
+        if rec.dead is not None or arr is None or released(rec) or arr.is_deleted() or failed(arr):
             continue
         on = {d.id: (d, b) for d, b in shard_bytes(arr).items()}
         keys = getattr(rec, "keys", None) or _registry.shards(arr, wait=False)

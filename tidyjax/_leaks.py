@@ -40,6 +40,7 @@ from ._census import (
     held,
     live_holders,
     one_per_buffer,
+    released,
     site_table,
     statistics,
     tensor_records,
@@ -476,7 +477,9 @@ def _held_arrays() -> list[Any]:
 
 def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
     """The arrays made since ``mark`` that no live Tensor holds and ``allowed`` lacks, oldest
-    first: those tidyjax does not record, and recorded ones no Tensor holds any more."""
+    first: those tidyjax does not record, and recorded ones no Tensor holds any more (a
+    caller's array is one even while a Tensor holds some of its shards: `one_per_buffer` drops
+    it when they are all of them)."""
     allowed = allowed or {}
     out = []
     for a in reversed(mark.new()):
@@ -484,7 +487,7 @@ def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
         if ref is not None and ref() is a:
             continue
         rec = _registry.lookup(a)
-        if rec is None or (rec.dead is None and not held(rec)):
+        if rec is None or released(rec) or (rec.dead is None and not held(rec)):
             out.append(a)
     if out:  # jax.live_arrays lists a recorded typed key as its words: that is the Tensor
         words = {id(w) for k in _held_arrays() if (w := base_array(k)) is not k}
