@@ -281,7 +281,10 @@ def test_a_raw_object_over_a_tensors_buffer_still_being_computed_is_a_view(look)
     tj.dispose([x, y])
 
 
-def test_a_mark_waits_for_an_array_still_being_computed_outside_the_timelines_lock(monkeypatch):
+@pytest.mark.parametrize("look", ["mark", "scope", "annotate"])
+def test_a_look_waits_for_an_array_still_being_computed_outside_the_timelines_lock(
+    monkeypatch, look
+):
     """On GPU a host callback runs while the computation it is part of waits for it: one that
     calls ``tl.mark()`` needs the timeline's lock. A mark that waited for that computation's
     output while holding the lock would never end; it waits after letting the lock go, then
@@ -315,12 +318,38 @@ def test_a_mark_waits_for_an_array_still_being_computed_outside_the_timelines_lo
         arr = target[0] = (jnp.arange(16.0) + 1).block_until_ready()
         monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
         monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
-        tl.mark()
+        if look == "mark":
+            tl.mark()
+        elif look == "scope":
+            with tidy():
+                pass
+        else:
+            tl.annotate("here")
         monkeypatch.undo()
         replay = [(r.scope, r.bytes) for r in tl.live_at(time.perf_counter())]
         del arr, target[0]
     assert joined == [True]
     assert replay == [(tlm.UNTRACKED, 64)]
+
+
+def test_a_callers_array_first_seen_after_its_tensor_went_is_a_view_of_its_aliases_buffer():
+    """Cross-report seed 135 (``TIDYJAX_REPORT_SEEDS=128``): a caller's array wrapped by
+    ``tensors()``, an alias Tensor made of that (``to`` its own device: the same buffer), the
+    wrapper collected. A look that sees the array only now (the first since it was made: a
+    sampler that lagged, or a mark) recorded it as a plain allocation: its record, let go, was
+    skipped as a Tensor's before its buffer was looked up. It is a view of the alias's buffer."""
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    with tj.timeline(sample=None) as tl:
+        raw = jax.device_put(np.full(256, 0.5, np.float32), one).block_until_ready()
+        t = tj.tensors([raw])[0]
+        alias = t.to(jax.devices()[0])
+        del t
+        gc.collect()
+        tl.mark()  # the first look since ``raw`` was made
+        replay = [(r.scope, r.bytes) for r in tl.live_at(time.perf_counter())]
+        tj.dispose(alias)
+    assert replay == [("", 1024)]
+    assert not raw.is_deleted()  # the caller's
 
 
 def test_recording_off_costs_nothing_and_nests():

@@ -444,6 +444,9 @@ class _Sampler:
         return True  # ``ready`` goes now, outside the lock
 
 
+_SCOPE_KINDS = frozenset({SCOPE_ENTER, SCOPE_EXIT})
+
+
 class Timeline:
     """Every allocation, free and scope of device memory while it recorded.
 
@@ -1070,13 +1073,17 @@ class Timeline:
             raise TidyjaxTypeError(
                 f"annotate()'s bytes must be an int or None, got {type(bytes).__name__}."
             )
+        if self._array_mark is not None:  # what was made before it shows before it
+            with _locked():
+                self._look()
+            self._look_when_ready()
         with _locked():
             if not self._depth:
                 raise TidyjaxTypeError(
                     f"this Timeline is not recording, so it cannot mark {label!r}; call "
                     "annotate() inside `with tl:`."
                 )
-            self._see_arrays()  # what was made before the mark shows before it
+            self._see_arrays()
             mark = Mark(max(time.perf_counter(), self._last), label, bytes)
             self._marks.append(mark)
             return mark
@@ -1152,6 +1159,8 @@ class Timeline:
                 self._event(kind, obj, tensor)
             finally:
                 _release()
+            if self._unready and kind in _SCOPE_KINDS:  # a scope's look left some: as a mark
+                self._look_when_ready()
             if not _inbox:
                 return
         else:
@@ -1711,17 +1720,20 @@ class Timeline:
         view of a recorded buffer. ``sampled``: by the sampler (see `_sampled_first`), which
         leaves to its next look (returned) a new object over the buffer of a record it may not
         settle yet (`_sampled`): recorded now, it would count that buffer twice. Another look
-        leaves an array still being computed to the next (`_unready`; `mark` and the stop wait
-        for it first, outside the lock): until it is, its allocation is unknown, and a new
-        object over a recorded buffer would be counted as one of its own. The stop's last
-        look records it as it is."""
+        leaves an array still being computed to the next (`_unready`; a mark, an annotation, a
+        scope event and the stop wait for it after letting the lock go, then look again): until
+        it is, its allocation is unknown, and a new object over a recorded buffer would be
+        counted as one of its own. The stop's last look records it as it is."""
         now = time.perf_counter()
         held = watched_ids(watched()) if _watch.any_watched() else ()  # a watched object's: apart
         named: dict[int, tuple[Any, ...]] = {}
         later: list[Any] = []
         defer = not sampled and self._array_mark is not None and not self._stopping
         for arr in arrays:
-            plain = _registry.lookup(arr) is None
+            # (a caller's array no Tensor holds any more, `released`, is a plain array again:
+            # over a buffer other records hold, one of their views; seen late, its record may
+            # have been let go since it was made)
+            plain = (rec := _registry.lookup(arr)) is None or released(rec)
             if plain and defer and computing(arr):  # asked first (see _registry._index_record)
                 self._unready.append(weakref.ref(arr))
                 continue
