@@ -701,6 +701,25 @@ def test_a_callers_replicated_array_whose_tensor_went_counts_apart_from_the_grou
 
 
 @eight
+def test_two_copies_of_one_sharding_sharing_one_allocation_hold_their_own_others() -> None:
+    """Seed 159 (``TIDYJAX_REPORT_SEEDS=144``): ``x.to(four devices)`` twice keeps ``x``'s
+    buffer as each copy's shard on ``x``'s device and adds three of its own each: one group of
+    records. Once ``x`` went, the timeline told the group's layout from its records' one
+    sharding (4096 B on each of four devices) where they hold 4096 on ``x``'s device and 8192 on
+    each other (``memory()`` reads their allocations)."""
+    with tj.timeline(sample=None) as tl:
+        x = tj.tensor(np.ones(1024, np.float32), device=DEVS[0])
+        r1, r2 = x.to(PLACES[4]), x.to(PLACES[4])
+        jax.block_until_ready([r1.array, r2.array])
+        assert _shards(r1.array).keys() & _shards(r2.array).keys() == _shards(x.array).keys()
+        tl.mark()
+        tj.dispose(x)
+        want = {str(DEVS[0]): 4096, **{str(d): 8192 for d in DEVS[1:4]}}
+        assert _replayed_per_device(tl) == _names(tj.memory().bytes_per_device) == want
+        tj.dispose([r1, r2])
+
+
+@eight
 def test_a_record_that_leaves_a_shared_buffer_takes_its_allocations_with_it() -> None:
     """``r.to(device)`` of a replicated ``r`` keeps ``r``'s shard there: one buffer. Once ``r``
     goes, its seven other allocations are freed: the timeline tells the buffer on one device

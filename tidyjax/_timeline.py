@@ -1588,14 +1588,16 @@ class Timeline:
         (a replicated array made from a one-device one shares its shard there and adds the
         others; then it went), its allocation is told again with the bytes on each device they
         hold, as ``memory().bytes_per_device`` counts them: a free and an alloc of the same
-        bytes at one moment (no peak). Records of one sharding hold one layout, read from it;
-        of several, their allocations are read (`group_spread`)."""
+        bytes at one moment (no peak). One record holds its sharding's layout, read from it;
+        of several, their allocations are read (`group_spread`): two of one sharding may share
+        only some (two copies replicated over four devices of one array on one of them share
+        that one's allocation, and hold three each of their own)."""
         members = [m for m in entry[3] or (entry[0],) if holds(m)]
         arrays = [arr for m in members if (arr := m.array()) is not None]
         if not arrays:
             return
         a = entry[1]
-        if len({arr.sharding for arr in arrays}) == 1:
+        if len(arrays) == 1:
             device, per_device = _placement(arrays[0], a[_BYTES])
             spread = sorted(per_device or ((device, a[_BYTES]),))
         else:
