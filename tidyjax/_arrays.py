@@ -116,8 +116,22 @@ def shard_bytes(arr: Any) -> dict[Any, int]:
     """Bytes ``arr`` holds on each of this process's devices, from its sharding alone.
 
     Reads no buffer, so it is safe on an array whose allocation failed or is still in flight.
-    A replicated array counts on every device that holds a copy.
+    A replicated array counts on every device that holds a copy. Read once per sharding,
+    shape and dtype (a report asks it of every buffer).
     """
+    key = (arr.sharding, arr.shape, arr.dtype)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) >= 4096:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = tuple(_shard_bytes(arr).items())
+    return dict(layout)
+
+
+_LAYOUTS: dict[tuple[Any, Any, Any], tuple[tuple[Any, int], ...]] = {}
+
+
+def _shard_bytes(arr: Any) -> dict[Any, int]:
     sharding = arr.sharding
     shape = tuple(arr.shape)
     itemsize = arr.nbytes // arr.size if arr.size else 0
