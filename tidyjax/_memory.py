@@ -275,8 +275,10 @@ def memory(
             and report them, with the user's lines that made them (``untracked_sites``, read
             from the creation tracebacks JAX keeps; costs tens of milliseconds per ten thousand
             live arrays), and name the largest holders on each device (``top_sites``: the
-            Tensors' creation sites too, about 3 ms more per thousand Tensors). With False,
-            ``untracked_arrays`` is ``None``, ``untracked_sites``, ``top_sites`` and
+            Tensors' creation sites too, about 3 ms more per thousand Tensors). An array not
+            owned by tidyjax that is still being computed is waited for (until then it cannot
+            be told from a new object over a Tensor's buffer), except in a host callback. With
+            False, ``untracked_arrays`` is ``None``, ``untracked_sites``, ``top_sites`` and
             ``untracked_per_device`` empty, and no array is looked at.
         all_processes: a collective over every process of the job (each must call it): the
             counts are the sums over processes, ``bytes_per_device`` covers every device, and
