@@ -23,7 +23,7 @@ ALLOWED = ROOT / ".ci" / "private-crossings.txt"
 # Private names of the standard library and JAX that tidyjax may use (not tidyjax's own).
 FOREIGN = {"_getframe", "_make", "_replace", "_asdict", "_fields", "_showtraceback",
            "_current_frames", "_arrays", "_base_array", "_trace", "_check_prng_key_data",
-           "_filename_map"}  # fmt: skip
+           "_filename_map", "_DummyThread"}  # fmt: skip
 
 
 # Methods that change a container in place: ``obj._field.append(x)`` writes ``obj._field``.
