@@ -257,8 +257,8 @@ def test_a_raw_object_over_a_tensors_buffer_still_being_computed_is_a_view(look)
     """The same with a raw object (``jax.device_put`` of the Tensor's array to its device):
     ``mark()`` (any look but the sampler's) found its addresses unknown and recorded it as a
     plain allocation of its own, counted beside the Tensor's until the object died (the replay
-    48 MB against ``memory()``'s 32 MB). A look leaves an array still being computed to the
-    next; a mark and the stop wait for it first (outside the lock), and find it a view."""
+    48 MB against ``memory()``'s 32 MB). A look (a mark, a scope event, the stop) waits for an
+    array still being computed after letting the timeline's lock go, then finds it a view."""
     one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
     x = tj.tensor(np.ones((2000, 2000), np.float32))
     tj.dispose(x @ x)  # compiled
