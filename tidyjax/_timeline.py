@@ -169,19 +169,19 @@ def _traceback_stack(tb: Any) -> tuple[Site, ...]:
         return ()
 
 
-def _buffer_key(arr: Any, wait: bool = False) -> Any:
+def _buffer_key(arr: Any) -> Any:
     """The allocations of ``arr``'s buffer, ``(device id, address)`` for each shard, or None
-    while it is not ready (unless ``wait``: then it is waited for), deleted or failed (that
-    address would abort the process). The device counts: two devices' allocations may have
-    one address (on CPU, an array moved to another device may keep its memory there). One
-    device's is read directly: no shard view is made."""
+    while it is not ready, deleted or failed (that address would abort the process). The
+    device counts: two devices' allocations may have one address (on CPU, an array moved to
+    another device may keep its memory there). One device's is read directly: no shard view
+    is made."""
     base = base_array(arr)
     if type(base) not in CONCRETE:
         return None
     try:
-        if base.is_deleted() or not (wait or base.is_ready()):
+        if base.is_deleted() or not base.is_ready():
             return None
-        base.block_until_ready()  # returns once ready, or raises for a failed allocation
+        base.block_until_ready()  # ready: returns at once, or raises for a failed allocation
         sharding = base.sharding
         if len(sharding.device_set) == 1:
             return ((_sole_id(sharding), base.unsafe_buffer_pointer()),)
@@ -197,7 +197,9 @@ def _sole_id(sharding: Any) -> int:
 
 
 def _wait(arr: Any) -> None:
-    """Wait until ``arr``'s buffer is computed (at once for a deleted or failed one, or None)."""
+    """Wait until ``arr``'s buffer is computed: until then its addresses are unknown, and a new
+    object over a recorded buffer would be told as an allocation of its own. Returns at once
+    for a deleted or failed buffer (whose address is never read), or None."""
     base = base_array(arr)
     if type(base) not in CONCRETE:
         return
@@ -960,9 +962,7 @@ class Timeline:
         sampler = None
         try:
             if self._depth == 1 and self._array_mark is not None and may_wait():
-                with _locked():
-                    self._look()
-                self._look_when_ready()  # the last look below waits for nothing
+                self._look_when_ready(first=True)  # the last look below waits for nothing
             with _locked():
                 sampler = self._exit()
         finally:
@@ -1074,9 +1074,7 @@ class Timeline:
                 f"annotate()'s bytes must be an int or None, got {type(bytes).__name__}."
             )
         if self._array_mark is not None:  # what was made before it shows before it
-            with _locked():
-                self._look()
-            self._look_when_ready()
+            self._look_when_ready(first=True)
         with _locked():
             if not self._depth:
                 raise TidyjaxTypeError(
@@ -1104,9 +1102,13 @@ class Timeline:
             self._look()
         self._look_when_ready()
 
-    def _look_when_ready(self) -> None:
-        """Wait for the plain arrays the last look found still being computed, outside the
-        lock (a host callback of their computation may be waiting for it), then look again."""
+    def _look_when_ready(self, first: bool = False) -> None:
+        """Wait for the plain arrays the last look (``first``: one made now) found still being
+        computed, outside the lock (a host callback of their computation may be waiting for
+        it), then look again."""
+        if first:
+            with _locked():
+                self._look()
         if not self._unready or not may_wait():
             return
         for ref in list(self._unready):
@@ -1474,9 +1476,10 @@ class Timeline:
             if other is not rec and entry is not None:
                 return entry
         if rec.dead is not None or _maybe_alias(rec, window):
-            # Waited for, as the registry waits for a suspect's (``_registry.resolve``): an
-            # alias of a buffer still being computed is not ready either.
-            key = _buffer_key(rec.array(), wait=may_wait())
+            arr = rec.array()
+            if may_wait():  # as the registry waits for a suspect's (``_registry.resolve``)
+                _wait(arr)  # an alias of a buffer still being computed is not ready either
+            key = _buffer_key(arr)
             entry = self._find_key(key, rec) if key else None
             if entry is not None and entry[0] is not rec:
                 return entry
