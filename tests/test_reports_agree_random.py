@@ -701,6 +701,38 @@ def test_a_callers_replicated_array_whose_tensor_went_counts_apart_from_the_grou
 
 
 @eight
+def test_two_copies_of_shards_of_one_replicated_buffer_are_two_buffers_once_it_went() -> None:
+    """Seed 537 (``TIDYJAX_REPORT_SEEDS=528``): ``x`` replicated over eight, ``a`` and ``b``
+    its copies on two devices (each ``x``'s shard there): one group of three records. Once
+    ``x`` went, ``a`` and ``b`` share nothing, yet the group held them as one buffer: every
+    report counted one buffer of 256 B where two live (``memory()``, a profile's count, the
+    timeline's replay), and freeing one handed the buffer on to the other."""
+    with tj.timeline(sample=None) as tl, tj.profile():
+        x = tj.tensor(np.ones(64, np.float32), device=PLACES[3])
+        a, b = x.to(DEVS[0]), x.to(DEVS[3])
+        jax.block_until_ready([a.array, b.array])
+        assert _shards(a.array).keys() | _shards(b.array).keys() <= _shards(x.array).keys()
+        assert tj.memory().num_data_buffers == 1  # grouped: one buffer
+        tj.dispose(x)
+        info = tj.memory()
+        assert (info.num_data_buffers, info.num_bytes) == (2, 512)
+        with tj.profile() as inner:
+            pass
+        assert inner.bytes_before == 512
+        tl.mark()
+        replay = [r for r in tl.live_at(time.perf_counter()) if r.scope != "<untracked>"]
+        assert (len(replay), sum(r.bytes for r in replay)) == (2, 512)
+        tj.dispose(a)
+        assert a.is_disposed and not b.array.is_deleted()
+        assert float(b.array.sum()) == 64.0
+        info = tj.memory()
+        assert (info.num_data_buffers, info.num_bytes) == (1, 256)
+        tj.dispose(b)
+        assert b.is_disposed
+    assert tj.memory(scan_untracked=False).num_data_buffers == 0
+
+
+@eight
 def test_two_copies_of_one_sharding_sharing_one_allocation_hold_their_own_others() -> None:
     """Seed 159 (``TIDYJAX_REPORT_SEEDS=144``): ``x.to(four devices)`` twice keeps ``x``'s
     buffer as each copy's shard on ``x``'s device and adds three of its own each: one group of

@@ -1416,10 +1416,49 @@ def _leave_group(rec: Buffer) -> bool:
         if group is None:
             return False
         group[:] = [r for r in group if r is not rec]
+        held = any(r.dead is None and r.array() is not None for r in group)
         if len(group) < 2:
             for r in group:
                 _groups.pop(id(r), None)
-        return any(r.dead is None and r.array() is not None for r in group)
+            parts = []
+        else:
+            parts = _split(group)
+    for part in parts if observers else ():
+        notify("split", part[0])
+    return held
+
+
+def _split(group: list[Buffer]) -> list[list[Buffer]]:
+    """``group`` after a record left it: records that shared allocations only through that
+    one (two one-device copies of a replicated buffer's shards) are two buffers from now on,
+    each its own group (or none). Returns those parts (none when it stays one buffer);
+    ``group`` itself, the caller's, stays as it was. Fail-safe: while an allocation of a record
+    is unknown (its array object gone, deleted, or still being computed) nothing is split.
+    Under the lock."""
+    keys = [getattr(r, "keys", None) or _keys_of(r) for r in group]
+    if not all(keys):
+        return []
+    parts: list[tuple[set[Any], list[Buffer]]] = []
+    for r, theirs in zip(group, keys, strict=True):
+        part: tuple[set[Any], list[Buffer]] = (set(theirs), [r])
+        for other in [p for p in parts if not p[0].isdisjoint(theirs)]:
+            part[0].update(other[0])
+            part[1][:0] = other[1]
+            parts.remove(other)
+        parts.append(part)
+    if len(parts) < 2:
+        return []
+    order = {id(r): i for i, r in enumerate(group)}
+    out = []
+    for _, members in parts:
+        members.sort(key=lambda r: order[id(r)])
+        for r in members:
+            if len(members) < 2:
+                _groups.pop(id(r), None)
+            else:
+                _groups[id(r)] = members
+        out.append(members)
+    return out
 
 
 def let_go(rec: Buffer) -> None:
@@ -1471,7 +1510,9 @@ def device_bytes(rec: Buffer) -> dict[Any, int]:
 # While ``observers`` is non-empty (a profile or timeline is open), every change to the books is
 # reported to each observer as ``observer.event(kind, rec, tensor)``, ``tensor`` the id of the
 # Tensor made on ``rec`` ("buffer_added", "tensor_added") or 0; "joined": ``rec`` and other
-# records are one buffer now (`grouped`: one buffer, counted once). Scopes report themselves as
+# records are one buffer now (`grouped`: one buffer, counted once); "split": the records that
+# shared a buffer only through one that left are several buffers now, ``rec`` and its group
+# (`grouped`, or ``rec`` alone) one of them. Scopes report themselves as
 # ``observer.event("scope_enter" or "scope_exit", scope)``. Empty, the cost is one truthiness
 # check on each path.
 

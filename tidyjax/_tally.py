@@ -2,10 +2,11 @@
 
 Its ``total`` is ``memory().num_bytes`` whenever it is read (after `settle`): the bytes of the
 buffers the books count, each buffer once. It keeps no address of its own: the records over one
-buffer are those the registry groups (its ``joined`` event, `_registry.grouped`) or, for a
-record the registry has not resolved yet (a suspect), those `_registry.sharing` finds. A
-buffer's records form one *part*, counted with the bytes of its oldest record, as
-``memory()`` counts a group. `profile()` is built on it; the timeline keeps its own events.
+buffer are those the registry groups (its ``joined`` and ``split`` events,
+`_registry.grouped`) or, for a record the registry has not resolved yet (a suspect), those
+`_registry.sharing` finds. A buffer's records form one *part*, counted with the bytes of its
+oldest record, as ``memory()`` counts a group. `profile()` is built on it; the timeline keeps
+its own events.
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ class Tally:
                 self._remove(rec)
             elif kind == "joined":  # the registry grouped records over one buffer
                 self._join(rec, _registry.grouped(rec) or ())
+            elif kind == "split":  # ``rec``'s group is a buffer of its own now
+                self._split(rec, _registry.grouped(rec) or (rec,))
 
     # -- the parts -------------------------------------------------------------------------
 
@@ -226,6 +229,21 @@ class Tally:
                 part.members[key] = member
                 self._parts[key] = part
             self._reweigh(part)
+
+    def _split(self, rec: Any, group: Any) -> None:
+        """The counted records of ``group`` (``rec``'s) leave their part: a buffer of their own."""
+        part = self._parts.get(id(rec))
+        if part is None:
+            return
+        ids = {id(r) for r in group}
+        if ids.issuperset(part.members):
+            return
+        new = _Part()
+        for key in [k for k in part.members if k in ids]:
+            new.members[key] = part.members.pop(key)
+            self._parts[key] = new
+        self._reweigh(part)
+        self._reweigh(new)
 
     def _remove(self, rec: Any) -> None:
         part = self._parts.pop(id(rec), None)

@@ -1196,6 +1196,8 @@ class Timeline:
                 self._added(obj, time.perf_counter(), (tensor,) if tensor else ())
         elif kind in (SCOPE_ENTER, SCOPE_EXIT):
             self._scope(kind, obj)
+        elif kind == "split":
+            self._split(obj, time.perf_counter())
 
     def _freed(self, rec: Any) -> None:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
@@ -1585,6 +1587,30 @@ class Timeline:
             entry[0] = alive[0]
         self._relayout(entry)
         return True
+
+    def _split(self, rec: Any, now: float) -> None:
+        """The registry split a group: ``rec``'s records (its group now) are a buffer of their
+        own, no longer one with the others of ``rec``'s entry. Their allocation is told apart
+        (the entry's told again with what the others hold): the bytes stay where they were."""
+        entry = self._live.get(id(rec))
+        if entry is None or not entry[3]:
+            return
+        group = _registry.grouped(rec) or (rec,)
+        moving = [m for m in entry[3] if any(m is r for r in group)]
+        staying = [m for m in entry[3] if all(m is not r for r in group)]
+        if not moving or not [m for m in staying if holds(m)]:
+            return
+        for m in moving:
+            self._unlive(m, entry)
+        entry[3] = staying
+        if all(entry[0] is not m for m in staying):
+            entry[0] = next((m for m in staying if holds(m)), staying[0])
+        self._relayout(entry)
+        first, *others = [m for m in moving if holds(m)] or moving
+        new = self._alloc(first, now, ())
+        if new is not None:
+            for other in others:
+                self._share(new, other, ())
 
     def _relayout(self, entry: list[Any]) -> None:
         """The records over ``entry``'s buffer changed: when they hold it on other devices now
