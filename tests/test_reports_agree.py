@@ -330,6 +330,53 @@ def test_reports_never_wait_on_a_thread_the_runtime_made(monkeypatch):
     tj.dispose(t)
 
 
+def test_a_suspect_still_being_computed_is_waited_for_before_the_resolving_lock(monkeypatch):
+    """On GPU a host callback runs while the computation it is part of waits for it; one that
+    calls ``memory()`` resolves the suspects too (needs the registry's resolving lock). A
+    resolve that waited for a suspect's buffer (that computation's output) holding the lock
+    would never end: it waits first, then takes it, and the callback's leaves the suspect still
+    being computed to the next. Simulated: the array is ready only once a runtime-made
+    thread's ``memory()`` returned."""
+    import _thread
+    import threading
+
+    from jax._src.array import ArrayImpl
+
+    t = _ready_tensor()
+    raw = jax.device_put(t.array, jax.devices()[0]).block_until_ready()  # t's buffer, raw
+    joined: list[bool] = []
+    seen: list[int] = []
+    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
+
+    def is_ready(a: Any) -> bool:
+        return bool(real_ready(a)) and not (a is raw and not joined)
+
+    def block_until_ready(a: Any) -> Any:
+        if a is raw and not joined:  # the computation ends once its callback has reported
+            done = threading.Event()
+
+            def callback() -> None:  # on a thread the runtime made, as a host callback is
+                try:
+                    seen.append(tj.memory().num_data_buffers)
+                finally:
+                    done.set()
+
+            _thread.start_new_thread(callback, ())
+            joined.append(done.wait(timeout=5))
+        return real_block(a)
+
+    s = tj.tensors([raw])[0]  # a suspect: the registry checks whether it shares a buffer
+    monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
+    monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+    info = tj.memory()
+    monkeypatch.undo()
+    assert joined == [True]
+    assert seen == [2]  # the callback's: the suspect not told apart yet, counted on its own
+    assert (info.num_data_buffers, info.num_bytes) == (1, N_BYTES)  # then grouped: one buffer
+    tj.dispose([s, t])
+    assert raw.is_deleted()  # a view of t's buffer: deleted with it
+
+
 def test_a_same_device_view_made_in_a_profile_adds_no_bytes():
     t = _ready_tensor()
     with tj.profile() as p:

@@ -332,6 +332,51 @@ def test_a_look_waits_for_an_array_still_being_computed_outside_the_timelines_lo
     assert replay == [(tlm.UNTRACKED, 64)]
 
 
+def test_a_look_waits_for_a_suspect_still_being_computed_outside_the_timelines_lock(monkeypatch):
+    """As above for a record just added that may be a new object over a recorded buffer (a
+    suspect of the registry: ``tensors()`` of a raw view of a Tensor's buffer), whose address
+    the look reads. It is waited for before the lock is taken; the callback's own look leaves
+    it to the next instead of recording it as an allocation of its own."""
+    import _thread
+
+    from jax._src.array import ArrayImpl
+
+    joined: list[bool] = []
+    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
+    with tj.timeline(sample=None) as tl:
+        t = tj.tensor(np.ones(16, np.float32))
+        raw = jax.device_put(t.array, jax.devices()[0]).block_until_ready()  # t's buffer
+
+        def is_ready(a: Any) -> bool:
+            return bool(real_ready(a)) and not (a is raw and not joined)
+
+        def block_until_ready(a: Any) -> Any:
+            if a is raw and not joined:  # the computation ends once its callback has marked
+                done = threading.Event()
+
+                def callback() -> None:  # on a thread the runtime made, as a host callback is
+                    try:
+                        tl.mark()
+                    finally:
+                        done.set()
+
+                _thread.start_new_thread(callback, ())
+                joined.append(done.wait(timeout=5))
+            return real_block(a)
+
+        monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
+        monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+        s = tj.tensors([raw])[0]
+        tl.mark()
+        monkeypatch.undo()
+        tl.mark()
+        replay = [(r.scope, r.bytes) for r in tl.live_at(time.perf_counter())]
+        tj.dispose([s, t])
+    assert joined == [True]
+    assert raw.is_deleted()  # a view of t's buffer: deleted with it
+    assert replay == [("", 64)]  # one buffer (top level): the suspect is a second object over it
+
+
 def test_a_callers_array_first_seen_after_its_tensor_went_is_a_view_of_its_aliases_buffer():
     """Cross-report seed 135 (``TIDYJAX_REPORT_SEEDS=128``): a caller's array wrapped by
     ``tensors()``, an alias Tensor made of that (``to`` its own device: the same buffer), the

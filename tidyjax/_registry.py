@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from ._arrays import CONCRETE, computing, failed, local_nbytes, shard_bytes
+from ._arrays import CONCRETE, computing, failed, local_nbytes, may_wait, shard_bytes
 from ._errors import DELETED_OUTSIDE, DISPOSED, RELEASED, Reason
 from ._jaxdoors import base_array, buffer_addresses, shard_devices
 
@@ -966,7 +966,10 @@ _MAX_ORPHANS = 16  # more, and the next suspect resolves at once (memory stays b
 def resolve() -> None:
     """Group each suspect record with the records that share any of its allocations (a shard
     on a device), whatever their shape, dtype, commitment or sharding. Waits for the suspects'
-    buffers (an alias is ready exactly when the allocation is).
+    buffers (an alias is ready exactly when the allocation is) before taking its lock: a host
+    callback of that computation may resolve too (a ``memory()`` it calls). On a thread the
+    runtime made (that callback's, `may_wait`) a suspect still being computed waits for the
+    next resolve.
 
     One thread resolves at a time, and the suspects stay listed until they are matched: a
     thread that finds suspects pending waits for the one resolving them (else its scope exit
@@ -974,6 +977,12 @@ def resolve() -> None:
     global _resolving
     if not suspects:
         return
+    wait = may_wait()
+    if wait:
+        for rec in suspects[:]:
+            _wait_for(rec.array())
+            for ref in _twins.get(id(rec), (None, ()))[1]:  # the caller's arrays it may be over
+                _wait_for(ref())
     with _resolve_lock:
         if _resolving or not suspects:  # called again inside this thread's own resolve
             return
@@ -982,26 +991,49 @@ def resolve() -> None:
             pending = suspects[:]
             held = len(orphans)
             twins = {k: _twins.pop(k) for k in [id(r) for r in pending] if k in _twins}
+        later: list[Buffer] = []
         try:
-            wanted = _wanted(pending, twins)
+            wanted = _wanted(pending, twins, later if not wait else None)
             if wanted:
                 _match(wanted, {id(r): i for i, r in enumerate(pending)})
         finally:
             with lock:
-                del suspects[: len(pending)]  # those made meanwhile wait for the next
-                del orphans[:held]  # grouped now, or over no suspect's buffer: JAX may free them
+                suspects[: len(pending)] = later  # those made meanwhile wait for the next
+                for rec in later:  # their twins too
+                    if id(rec) in twins:
+                        _twins[id(rec)] = twins[id(rec)]
+                if not later:  # grouped now, or over no suspect's buffer: JAX may free them
+                    del orphans[:held]
             _resolving = False
 
 
+def _wait_for(arr: Any) -> None:
+    """Wait until ``arr``'s buffer is computed (at once for None, a deleted or a failed one)."""
+    if arr is None:
+        return
+    base = base_array(arr)
+    try:
+        if type(base) in CONCRETE and not base.is_deleted():
+            base.block_until_ready()
+    except Exception:  # failed, or deleted meanwhile: its address is never read
+        return
+
+
 def _wanted(
-    pending: list[Buffer], twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]]
+    pending: list[Buffer],
+    twins: dict[int, tuple[Buffer, list[weakref.ref[Any]]]],
+    later: list[Buffer] | None = None,
 ) -> dict[Any, list[Buffer]]:
     """The suspects by each allocation they hold; a suspect over one of the caller's own
-    arrays (its ``twins``) becomes the caller's."""
+    arrays (its ``twins``) becomes the caller's. With ``later``, nothing is waited for: a
+    suspect still being computed goes there."""
     wanted: dict[Any, list[Buffer]] = {}
     for rec in pending:
         arr = rec.array()  # a suspect being freed right now is dead already: checked too
         if arr is None:
+            continue
+        if later is not None and computing(arr):
+            later.append(rec)
             continue
         keys = shards(arr, wait=True)
         if not keys:

@@ -116,7 +116,10 @@ def _pump() -> None:
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     """``_lock`` held, the events told before handled first and those told meanwhile as it is
-    let go."""
+    let go. The records just added that a look reads addresses of are waited for first."""
+    if _registry.suspects:
+        for tl in list(_recording):
+            tl._ready_pending()
     with _lock:
         _handle_inbox()
         yield
@@ -506,6 +509,9 @@ class Timeline:
         # plain arrays a look (other than the sampler's) found still being computed: their
         # allocations unknown, they are looked at again first at the next look (`_feed`)
         self._unready: list[weakref.ref[Any]] = []
+        # whether `_settle` left in ``_pending`` a record still being computed (a host
+        # callback's look): a free of one is taken out of it (`_freed`)
+        self._deferred = False
         self._stopping = False
         # the arrays alive when the recording (re)started, as weak references read at the first
         # need (see _made_before), then their buffers' addresses; those still computing then
@@ -1156,6 +1162,8 @@ class Timeline:
         of the Tensor made on the record (``"buffer_added"``, ``"tensor_added"``), 0 if none."""
         if kind == "joined" or (kind == "tensor_removed" and not released(obj)):
             return  # records over one buffer (found through the registry's index), a holder fewer
+        if self._pending and _registry.suspects:
+            self._ready_pending()
         if not _inbox and _acquire(True, _WAIT):  # the usual case
             try:
                 self._event(kind, obj, tensor)
@@ -1203,6 +1211,9 @@ class Timeline:
         """``rec`` was freed or collected: its buffer's free, unless another record holds it."""
         entry = self._live.get(id(rec))
         if entry is None:
+            if self._deferred:  # not recorded yet: never is
+                self._pending = [p for p in self._pending if p[0] is not rec]
+                self._deferred = bool(self._pending)
             return
         if entry[3] and self._leave(entry, rec):  # the test inlined: per free
             if not rec.owned:  # a caller's array lives on
@@ -1421,6 +1432,19 @@ class Timeline:
         got = self._view_of.get(id(arr))
         return got[1] if got is not None and got[0]() is arr else None
 
+    def _ready_pending(self) -> None:
+        """Wait, before taking ``_lock``, for the buffers of the records just added that may be
+        new objects over a recorded buffer (`_twin` reads their addresses): a host callback of
+        their computation may need the lock (a mark). Not on a thread the runtime made (that
+        callback's): `_settle` leaves those still being computed to the next."""
+        if not may_wait():
+            return
+        pending = list(self._pending)
+        window = len(pending) + 16
+        for rec, _, tensor in pending:
+            if tensor != _LET_GO and rec.dead is None and _maybe_alias(rec, window):
+                _wait(rec.array())
+
     def _settle(self, upto: int | None = None) -> None:
         """Record the committed buffers just added: each an allocation, or one more record on a
         recorded buffer's entry; over a plain array's, the buffer is tidyjax's now (memory()).
@@ -1432,16 +1456,24 @@ class Timeline:
         else:
             pending, self._pending = self._pending[:upto], self._pending[upto:]
         window = len(pending) + 16
-        for rec, now, tensor in pending:
+        later = []  # on a thread the runtime made: the suspects still being computed
+        wait = may_wait()
+        for item in pending:
+            rec, now, tensor = item
             if tensor == _LET_GO:
                 self._let_go(rec, now)
             elif id(rec) in self._live:  # adopted meanwhile (_adopt_pending)
                 continue
+            elif not wait and _maybe_alias(rec, window) and computing(rec.array()):
+                later.append(item)
             elif (entry := self._twin(rec, window)) is not None and len(entry) != 2:
                 self._share(entry, rec, (tensor,))
             else:  # a suspect's entry found is a plain array's: over its buffer
                 suspect = entry is not None and _maybe_alias(rec, window)
                 self._added(rec, now, (tensor,) if tensor else (), entry if suspect else None)
+        if later:
+            self._pending[:0] = later
+            self._deferred = True
 
     def _let_go(self, rec: Any, now: float) -> None:
         """No Tensor holds ``rec`` any more and nothing of tidyjax frees it: if its array
