@@ -165,7 +165,11 @@ def test_a_second_tensor_over_a_leaf_splits_it_and_the_first_is_disposed(x):
 def test_a_report_in_the_middle_changes_nothing(x):
     with tidy() as scope:
         outs = THREE(x)
-        assert counts() == (4, 4, 32)  # the report gives each leaf a record of its own
+        assert counts() == (4, 4, 32)
+        info = tj.memory()  # with the untracked scan: every live array looked up
+        assert (info.num_tensors, info.untracked_arrays) == (4, 0)
+        batch = outs[0]._r
+        assert type(batch) is Batch and len(batch.held()) == 3  # counted in place: none split
         scope.keep(outs[0], outs[1])
     assert not outs[0].is_disposed and not outs[1].is_disposed and outs[2].is_disposed
     assert counts() == (3, 3, 24)

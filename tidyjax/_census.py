@@ -98,13 +98,14 @@ NOUNS = {
 # -- the books: which records count ------------------------------------------------------------
 
 
-def books() -> tuple[list[_registry.Buffer], list[_registry.Buffer]]:
+def books(leaves: bool = False) -> tuple[list[_registry.Buffer], list[_registry.Buffer]]:
     """The records every report counts: ``_registry.live()`` (the live records, and those
     deleted behind tidyjax's back that live Tensors still hold) less a caller's own array no
     live Tensor holds any more (`released`: the caller's plain array again) and a deleted
     buffer whose owner scope has exited (that scope disposed its Tensors). Records over one
-    buffer are all listed (``_registry.distinct`` keeps one)."""
-    alive, deleted = _registry.live()
+    buffer are all listed (``_registry.distinct`` keeps one). ``leaves``: a leaf a batch holds
+    is read as a ``_registry.Leaf`` instead of split out (for a report that only counts)."""
+    alive, deleted = _registry.live(leaves)
     if any(released(r) for r in alive):
         alive = [r for r in alive if not released(r)]
     deleted = [r for r in deleted if not getattr(r.scope, "exited", False)]
@@ -261,7 +262,7 @@ def find_untracked(recs: list[_registry.Buffer], watched: set[int]) -> list[Any]
     kept: list[Any] = []
     for platform in {d.platform for d in jax.local_devices()}:
         for arr in jax.live_arrays(platform):
-            rec = _registry.lookup(arr)
+            rec = _registry.peek(arr)
             if (rec is None or released(rec)) and not failed(arr):
                 (kept if id(arr) in watched else candidates).append(arr)
     if not candidates:
@@ -341,8 +342,8 @@ class Census:
 
     __slots__ = ("deleted", "found", "recs", "rows", "scanned", "usage")
 
-    def __init__(self, *, untracked: bool = True) -> None:
-        self.recs, self.deleted = books()
+    def __init__(self, *, untracked: bool = True, leaves: bool = False) -> None:
+        self.recs, self.deleted = books(leaves)
         self.found = _watched()
         self.usage: list[WatchedUsage] = []
         self.scanned = untracked

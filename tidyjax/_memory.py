@@ -300,7 +300,7 @@ def memory(
     timeout = check_seconds(timeout, "timeout", "memory()")
     if all_processes:
         return _all_processes(scan_untracked, timeout)
-    c = census(untracked=scan_untracked)
+    c = census(untracked=scan_untracked, leaves=True)  # counting only: no batch is split
     tracked = c.of("tensor", "escaped")
     reasons = _why_unreliable(len(c.deleted), c.of("untracked"))
     return MemoryInfo(

@@ -425,6 +425,14 @@ def lookup(arr: Any) -> Buffer | None:
     return None  # stale: the recorded object died and its id was reused
 
 
+def peek(arr: Any) -> Any:
+    """`lookup` for a report: a leaf a batch holds is read as a `Leaf`, not split out."""
+    b = by_array.get(id(arr))
+    if type(b) is Batch:
+        return Leaf(arr, b.scope) if b.dead is None and leaf_of(b, arr) >= 0 else None
+    return lookup(arr)
+
+
 def join(rec: Buffer) -> None:
     """One more live Tensor holds ``rec``."""
     with lock:
@@ -898,18 +906,62 @@ def _stale(rec: Buffer) -> bool:
     return rec.dead is not None and not (rec.dead is DELETED_OUTSIDE and rec.n > 0)
 
 
-def live() -> tuple[list[Buffer], list[Buffer]]:
+class Leaf:
+    """A leaf a batch holds, as a report reads it (`live` with ``leaves``), left in its batch:
+    what its record would say, read-only. One live Tensor holds it (a batch's leaf has exactly
+    one), tidyjax owns it, the batch's owner owns it, no other record shares it (`resolve` splits
+    out a leaf a suspect shares an allocation with)."""
+
+    __slots__ = ("_arr", "scope")
+
+    n = 1
+    dead: Reason | None = None
+    owned = True
+    more: list[weakref.ref[Any]] | None = None
+    nbytes = -1
+
+    def __init__(self, arr: Any, scope: Any) -> None:
+        self._arr, self.scope = arr, scope
+
+    def __call__(self) -> Any:
+        return self._arr
+
+    def array(self) -> Any:
+        return self._arr
+
+    def arrays(self) -> list[Any]:
+        return [self._arr]
+
+    def size(self) -> int:
+        return local_nbytes(self._arr)
+
+
+def live(leaves: bool = False) -> tuple[list[Any], list[Buffer]]:
     """The records whose buffers are alive, and those deleted outside tidyjax that live
-    Tensors still hold. Records over one buffer (see `distinct`) are all listed."""
-    materialize_all()
+    Tensors still hold. Records over one buffer (see `distinct`) are all listed. A leaf a batch
+    holds is split out into a record first, or with ``leaves`` listed as a `Leaf`: reading
+    leaves the books as they are (unless the leaf was deleted behind tidyjax's back)."""
+    if not leaves:
+        materialize_all()
     resolve()
     sweep()
     seen: set[int] = set()
-    alive, deleted = [], []
+    alive: list[Any] = []
+    deleted: list[Buffer] = []
     for rec in list(by_array.values()):
         if id(rec) in seen:
             continue
         seen.add(id(rec))
+        if type(rec) is Batch:
+            for i, a in rec.held() if rec.dead is None else ():
+                if not a.is_deleted():
+                    alive.append(Leaf(a, rec.scope))
+                    continue
+                out = split_stale(rec, i)  # deleted behind tidyjax's back: its record tells it
+                check(out)
+                if out.n > 0:
+                    deleted.append(out)
+            continue
         check(rec)
         if rec.array() is None:
             continue
