@@ -471,7 +471,7 @@ def _older(mark: ArrayMark) -> list[Any]:
 
 def _held_arrays() -> list[Any]:
     """The array objects over the buffers that live Tensors hold."""
-    recs, _ = books()
+    recs, _ = books(leaves=True)
     return [a for r in recs if held(r) for a in r.arrays()]
 
 
@@ -486,7 +486,7 @@ def _candidates(mark: ArrayMark, allowed: dict[int, Any] | None) -> list[Any]:
         ref = allowed.get(id(a))
         if ref is not None and ref() is a:
             continue
-        rec = _registry.lookup(a)
+        rec = _registry.peek(a)
         if rec is None or released(rec) or (rec.dead is None and not held(rec)):
             out.append(a)
     if out:  # jax.live_arrays lists a recorded typed key as its words: that is the Tensor
