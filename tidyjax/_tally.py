@@ -232,7 +232,7 @@ class Tally:
 
     def _split(self, rec: Any, group: Any) -> None:
         """The counted records of ``group`` (``rec``'s) leave their part: a buffer of their own."""
-        part = self._parts.get(id(rec))
+        part = next((p for r in group if (p := self._parts.get(id(r))) is not None), None)
         if part is None:
             return
         ids = {id(r) for r in group}

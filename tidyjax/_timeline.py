@@ -1624,10 +1624,10 @@ class Timeline:
         """The registry split a group: ``rec``'s records (its group now) are a buffer of their
         own, no longer one with the others of ``rec``'s entry. Their allocation is told apart
         (the entry's told again with what the others hold): the bytes stay where they were."""
-        entry = self._live.get(id(rec))
+        group = _registry.grouped(rec) or (rec,)
+        entry = next((e for r in group if (e := self._live.get(id(r))) is not None), None)
         if entry is None or not entry[3]:
             return
-        group = _registry.grouped(rec) or (rec,)
         moving = [m for m in entry[3] if any(m is r for r in group)]
         staying = [m for m in entry[3] if all(m is not r for r in group)]
         if not moving or not [m for m in staying if holds(m)]:
