@@ -82,6 +82,20 @@ def computing(arr: Any) -> bool:
         return False
 
 
+def wait_ready(arr: Any) -> None:
+    """Wait until ``arr``'s buffer is computed: until then its addresses are unknown (a new
+    object over a recorded buffer would be told as an allocation of its own). Returns at once
+    for None, a deleted or a failed buffer (whose address is never read), or a non-array."""
+    base = base_array(arr)
+    if type(base) not in CONCRETE:
+        return
+    try:
+        if not base.is_deleted():
+            base.block_until_ready()
+    except Exception:  # failed, or deleted meanwhile
+        return
+
+
 def may_wait() -> bool:
     """Whether this thread may wait for a buffer still being computed: not a thread the runtime
     made (a host callback's, on GPU: the computation it is part of waits for it, so waiting

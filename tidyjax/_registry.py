@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from ._arrays import CONCRETE, computing, failed, local_nbytes, may_wait, shard_bytes
+from ._arrays import CONCRETE, computing, failed, local_nbytes, may_wait, shard_bytes, wait_ready
 from ._errors import DELETED_OUTSIDE, DISPOSED, RELEASED, Reason
 from ._jaxdoors import base_array, buffer_addresses, shard_devices
 
@@ -1032,9 +1032,9 @@ def resolve() -> None:
     wait = may_wait()
     if wait:
         for rec in suspects[:]:
-            _wait_for(rec.array())
+            wait_ready(rec.array())
             for ref in _twins.get(id(rec), (None, ()))[1]:  # the caller's arrays it may be over
-                _wait_for(ref())
+                wait_ready(ref())
     with _resolve_lock:
         if _resolving or not suspects:  # called again inside this thread's own resolve
             return
@@ -1057,18 +1057,6 @@ def resolve() -> None:
                 if not later:  # grouped now, or over no suspect's buffer: JAX may free them
                     del orphans[:held]
             _resolving = False
-
-
-def _wait_for(arr: Any) -> None:
-    """Wait until ``arr``'s buffer is computed (at once for None, a deleted or a failed one)."""
-    if arr is None:
-        return
-    base = base_array(arr)
-    try:
-        if type(base) in CONCRETE and not base.is_deleted():
-            base.block_until_ready()
-    except Exception:  # failed, or deleted meanwhile: its address is never read
-        return
 
 
 def _wanted(

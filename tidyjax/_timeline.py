@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from . import _html, _registry, _tally, _timeline_format, _timeline_html, _variable, _watch
-from ._arrays import CONCRETE, computing, failed, local_nbytes, may_wait, shard_bytes
+from ._arrays import CONCRETE, computing, failed, local_nbytes, may_wait, shard_bytes, wait_ready
 from ._census import (
     UNTRACKED,
     WATCHED,
@@ -197,20 +197,6 @@ def _buffer_key(arr: Any) -> Any:
 def _sole_id(sharding: Any) -> int:
     """The id of the one device of ``sharding``."""
     return int(next(iter(sharding.device_set)).id)
-
-
-def _wait(arr: Any) -> None:
-    """Wait until ``arr``'s buffer is computed: until then its addresses are unknown, and a new
-    object over a recorded buffer would be told as an allocation of its own. Returns at once
-    for a deleted or failed buffer (whose address is never read), or None."""
-    base = base_array(arr)
-    if type(base) not in CONCRETE:
-        return
-    try:
-        if not base.is_deleted():
-            base.block_until_ready()
-    except Exception:  # failed, or deleted meanwhile: `_buffer_key` reads no address
-        return
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1118,7 +1104,7 @@ class Timeline:
         if not self._unready or not may_wait():
             return
         for ref in list(self._unready):
-            _wait(ref())
+            wait_ready(ref())
         with _locked():
             self._look()
 
@@ -1443,7 +1429,7 @@ class Timeline:
         window = len(pending) + 16
         for rec, _, tensor in pending:
             if tensor != _LET_GO and rec.dead is None and _maybe_alias(rec, window):
-                _wait(rec.array())
+                wait_ready(rec.array())
 
     def _settle(self, upto: int | None = None) -> None:
         """Record the committed buffers just added: each an allocation, or one more record on a
@@ -1512,7 +1498,7 @@ class Timeline:
         if rec.dead is not None or _maybe_alias(rec, window):
             arr = rec.array()
             if may_wait():  # as the registry waits for a suspect's (``_registry.resolve``)
-                _wait(arr)  # an alias of a buffer still being computed is not ready either
+                wait_ready(arr)  # an alias of a buffer still being computed is not ready either
             key = _buffer_key(arr)
             entry = self._find_key(key, rec) if key else None
             if entry is not None and entry[0] is not rec:
