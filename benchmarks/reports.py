@@ -19,6 +19,11 @@ Then, for 5k, 20k and 100k live Tensors (``--tensors``), in ms per call and µs 
 * ``live_tensors()``, ``snapshot()`` and ``memory()``;
 * ``check_leaks()`` with nothing new made, and with 100 Tensors made inside and leaked (the
   check's report built, its LeakError caught).
+
+Then (``--after``) what a ``memory()`` call costs the program around it: in a scope, a jitted
+step over 1,000 leaves, ``memory(scan_untracked=False)``, the next step, the scope's exit;
+beside the same with no ``memory()`` call, in alternation (medians, ms). Reading must leave the
+books as they are: the next step and the exit cost the same either way.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import argparse
 import gc
 import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from _timing import per_call
 
@@ -103,12 +110,56 @@ def tensor_reports(counts: list[int], rounds: int) -> None:
         sys.stdout.flush()
 
 
+def after_memory(leaves: int, rounds: int) -> None:
+    """A step, then ``memory()`` or not, then the next step and the scope's exit (ms)."""
+    params = {f"p{i:05d}": jnp.ones(4) for i in range(leaves)}
+    step = tj.jit(lambda p: jax.tree.map(lambda x: x + 1, p))
+
+    def one(report: bool) -> tuple[float, float, float]:
+        scope = tj.tidy()
+        scope.__enter__()
+        state = step(params)
+        jax.block_until_ready(jax.tree.leaves(state))
+        t0 = time.perf_counter()
+        if report:
+            tj.memory(scan_untracked=False)
+        t1 = time.perf_counter()
+        new = step(params)
+        jax.block_until_ready(jax.tree.leaves(new))
+        t2 = time.perf_counter()
+        del state, new
+        scope.__exit__(None, None, None)
+        t3 = time.perf_counter()
+        return t1 - t0, t2 - t1, t3 - t2
+
+    for _ in range(3):
+        one(True), one(False)
+    with_, without = [], []
+    for _ in range(rounds):
+        with_.append(one(True))
+        without.append(one(False))
+    print(f"\nin a scope, a jitted step over {leaves:,} leaves, then (ms, median of {rounds}):")
+    print(f"{'':28} | {'memory()':>9} | {'next step':>9} | {'scope exit':>10}")
+    for name, runs in (("memory() called", with_), ("no memory() call", without)):
+        cells = [1e3 * statistics.median(r[k] for r in runs) for k in range(3)]
+        print(f"{name:28} | {cells[0]:>9.2f} | {cells[1]:>9.2f} | {cells[2]:>10.2f}")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--live", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--live", type=int, nargs="*", default=[1000, 10_000, 100_000])
     parser.add_argument("--tensors", type=int, nargs="*", default=[5000, 20_000, 100_000])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tensor-rounds", type=int, default=3)
+    parser.add_argument(
+        "--after",
+        type=int,
+        nargs="?",
+        const=1000,
+        default=1000,
+        help="leaves of the step around a memory() call (0: skip)",
+    )
     args = parser.parse_args(argv)
     columns = ["live arrays", "live_arrays()", "ArrayMark()", "new(): 0 new", "100 new",
                "1000 new", "check_leaks, 0 new"]  # fmt: skip
@@ -134,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     del held
     if args.tensors:
         tensor_reports(args.tensors, args.tensor_rounds)
+    if args.after:
+        after_memory(args.after, 40)
 
 
 if __name__ == "__main__":
