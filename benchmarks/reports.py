@@ -23,9 +23,9 @@ Then, for 5k, 20k and 100k live Tensors (``--tensors``), in ms per call and µs 
 Then (``--after``) what a ``memory()`` call costs the program around it: in a scope, a jitted
 step over 1,000 leaves, ``memory(scan_untracked=False)``, the next step, the scope's exit
 (deleting both steps' outputs); beside the same with no ``memory()`` call, in alternation
-(medians, ms). ``memory()`` leaves the books as they are (a batch stays one batch): what the
-exit pays more after it is not the books (2026-12-08: +0.16 to +0.25 ms, against +0.45 to
-+0.50 when ``memory()`` split the batches); the next step pays about +0.5 ms either way.
+(medians, ms). ``memory()`` leaves the books as they are (a batch stays one batch); the exit
+after it paid +0.16 to +0.25 ms more on 2026-12-08, against +0.45 to +0.50 when ``memory()``
+split the batches; the next step pays about +0.5 ms either way.
 """
 
 from __future__ import annotations

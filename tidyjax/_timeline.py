@@ -1608,8 +1608,9 @@ class Timeline:
 
     def _split(self, rec: Any, now: float) -> None:
         """The registry split a group: ``rec``'s records (its group now) are a buffer of their
-        own, no longer one with the others of ``rec``'s entry. Their allocation is told apart
-        (the entry's told again with what the others hold): the bytes stay where they were."""
+        own, no longer one with the others of ``rec``'s entry: an allocation event of their own
+        now (counted apart from now on, as ``memory()`` counts them), and the entry's told again
+        with what the others hold."""
         group = _registry.grouped(rec) or (rec,)
         entry = next((e for r in group if (e := self._live.get(id(r))) is not None), None)
         if entry is None or not entry[3]:
