@@ -1122,6 +1122,50 @@ def test_a_raw_copy_over_fewer_devices_made_of_the_same_shards_is_no_new_memory(
 # -- the same under eight devices ---------------------------------------------------------------
 
 
+@eight
+@pytest.mark.parametrize("how", ["dispose", "scope exit"])
+def test_a_replicated_copy_of_a_callers_shard_view_never_deletes_the_callers_array(
+    how: str,
+) -> None:
+    """Alias model seed 109 under eight devices (shrunk): the caller's replicated ``r``, seen
+    through ``tensors()`` and a Variable (then disposed: ``r`` is the caller's plain array
+    again, out of the books), a raw view of its shard 0, ``tensors()`` of that view, and
+    ``w.to(replicated)``: a copy sharing ``r``'s shard 0, with seven shards of its own. Once
+    ``w``'s record was gone (its scope disposed it as an object), nothing but the copy's own
+    record knew the shard was the caller's: disposing the copy, or the exit of the scope it
+    was kept into, deleted it, and with it ``r`` (deleting one shard deletes every array over
+    it). JAX cannot delete the copy's own shards alone: it is released, not deleted."""
+    rep = NamedSharding(_mesh(8), P())
+    r = jax.device_put(np.arange(8, dtype=np.float32), rep)  # the caller's
+    with tj.tidy():
+        v = tj.Variable(tj.tensors([r])[0])
+    view = v.array.addressable_data(0)
+    tj.dispose(v)
+    if how == "dispose":
+        with tj.tidy() as inner:
+            w = tj.tensors([view])[0]
+            c = w.to(rep)
+            inner.keep(c)
+        raw = c.array
+        tj.dispose(c)
+    else:
+        with tj.tidy():
+            with tj.tidy() as inner:
+                w = tj.tensors([view])[0]
+                c = w.to(rep)
+                inner.keep(c)
+            raw = c.array
+    assert c.is_disposed and w.is_disposed
+    assert not r.is_deleted() and not view.is_deleted()
+    np.testing.assert_array_equal(np.asarray(r), np.arange(8))
+    assert _registry.is_released(raw)  # not deleted: JAX frees its own shards with it
+    assert not raw.is_deleted()
+    del raw
+    gc.collect()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_tensors, m.num_data_buffers) == (0, 0)
+
+
 @pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
 def test_under_eight_devices() -> None:
     out = run_under_eight_devices(__file__, "-x")

@@ -524,7 +524,7 @@ def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
     """
     if suspects:
         resolve()  # before any record is dead: a dead record is never grouped
-    if not (observers or _groups or suspects):
+    if not (observers or _groups or suspects or _lent):
         aliased: list[Buffer] = []  # freed after the lock: `_free_aliased` may notify
         with lock:
             out = _free_plain(recs, why, aliased)
@@ -547,7 +547,7 @@ def free_owned(
     arrays, the records left for the general sort (batches, others', escaping, aliased), and
     how many records Python had collected (JAX freed those). With an observer, group or
     suspect, every record is left for the general path."""
-    if not recs or observers or _groups or suspects:
+    if not recs or observers or _groups or suspects or _lent:
         return [], recs, 0
     out: list[Any] = []
     rest: list[Any] = []
@@ -581,7 +581,7 @@ def free_all(recs: list[Buffer]) -> list[Any]:
     """`free` each dead record; returns the deleted arrays. With no observer, no group and no
     suspect (the usual case), `free` of a record with one array object is inlined: a call per
     record was a third of a dispose."""
-    if not (observers or _groups or suspects or _kept_raw):
+    if not (observers or _groups or suspects or _kept_raw or _lent):
         return _free_plain(recs, None)
     out = []
     for rec in recs:
@@ -648,6 +648,9 @@ def free(rec: Buffer) -> Any:
             _pass_arrays(rec, group)
             _drop(rec)
             return None
+    if _lent and _lent.get(id(rec)) is rec and mine(rec):
+        _release(rec)  # some of its allocations are another's: JAX cannot delete the rest alone
+        return None
     arr = rec()
     if rec.more:
         arr = _free_aliased(rec)  # it notifies the observers
@@ -695,8 +698,23 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
 
 
 #: The array objects tidyjax made and left undeleted because another record holds part of
-#: their buffer (`_pass_arrays`), by id, weakly: the reports name them as released.
+#: their buffer (`_pass_arrays`, `_release`), by id, weakly: the reports name them as released.
 _released: dict[int, weakref.ref[Any]] = {}
+#: The records made over allocations of a buffer tidyjax does not own (a caller's array's, an
+#: alias's of another owner's) beside their own (``lent``), by id: while any is listed, every
+#: free goes through `free`, which releases them (`sweep` prunes the dead).
+_lent: dict[int, Buffer] = {}
+
+
+def _release(rec: Buffer) -> None:
+    """Stop owning ``rec``'s buffer without deleting it: some of its allocations (``lent``) are
+    another's, a caller's array's say, which no record holds any more (deleting one shard view
+    deletes the parent and every view). Its Tensors let go of its arrays; JAX frees the rest
+    when the last object over it dies; the reports name the arrays left alive as released."""
+    _lent.pop(id(rec), None)
+    for a in rec.arrays():
+        _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
+    _drop(rec)
 
 
 def _unrelease(key: int, _ref: Any) -> None:
@@ -894,6 +912,9 @@ def sweep() -> None:
             if gone and by_array.get(key) is rec:
                 del by_array[key]
         sweep_at = max(4096, 2 * len(by_array))
+        for key, rec in list(_lent.items()):
+            if rec.dead is not None or rec.array() is None:
+                del _lent[key]
     for group in list({id(g): g for g in _groups.values()}.values()):
         _vanished(group)
 
@@ -1145,8 +1166,10 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
             alias.owned = False
         else:  # allocations of its own (one device to replicated): its scope's, deleted with
             # them unless a protected holder shares one (`free` releases it then); those it
-            # shares are not its to hand on (`_hand_on`)
+            # shares are not its to hand on (`_hand_on`), nor to delete (`free`)
             alias.lent = theirs & held
+            if not owned:  # a caller's (or another owner's): never tidyjax's to delete
+                _lent[id(alias)] = alias
 
 
 def _inherit(heir: Buffer, gone: Buffer) -> None:
