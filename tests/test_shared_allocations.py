@@ -1166,6 +1166,31 @@ def test_a_replicated_copy_of_a_callers_shard_view_never_deletes_the_callers_arr
     assert (m.num_tensors, m.num_data_buffers) == (0, 0)
 
 
+@eight
+def test_a_copy_of_a_callers_shard_made_while_its_variable_lives_leaves_no_heir() -> None:
+    """Alias model seed 109 under eight devices, a second form: the copy of a shard view of the
+    caller's ``r`` is made, and freed by its scope, while a Variable still holds ``r``. Freeing
+    the copy handed it on to every record of its group as to heirs of a buffer of tidyjax's,
+    ``r``'s record among them (over more than the one shard the copy shares, so it was taken
+    for the copy's own buffer): disposing the Variable then deleted ``r``. A record over none
+    of the copy's own shards inherits nothing (`_over_own`)."""
+    rep = NamedSharding(_mesh(8), P())
+    r = jax.device_put(np.arange(8, dtype=np.float32), rep)  # the caller's
+    with tj.tidy():
+        v = tj.Variable(tj.tensors([r])[0])
+    view = v.array.addressable_data(0)
+    with tj.tidy():
+        w = tj.tensors([view])[0]
+        c = w.to(rep)
+    assert c.is_disposed and not r.is_deleted()
+    tj.dispose(v)
+    assert not r.is_deleted() and not view.is_deleted()
+    np.testing.assert_array_equal(np.asarray(r), np.arange(8))
+    gc.collect()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_tensors, m.num_data_buffers) == (0, 0)
+
+
 @pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
 def test_under_eight_devices() -> None:
     out = run_under_eight_devices(__file__, "-x")

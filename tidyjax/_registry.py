@@ -503,16 +503,19 @@ def disposed_alias(rec: Buffer) -> None:
     is owned, or its heir) it frees the buffer as any last Tensor does, unless a holder needs
     it (`free`)."""
     group = _groups.get(id(rec)) if _groups else None
-    if group and any(mine(r) and not _only_lent(rec, r) for r in group):
+    if group and any(mine(r) and _over_own(rec, r) for r in group):
         rec.heir = True
 
 
-def _only_lent(rec: Buffer, by: Buffer) -> bool:
-    """Whether ``rec`` is over no more than the allocations ``by`` shares with another's buffer
-    (``by.lent``: ``by`` was made over them, with allocations of its own): none of them is
-    tidyjax's through ``by``, which hands on, and frees with it, only its own."""
+def _over_own(rec: Buffer, by: Buffer) -> bool:
+    """Whether ``rec`` is over an allocation of ``by``'s own: any, unless ``by`` was made over
+    allocations of another's buffer (``lent``); then one of the others, read (a caller's array
+    one of whose shards ``by`` shares is not ``by``'s buffer; unknown: not, fail-safe)."""
     lent = getattr(by, "lent", None)
-    return bool(lent) and bool(keys := _keys_of(rec)) and keys <= lent
+    if not lent:
+        return True
+    keys, theirs = _keys_of(rec), _keys_of(by)
+    return bool(keys and theirs) and not keys.isdisjoint(theirs - lent)
 
 
 def delete_many(recs: Iterable[Buffer], why: Reason) -> list[Any]:
@@ -739,11 +742,11 @@ def _hand_on(
     disposing their last Tensor does, as for any buffer. ``dying``, a record `free` is freeing
     now, inherits too (as a RELEASED one does: the one being disposed). ``giver``, the record
     leaving: an alias made over another's buffer with allocations of its own (``lent``, those
-    it shares) hands on only its own; a record over no more than those is not its heir."""
+    it shares) hands on only its own; a record over none of those (`_over_own`) is not its heir."""
     for r in group:
         if not (r.dead is None or r.dead is RELEASED or r is dying):
             continue
-        if giver is not None and _only_lent(r, giver):
+        if giver is not None and not _over_own(r, giver):
             continue  # over the allocations the giver shared, never tidyjax's through it
         if r.owned:
             if not scopes and hasattr(r.scope, "take") and getattr(r, "lent", None):
@@ -1179,9 +1182,10 @@ def _inherit(heir: Buffer, gone: Buffer) -> None:
     took ``heir`` already (``keep``, a Variable, a scope's ``keep``): that one frees it. Made
     in a scope over a buffer from outside every scope, kept or a Variable's, ``heir`` does not
     make the buffer that scope's (a raw alias made outside may still hold it): disposing its
-    last Tensor deletes it, the scope's exit does not (`_hand_on`'s rule). Over no more than
-    the allocations ``gone`` shared with another's buffer (``lent``), it takes nothing."""
-    if _only_lent(heir, gone):
+    last Tensor deletes it, the scope's exit does not (`_hand_on`'s rule). Over none of
+    ``gone``'s own allocations (only those it shares with another's buffer, ``lent``, or none:
+    `_over_own`), it takes nothing."""
+    if not _over_own(heir, gone):
         return
     if hasattr(heir.scope, "take") and not hasattr(gone.scope, "take") and not heir.owned:
         heir.heir = True
