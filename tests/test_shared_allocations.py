@@ -1191,6 +1191,32 @@ def test_a_copy_of_a_callers_shard_made_while_its_variable_lives_leaves_no_heir(
     assert (m.num_tensors, m.num_data_buffers) == (0, 0)
 
 
+@eight
+def test_a_callers_view_of_the_shard_a_copy_shares_is_not_the_copys() -> None:
+    """Alias model seed 109 under eight devices, a third form: beside the copy of the caller's
+    shard (``tensors([view]).to(replicated)``, made while a Variable holds ``r``), a second
+    ``tensors()`` view of that same shard of ``r`` was taken for a view of the copy's buffer
+    (a scope's: the scope's, and owned), so its free at the scope's exit made ``r``'s record
+    an heir, and disposing the Variable deleted ``r``. A view over none of the copy's own
+    shards stays the caller's."""
+    rep = NamedSharding(_mesh(8), P())
+    r = jax.device_put(np.arange(8, dtype=np.float32), rep)  # the caller's
+    with tj.tidy():
+        v = tj.Variable(tj.tensors([r])[0])
+    a, b = jax.device_put(r, DEVS[0]), jax.device_put(r, DEVS[0])  # r's shard 0, twice
+    with tj.tidy():
+        c = tj.tensors([a])[0].to(rep)
+        u = tj.tensors([b])[0]
+        assert tj.memory().num_tensors == 3  # v, c, u
+    assert c.is_disposed and u.is_disposed and not r.is_deleted()
+    tj.dispose(v)
+    assert not r.is_deleted() and not a.is_deleted() and not b.is_deleted()
+    np.testing.assert_array_equal(np.asarray(r), np.arange(8))
+    gc.collect()
+    m = tj.memory(scan_untracked=False)
+    assert (m.num_tensors, m.num_data_buffers) == (0, 0)
+
+
 @pytest.mark.skipif(len(DEVS) >= 8 or UNDER_EIGHT, reason="runs itself")
 def test_under_eight_devices() -> None:
     out = run_under_eight_devices(__file__, "-x")

@@ -1153,7 +1153,12 @@ def _made_elsewhere(alias: Buffer, rec: Buffer, owned: bool) -> None:
     """``alias``, a suspect, shares an allocation with ``rec`` (``owned`` before they were
     grouped), made before it. Over the same owner's buffer it is that buffer's; made in a
     scope over a buffer that scope does not own (an outer scope's, a kept one, a Variable's,
-    a caller's), the scope disposes it as an object only and never deletes the buffer."""
+    a caller's), the scope disposes it as an object only and never deletes the buffer. Over
+    none of ``rec``'s own allocations when ``rec`` was made over a buffer tidyjax does not own
+    (`_lent`: a caller's view of the caller's shard a copy was made over) it is not ``rec``'s
+    buffer: nothing changes."""
+    if _lent and _lent.get(id(rec)) is rec and not _over_own(alias, rec):
+        return
     owner = rec.scope
     if alias.scope is None and alias.n > 0 and hasattr(owner, "take"):
         alias.scope = owner  # a caller's view (`tensors()`) of a scope's buffer: the scope's
