@@ -149,6 +149,43 @@ def walked_live_arrays(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 UNDER_EIGHT = bool(os.environ.get("TIDYJAX_EIGHT"))
 
 
+def computing_until_called_back(
+    monkeypatch: pytest.MonkeyPatch, target: Callable[[], Any], callback: Callable[[], object]
+) -> list[bool]:
+    """Simulate, on CPU, a GPU computation with a host callback: the array ``target()`` reads
+    as still being computed until ``callback`` returned, run on a thread the runtime made (as
+    a host callback is) when the array is first waited for; that wait ends once it returned.
+    Returns a list that gets whether it returned within 5 s (a report or a look that waited
+    holding a lock the callback needs would leave it waiting: ``[False]``)."""
+    import _thread
+
+    from jax._src.array import ArrayImpl
+
+    joined: list[bool] = []
+    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
+
+    def is_ready(a: Any) -> bool:
+        return bool(real_ready(a)) and not (a is target() and not joined)
+
+    def block_until_ready(a: Any) -> Any:
+        if a is target() and not joined:  # the computation ends once its callback returned
+            done = threading.Event()
+
+            def run() -> None:
+                try:
+                    callback()
+                finally:
+                    done.set()
+
+            _thread.start_new_thread(run, ())
+            joined.append(done.wait(timeout=5))
+        return real_block(a)
+
+    monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
+    monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+    return joined
+
+
 def run_under_eight_devices(path: str, *args: str) -> str:
     """Run pytest on ``path`` (with ``args``) in a subprocess under eight host devices; assert
     it passed and return its output. The multi-device tests of a file run this way from a test

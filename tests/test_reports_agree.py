@@ -27,6 +27,8 @@ from tidyjax._census import Site, TensorRecord, WatchedUsage, statistics, summar
 from tidyjax._jaxdoors import BIND_CONVERSION
 from tidyjax._watch import _watched
 
+from .conftest import computing_until_called_back
+
 HUGE = (10**13,)  # float32: 40 TB, more than any machine has
 W_BYTES = 1024 * 1024 * 4
 B_BYTES = 1024 * 4
@@ -337,37 +339,13 @@ def test_a_suspect_still_being_computed_is_waited_for_before_the_resolving_lock(
     would never end: it waits first, then takes it, and the callback's leaves the suspect still
     being computed to the next. Simulated: the array is ready only once a runtime-made
     thread's ``memory()`` returned."""
-    import _thread
-    import threading
-
-    from jax._src.array import ArrayImpl
-
     t = _ready_tensor()
     raw = jax.device_put(t.array, jax.devices()[0]).block_until_ready()  # t's buffer, raw
-    joined: list[bool] = []
     seen: list[int] = []
-    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
-
-    def is_ready(a: Any) -> bool:
-        return bool(real_ready(a)) and not (a is raw and not joined)
-
-    def block_until_ready(a: Any) -> Any:
-        if a is raw and not joined:  # the computation ends once its callback has reported
-            done = threading.Event()
-
-            def callback() -> None:  # on a thread the runtime made, as a host callback is
-                try:
-                    seen.append(tj.memory().num_data_buffers)
-                finally:
-                    done.set()
-
-            _thread.start_new_thread(callback, ())
-            joined.append(done.wait(timeout=5))
-        return real_block(a)
-
     s = tj.tensors([raw])[0]  # a suspect: the registry checks whether it shares a buffer
-    monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
-    monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+    joined = computing_until_called_back(
+        monkeypatch, lambda: raw, lambda: seen.append(tj.memory().num_data_buffers)
+    )
     info = tj.memory()
     monkeypatch.undo()
     assert joined == [True]

@@ -27,7 +27,7 @@ from tidyjax import _registry, tidy
 from tidyjax import _timeline as tlm
 from tidyjax.__main__ import main as cli
 
-from .conftest import line_of, tensors_at_sites
+from .conftest import computing_until_called_back, line_of, tensors_at_sites
 
 
 @pytest.fixture(autouse=True)
@@ -289,35 +289,10 @@ def test_a_look_waits_for_an_array_still_being_computed_outside_the_timelines_lo
     calls ``tl.mark()`` needs the timeline's lock. A mark that waited for that computation's
     output while holding the lock would never end; it waits after letting the lock go, then
     looks again. Simulated: the array is ready only once another thread's mark returned."""
-    import _thread
-
-    from jax._src.array import ArrayImpl
-
-    joined: list[bool] = []
     target: list[Any] = [None]
-    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
-
-    def is_ready(a: Any) -> bool:
-        return bool(real_ready(a)) and not (a is target[0] and not joined)
-
-    def block_until_ready(a: Any) -> Any:
-        if a is target[0] and not joined:  # the computation ends once its callback has marked
-            done = threading.Event()
-
-            def callback() -> None:  # on a thread the runtime made, as a host callback is
-                try:
-                    tl.mark()
-                finally:
-                    done.set()
-
-            _thread.start_new_thread(callback, ())
-            joined.append(done.wait(timeout=5))
-        return real_block(a)
-
     with tj.timeline(sample=None) as tl:
         arr = target[0] = (jnp.arange(16.0) + 1).block_until_ready()
-        monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
-        monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+        joined = computing_until_called_back(monkeypatch, lambda: target[0], tl.mark)
         if look == "mark":
             tl.mark()
         elif look == "scope":
@@ -337,35 +312,10 @@ def test_a_look_waits_for_a_suspect_still_being_computed_outside_the_timelines_l
     suspect of the registry: ``tensors()`` of a raw view of a Tensor's buffer), whose address
     the look reads. It is waited for before the lock is taken; the callback's own look leaves
     it to the next instead of recording it as an allocation of its own."""
-    import _thread
-
-    from jax._src.array import ArrayImpl
-
-    joined: list[bool] = []
-    real_ready, real_block = ArrayImpl.is_ready, ArrayImpl.block_until_ready
     with tj.timeline(sample=None) as tl:
         t = tj.tensor(np.ones(16, np.float32))
         raw = jax.device_put(t.array, jax.devices()[0]).block_until_ready()  # t's buffer
-
-        def is_ready(a: Any) -> bool:
-            return bool(real_ready(a)) and not (a is raw and not joined)
-
-        def block_until_ready(a: Any) -> Any:
-            if a is raw and not joined:  # the computation ends once its callback has marked
-                done = threading.Event()
-
-                def callback() -> None:  # on a thread the runtime made, as a host callback is
-                    try:
-                        tl.mark()
-                    finally:
-                        done.set()
-
-                _thread.start_new_thread(callback, ())
-                joined.append(done.wait(timeout=5))
-            return real_block(a)
-
-        monkeypatch.setattr(ArrayImpl, "is_ready", is_ready)
-        monkeypatch.setattr(ArrayImpl, "block_until_ready", block_until_ready)
+        joined = computing_until_called_back(monkeypatch, lambda: raw, tl.mark)
         s = tj.tensors([raw])[0]
         tl.mark()
         monkeypatch.undo()
