@@ -696,8 +696,7 @@ def _pass_arrays(rec: Buffer, group: list[Buffer]) -> None:
             _join_more(other, arrays)
         return
     if not _callers_view(rec):  # released: deleting them would delete a holder's part of it
-        for a in arrays:
-            _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
+        _mark_released(arrays)
 
 
 #: The array objects tidyjax made and left undeleted because another record holds part of
@@ -715,9 +714,14 @@ def _release(rec: Buffer) -> None:
     deletes the parent and every view). Its Tensors let go of its arrays; JAX frees the rest
     when the last object over it dies; the reports name the arrays left alive as released."""
     _lent.pop(id(rec), None)
-    for a in rec.arrays():
-        _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
+    _mark_released(rec.arrays())
     _drop(rec)
+
+
+def _mark_released(arrays: list[Any]) -> None:
+    """Name ``arrays`` released in the reports while they live (`is_released`)."""
+    for a in arrays:
+        _released[id(a)] = weakref.ref(a, functools.partial(_unrelease, id(a)))
 
 
 def _unrelease(key: int, _ref: Any) -> None:
@@ -942,13 +946,9 @@ class Leaf:
     dead: Reason | None = None
     owned = True
     more: list[weakref.ref[Any]] | None = None
-    nbytes = -1
 
     def __init__(self, arr: Any, scope: Any) -> None:
         self._arr, self.scope = arr, scope
-
-    def __call__(self) -> Any:
-        return self._arr
 
     def array(self) -> Any:
         return self._arr
